@@ -1,0 +1,53 @@
+"""The exceptions GenLM raises.
+
+Each refines a builtin (``ValueError``, ``RuntimeError``, ``ImportError``) so that
+existing ``except`` clauses keep working::
+
+    GenLMError
+    ├── InvalidContextError (ValueError)      bad token ids in a request
+    ├── VocabularyMismatchError (ValueError)  two components disagree on the vocabulary
+    ├── BackendNotFoundError (ValueError)     unknown or uninstalled backend
+    ├── BackendUnavailableError (RuntimeError) installed, but cannot run here
+    ├── PluginLoadError (ImportError)         a plugin failed to import or register
+    └── ModelClosedError (RuntimeError)       the model was closed with ``aclose()``
+"""
+
+from __future__ import annotations
+
+
+class GenLMError(Exception):
+    """Base class of every error GenLM raises on purpose."""
+
+
+class InvalidContextError(GenLMError, ValueError):
+    """A request's token ids are unusable: empty, not integers, or out of range."""
+
+
+class VocabularyMismatchError(GenLMError, ValueError):
+    """Two components (a model and a trie, say) were built over different vocabularies."""
+
+
+class BackendNotFoundError(GenLMError, ValueError):
+    """No installed backend has the requested name."""
+
+
+class BackendUnavailableError(GenLMError, RuntimeError):
+    """The backend is installed but cannot run on this machine (no GPU, wrong platform)."""
+
+
+class PluginLoadError(GenLMError, ImportError):
+    """A plugin distribution failed to import or to register its backends.
+
+    Attributes:
+        plugin: the entry point name.
+        distribution: the pip distribution that declared the entry point, if known.
+    """
+
+    def __init__(self, message: str, *, plugin: str, distribution: str | None = None):
+        super().__init__(message)
+        self.plugin = plugin
+        self.distribution = distribution
+
+
+class ModelClosedError(GenLMError, RuntimeError):
+    """The model was closed; create a new one to make further requests."""

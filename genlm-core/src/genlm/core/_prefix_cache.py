@@ -1,0 +1,198 @@
+"""A trie of token-id prefixes holding per-prefix state (a backend's KV cache).
+
+Backends that can resume a forward pass from a cached prefix store their state here:
+``longest_prefix`` finds the deepest cached prefix of a new context, so only the new
+tokens need computing. Entries are LRU-evicted to stay within a byte budget; pinned
+entries (a shared prompt) are never evicted. All walks are iterative, so a chain of
+100,000 tokens is fine.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, Generic, TypeVar
+
+import attrs
+
+V = TypeVar("V")
+
+
+@attrs.define(eq=False, slots=True)
+class _Node:
+    parent: _Node | None
+    token: int
+    depth: int
+    children: dict[int, _Node] = attrs.field(factory=dict)
+    value: Any = None
+    nbytes: int = 0
+    has_value: bool = False
+    pins: int = 0
+
+
+@attrs.frozen
+class PrefixHit(Generic[V]):
+    """The result of a lookup: how many leading tokens are cached, and their state."""
+
+    length: int
+    value: V | None
+
+
+class PrefixCache(Generic[V]):
+    """Token-prefix trie with LRU eviction bounded in bytes.
+
+    Args:
+        max_bytes: budget for the sizes given to :meth:`insert`; pinned entries count
+            towards it but are never evicted.
+
+    Thread-safe; in practice only the model's worker thread touches it.
+    """
+
+    def __init__(self, max_bytes: int):
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._root = _Node(None, -1, 0)
+        self._lru: OrderedDict[_Node, None] = OrderedDict()  # unpinned entries, oldest first
+        self._entries = 0
+        self._bytes = 0
+        self._lock = threading.RLock()
+
+    def __len__(self) -> int:
+        """Number of stored entries."""
+        return self._entries
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def _find(self, tokens: Sequence[int]) -> _Node | None:
+        node = self._root
+        for t in tokens:
+            node = node.children.get(t)
+            if node is None:
+                return None
+        return node
+
+    def longest_prefix(self, tokens: Sequence[int], max_length: int | None = None) -> PrefixHit[V]:
+        """The deepest stored entry whose prefix is ``tokens[:n]``, ``n <= max_length``.
+
+        Marks the entry most recently used. Returns ``PrefixHit(0, None)`` on a miss.
+        """
+        limit = len(tokens) if max_length is None else min(max_length, len(tokens))
+        with self._lock:
+            node, best = self._root, None
+            for i in range(limit):
+                node = node.children.get(tokens[i])
+                if node is None:
+                    break
+                if node.has_value:
+                    best = node
+            if best is None:
+                return PrefixHit(0, None)
+            if best in self._lru:
+                self._lru.move_to_end(best)
+            return PrefixHit(best.depth, best.value)
+
+    def get(self, tokens: Sequence[int]) -> V | None:
+        """The entry stored for exactly ``tokens``, or None."""
+        with self._lock:
+            node = self._find(tokens)
+            if node is None or not node.has_value:
+                return None
+            if node in self._lru:
+                self._lru.move_to_end(node)
+            return node.value
+
+    def __contains__(self, tokens: Sequence[int]) -> bool:
+        node = self._find(tokens)
+        return node is not None and node.has_value
+
+    def insert(self, tokens: Sequence[int], value: V, nbytes: int, pin: bool = False) -> bool:
+        """Store ``value`` (of size ``nbytes``) for prefix ``tokens``; evict to fit.
+
+        Replaces an existing entry. Returns False, storing nothing, when the entry
+        alone exceeds the budget.
+        """
+        if not tokens:
+            raise ValueError("cannot cache the empty prefix")
+        if nbytes > self.max_bytes:
+            return False
+        with self._lock:
+            node = self._root
+            for t in tokens:
+                child = node.children.get(t)
+                if child is None:
+                    child = node.children[t] = _Node(node, int(t), node.depth + 1)
+                node = child
+            if node.has_value:
+                self._bytes -= node.nbytes
+            else:
+                self._entries += 1
+            node.value, node.nbytes, node.has_value = value, nbytes, True
+            self._bytes += nbytes
+            if pin:
+                node.pins += 1
+            if node.pins:
+                self._lru.pop(node, None)
+            else:
+                self._lru[node] = None
+                self._lru.move_to_end(node)
+            self._evict()
+            return node.has_value
+
+    def pin(self, tokens: Sequence[int]) -> None:
+        """Protect the entry for ``tokens`` from eviction (counted: pin twice, unpin twice)."""
+        with self._lock:
+            node = self._find(tokens)
+            if node is None or not node.has_value:
+                raise KeyError(f"no cached entry for a prefix of {len(tokens)} tokens")
+            node.pins += 1
+            self._lru.pop(node, None)
+
+    def unpin(self, tokens: Sequence[int]) -> None:
+        """Undo one :meth:`pin`; the entry becomes evictable when no pins remain."""
+        with self._lock:
+            node = self._find(tokens)
+            if node is None or not node.has_value or node.pins == 0:
+                raise KeyError(f"no pinned entry for a prefix of {len(tokens)} tokens")
+            node.pins -= 1
+            if node.pins == 0:
+                self._lru[node] = None
+            self._evict()
+
+    def remove(self, tokens: Sequence[int]) -> bool:
+        """Drop the entry for exactly ``tokens`` (pinned or not). Returns whether one existed."""
+        with self._lock:
+            node = self._find(tokens)
+            if node is None or not node.has_value:
+                return False
+            self._drop(node)
+            return True
+
+    def clear(self, keep_pinned: bool = False) -> None:
+        """Drop every entry (unpinned ones only with ``keep_pinned``)."""
+        with self._lock:
+            if keep_pinned:
+                while self._lru:
+                    self._drop(next(iter(self._lru)))
+                return
+            self._root = _Node(None, -1, 0)
+            self._lru.clear()
+            self._entries = 0
+            self._bytes = 0
+
+    def _evict(self) -> None:
+        while self._bytes > self.max_bytes and self._lru:
+            self._drop(next(iter(self._lru)))
+
+    def _drop(self, node: _Node) -> None:
+        self._lru.pop(node, None)
+        self._bytes -= node.nbytes
+        self._entries -= 1
+        node.value, node.nbytes, node.has_value, node.pins = None, 0, False, 0
+        # Prune the branch upward while nodes hold nothing (iteratively).
+        while node.parent is not None and not node.children and not node.has_value:
+            del node.parent.children[node.token]
+            node = node.parent

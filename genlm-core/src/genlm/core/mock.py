@@ -1,0 +1,79 @@
+"""``MockLM``: a deterministic fake language model over any vocabulary.
+
+Downstream users test their programs with it: every context gets its own
+distribution, a pure function of the whole context (a BLAKE2 hash seeds the draw, so
+two contexts never share one by accident), normalized over the vocabulary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from genlm.core._model import BatchedLM
+from genlm.core._models import resolve_model_path
+from genlm.core._vocab import Vocabulary
+
+
+def context_seed(context: Sequence[int], salt: bytes = b"") -> int:
+    """A 64-bit seed that is a hash of the whole context (and a salt)."""
+    digest = hashlib.blake2b(np.asarray(context, dtype=np.int64).tobytes() + salt, digest_size=8)
+    return int.from_bytes(digest.digest(), "little")
+
+
+def mock_logprobs(context: Sequence[int], vocab_size: int, salt: bytes = b"") -> np.ndarray:
+    """The mock's log-probabilities for one context, float64, normalized."""
+    rng = np.random.default_rng(context_seed(context, salt))
+    logits = rng.standard_normal(vocab_size) * 3.0
+    logits -= logits.max()
+    return logits - np.log(np.exp(logits).sum())
+
+
+class MockLM(BatchedLM):
+    """A deterministic, normalized, collision-free mock model.
+
+    Args:
+        vocab: a :class:`Vocabulary` or a list of byte strings (one per token id).
+        latency_s: sleep this long per batch, to imitate a forward pass.
+        seed: changes every distribution (two mocks with different seeds differ).
+        **kwargs: scheduler and cache options of :class:`BatchedLM`.
+    """
+
+    def __init__(
+        self,
+        vocab: Vocabulary | Sequence[bytes],
+        *,
+        tokenizer: Any = None,
+        latency_s: float = 0.0,
+        seed: int = 0,
+        **kwargs: Any,
+    ):
+        if not isinstance(vocab, Vocabulary):
+            vocab = Vocabulary(tuple(bytes(t) for t in vocab))
+        kwargs.setdefault("name", "mock")
+        super().__init__(vocab, tokenizer, **kwargs)
+        self.latency_s = latency_s
+        self._salt = seed.to_bytes(8, "little", signed=True)
+        #: Contexts the backend evaluated, batch by batch (tests inspect batching).
+        self.batches: list[list[tuple[int, ...]]] = []
+
+    @classmethod
+    def from_name(cls, name: str, **kwargs: Any) -> MockLM:
+        """A mock over the vocabulary of a tokenizer directory (or ``"stories260K"``)."""
+        path = Path(resolve_model_path(name))
+        if not path.exists():
+            raise FileNotFoundError(
+                f"mock backend: {name!r} is neither a tokenizer directory nor an embedded model"
+            )
+        return cls(Vocabulary.from_tokenizer_json(path), **kwargs)
+
+    def _logprobs_batch(self, contexts: list[tuple[int, ...]], variant: Hashable) -> np.ndarray:
+        self.batches.append(list(contexts))
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        return np.stack([mock_logprobs(c, len(self.vocab), self._salt) for c in contexts])

@@ -1,0 +1,22 @@
+"""Registers the ``mock`` backend, through the same entry point door as every backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from genlm.core._registry import BackendSpec
+from genlm.core.hookspecs import hookimpl
+
+
+@hookimpl
+def genlm_register_backends(register: Callable[[BackendSpec], None]) -> None:
+    register(
+        BackendSpec(
+            name="mock",
+            loader="genlm.core.mock:MockLM.from_name",
+            distribution="genlm-core",
+            priority=-100,
+            auto_select=False,
+            description="deterministic fake model over any tokenizer's vocabulary (for tests)",
+        )
+    )
