@@ -1,0 +1,84 @@
+"""``genlm backends``: which backends are installed, and which can run here."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+
+from genlm.core.cli import Command
+
+
+def _version(distribution: str | None) -> str:
+    if distribution is None:
+        return "?"
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def backend_rows() -> tuple[list[dict], list[dict]]:
+    """One row per registered backend, and one per broken plugin."""
+    from genlm.core._registry import get_registry
+
+    registry = get_registry()
+    rows = []
+    for name, spec in sorted(registry.backends.items()):
+        reason = spec.unavailable_reason()
+        rows.append(
+            {
+                "name": name,
+                "distribution": spec.distribution,
+                "version": _version(spec.distribution),
+                "available": reason is None,
+                "status": "available" if reason is None else f"unavailable: {reason}",
+                "auto_select": spec.auto_select,
+                "priority": spec.priority,
+                "description": spec.description,
+            }
+        )
+    broken = [
+        {"plugin": e.plugin, "distribution": e.distribution, "error": str(e)}
+        for e in registry.errors
+    ]
+    return rows, broken
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(args: argparse.Namespace) -> int:
+    rows, broken = backend_rows()
+    if args.json:
+        print(json.dumps({"backends": rows, "broken": broken}, indent=2))
+        return 0
+    if not rows:
+        print("no backends installed; try: pip install genlm-backend-hf")
+    header = ("backend", "distribution", "version", "auto", "status")
+    table = [header] + [
+        (
+            r["name"],
+            r["distribution"],
+            r["version"],
+            "yes" if r["auto_select"] else "no",
+            r["status"],
+        )
+        for r in rows
+    ]
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(header) - 1)]
+    for row in table:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+    for b in broken:
+        print(f"\nbroken plugin {b['plugin']} ({b['distribution'] or 'unknown distribution'}):")
+        print(f"  {b['error']}")
+    return 0
+
+
+COMMAND = Command(
+    name="backends",
+    help="list installed backends: distribution, version, available here or why not",
+    configure=configure,
+    run=run,
+)
