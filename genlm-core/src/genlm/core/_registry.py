@@ -184,7 +184,7 @@ class Registry:
             distribution=dist,
         )
         error.__cause__ = cause
-        logger.warning("%s", error)
+        logger.info("%s", error)
         self.errors.append(error)
 
     # ---- choosing and loading ----------------------------------------------------------

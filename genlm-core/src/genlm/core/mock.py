@@ -20,15 +20,15 @@ from genlm.core._models import resolve_model_path
 from genlm.core._vocab import Vocabulary
 
 
-def context_seed(context: Sequence[int], salt: bytes = b"") -> int:
-    """A 64-bit seed that is a hash of the whole context (and a salt)."""
-    digest = hashlib.blake2b(np.asarray(context, dtype=np.int64).tobytes() + salt, digest_size=8)
-    return int.from_bytes(digest.digest(), "little")
+def context_seed(context: Sequence[int], seed: int = 0) -> int:
+    """A 64-bit seed that is a hash of the whole context and the mock's seed."""
+    data = np.asarray([seed, *context], dtype=np.int64).tobytes()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
-def mock_logprobs(context: Sequence[int], vocab_size: int, salt: bytes = b"") -> np.ndarray:
+def mock_logprobs(context: Sequence[int], vocab_size: int, seed: int = 0) -> np.ndarray:
     """The mock's log-probabilities for one context, float64, normalized."""
-    rng = np.random.default_rng(context_seed(context, salt))
+    rng = np.random.default_rng(context_seed(context, seed))
     logits = rng.standard_normal(vocab_size) * 3.0
     logits -= logits.max()
     return logits - np.log(np.exp(logits).sum())
@@ -58,7 +58,7 @@ class MockLM(BatchedLM):
         kwargs.setdefault("name", "mock")
         super().__init__(vocab, tokenizer, **kwargs)
         self.latency_s = latency_s
-        self._salt = seed.to_bytes(8, "little", signed=True)
+        self.seed = seed
         #: Contexts the backend evaluated, batch by batch (tests inspect batching).
         self.batches: list[list[tuple[int, ...]]] = []
 
@@ -76,4 +76,4 @@ class MockLM(BatchedLM):
         self.batches.append(list(contexts))
         if self.latency_s:
             time.sleep(self.latency_s)
-        return np.stack([mock_logprobs(c, len(self.vocab), self._salt) for c in contexts])
+        return np.stack([mock_logprobs(c, len(self.vocab), self.seed) for c in contexts])

@@ -1,0 +1,123 @@
+"""Output cache and prefix cache: bounds, LRU order, longest-prefix lookups, pinning."""
+
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from genlm.core import OutputCache, PrefixCache
+
+
+class TestOutputCache:
+    def test_lru_eviction_respects_the_byte_budget(self):
+        """The least recently used arrays go first, and the total never exceeds the budget."""
+        cache = OutputCache(max_bytes=3 * 400)
+        for i in range(3):
+            cache.put(i, np.zeros(100, dtype=np.float32))
+        assert cache.get(0) is not None  # 0 becomes most recent
+        cache.put(3, np.zeros(100, dtype=np.float32))
+        assert cache.get(1) is None and cache.get(0) is not None and cache.get(3) is not None
+        assert cache.nbytes == 1200 and len(cache) == 3
+
+    def test_values_are_read_only_and_oversized_ones_skipped(self):
+        """Stored arrays cannot be modified in place; an array bigger than the budget is not kept."""
+        cache = OutputCache(max_bytes=100)
+        stored = cache.put("a", np.zeros(10, dtype=np.float32))
+        with pytest.raises(ValueError):
+            stored[0] = 1.0
+        cache.put("big", np.zeros(1000, dtype=np.float32))
+        assert cache.get("big") is None and cache.nbytes == 40
+
+    def test_zero_budget_disables_caching(self):
+        """max_bytes=0 stores nothing."""
+        cache = OutputCache(0)
+        cache.put(1, np.zeros(1, dtype=np.float32))
+        assert cache.get(1) is None
+
+
+prefixes = st.lists(st.integers(0, 3), min_size=1, max_size=6)
+
+
+class TestPrefixCache:
+    @settings(max_examples=200, deadline=None)
+    @given(stored=st.lists(prefixes, max_size=12), query=st.lists(st.integers(0, 3), max_size=8))
+    def test_longest_prefix_matches_brute_force(self, stored, query):
+        """The lookup returns the longest stored prefix of the query, as a scan would."""
+        cache = PrefixCache(max_bytes=10**9)
+        for p in stored:
+            cache.insert(p, tuple(p), nbytes=1)
+        hit = cache.longest_prefix(query)
+        candidates = [p for p in stored if tuple(query[: len(p)]) == tuple(p)]
+        expected = max((len(p) for p in candidates), default=0)
+        assert hit.length == expected
+        assert hit.value == (tuple(query[:expected]) if expected else None)
+        assert len(cache) == len({tuple(p) for p in stored})
+
+    def test_max_length_limits_the_lookup(self):
+        """max_length stops the lookup short of the full context."""
+        cache = PrefixCache(max_bytes=100)
+        cache.insert([1, 2, 3], "abc", 1)
+        cache.insert([1], "a", 1)
+        assert cache.longest_prefix([1, 2, 3], max_length=2).value == "a"
+        assert cache.longest_prefix([1, 2, 3]).value == "abc"
+
+    def test_eviction_is_lru_and_bounded_and_spares_pinned_entries(self):
+        """Unpinned entries are evicted least recently used first; pinned ones stay."""
+        cache = PrefixCache(max_bytes=30)
+        cache.insert([1], "pinned", 10, pin=True)
+        cache.insert([2], "b", 10)
+        cache.insert([3], "c", 10)
+        cache.longest_prefix([2, 9])  # touch [2]
+        cache.insert([4], "d", 10)
+        assert [1] in cache and [2] in cache and [4] in cache and [3] not in cache
+        assert cache.nbytes <= 30
+        cache.insert([5], "e", 10)
+        cache.insert([6], "f", 10)
+        assert [1] in cache and cache.nbytes <= 30
+        cache.unpin([1])  # now evictable, as the most recently used entry
+        cache.insert([7], "g", 10)
+        assert [1] in cache
+        cache.insert([8], "h", 10)
+        cache.insert([9], "i", 10)
+        assert [1] not in cache
+
+    def test_pinning_errors_are_clear(self):
+        """Pinning an absent prefix or over-unpinning raises KeyError."""
+        cache = PrefixCache(max_bytes=10)
+        with pytest.raises(KeyError):
+            cache.pin([1])
+        cache.insert([1], "x", 1)
+        with pytest.raises(KeyError):
+            cache.unpin([1])
+
+    def test_entry_larger_than_budget_is_refused(self):
+        """insert returns False for an entry that cannot fit, and stores nothing."""
+        cache = PrefixCache(max_bytes=5)
+        assert cache.insert([1], "x", 6) is False
+        assert len(cache) == 0 and cache.nbytes == 0
+
+    def test_hundred_thousand_token_chain(self):
+        """A 100,000-token chain is inserted, found, evicted and pruned without recursion."""
+        limit = sys.getrecursionlimit()
+        chain = list(range(100_000))
+        cache = PrefixCache(max_bytes=100)
+        cache.insert(chain, "long", 60)
+        assert cache.longest_prefix(chain + [5]).length == 100_000
+        cache.insert(chain[:10], "short", 30)
+        cache.insert([7], "other", 20)  # evicts the least recently used: the long chain
+        assert chain not in cache and cache.longest_prefix(chain).length == 10
+        cache.remove(chain[:10])
+        assert cache._root.children.keys() == {7}
+        assert sys.getrecursionlimit() == limit
+
+    def test_clear_keep_pinned(self):
+        """clear(keep_pinned=True) drops only unpinned entries."""
+        cache = PrefixCache(max_bytes=100)
+        cache.insert([1, 2], "p", 1, pin=True)
+        cache.insert([1, 3], "u", 1)
+        cache.clear(keep_pinned=True)
+        assert [1, 2] in cache and [1, 3] not in cache and len(cache) == 1
+        cache.clear()
+        assert len(cache) == 0 and cache.nbytes == 0

@@ -1,0 +1,272 @@
+"""The autobatching scheduler: batching, dedup, firing, fan-out, cancellation, shutdown."""
+
+import asyncio
+import gc
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+from genlm.core import AutoBatcher, ModelClosedError, ModelWorker
+from genlm.core.mock import MockLM, mock_logprobs
+
+VOCAB = [bytes([b]) for b in range(32)]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+class TestBatching:
+    def test_concurrent_requests_form_one_batch(self):
+        """Requests awaited together reach the backend as one batch."""
+        lm = MockLM(VOCAB, cache_bytes=0)
+
+        async def main():
+            return await asyncio.gather(*(lm.next_token_logprobs([i, 1]) for i in range(10)))
+
+        rows = run(main())
+        assert [len(b) for b in lm.batches] == [10]
+        for i, row in enumerate(rows):
+            np.testing.assert_allclose(row, mock_logprobs((i, 1), 32), atol=1e-6)
+        lm.close()
+
+    def test_identical_contexts_are_computed_once(self):
+        """Duplicate contexts in flight share one computation and one result."""
+        lm = MockLM(VOCAB, cache_bytes=0)
+
+        async def main():
+            return await asyncio.gather(*(lm.next_token_logprobs([i % 3]) for i in range(30)))
+
+        rows = run(main())
+        assert sorted(lm.batches[0]) == [(0,), (1,), (2,)]
+        assert sum(len(b) for b in lm.batches) == 3
+        for i, row in enumerate(rows):
+            np.testing.assert_array_equal(row, rows[i % 3])
+        lm.close()
+
+    def test_batches_never_exceed_max_batch_size(self):
+        """70 distinct requests with max_batch_size 32 run as batches of at most 32."""
+        lm = MockLM(VOCAB, cache_bytes=0, max_batch_size=32)
+
+        async def main():
+            await asyncio.gather(*(lm.next_token_logprobs([i % 32, i // 32]) for i in range(70)))
+
+        run(main())
+        sizes = [len(b) for b in lm.batches]
+        assert max(sizes) <= 32 and sum(sizes) == 70
+        assert len({c for b in lm.batches for c in b}) == 70
+        lm.close()
+
+    def test_wait_is_bounded_from_the_first_request(self):
+        """A steady stream of arrivals never postpones the first queued request."""
+        lm = MockLM(VOCAB, cache_bytes=0, max_batch_size=1000, max_wait_s=0.05)
+
+        async def main():
+            first = asyncio.ensure_future(lm.next_token_logprobs([0]))
+            others = []
+            start = time.monotonic()
+            done_at = None
+            for i in range(60):  # one new request every 10 ms for 0.6 s
+                await asyncio.sleep(0.01)
+                others.append(asyncio.ensure_future(lm.next_token_logprobs([1, i % 32, i // 32])))
+                if done_at is None and first.done():
+                    done_at = time.monotonic() - start
+            await asyncio.gather(first, *others)
+            return done_at
+
+        done_at = run(main())
+        assert done_at is not None and done_at < 0.4
+        lm.close()
+
+    def test_event_loop_runs_during_a_forward_pass(self):
+        """A slow backend runs on the worker thread while other coroutines keep running."""
+        lm = MockLM(VOCAB, latency_s=0.3, cache_bytes=0)
+        threads = []
+        original = lm._logprobs_batch
+
+        def spy(contexts, variant):
+            threads.append(threading.current_thread())
+            return original(contexts, variant)
+
+        lm._logprobs_batch = spy
+
+        async def main():
+            ticks = 0
+
+            async def ticker():
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.01)
+                    ticks += 1
+
+            task = asyncio.ensure_future(ticker())
+            await lm.next_token_logprobs([1, 2, 3])
+            task.cancel()
+            return ticks
+
+        assert run(main()) >= 10
+        assert threads == [lm.worker._thread] and threads[0] is not threading.main_thread()
+        lm.close()
+
+    def test_variants_are_never_mixed_in_a_batch(self):
+        """Requests made under different variants (adapters) go to separate batches."""
+        lm = MockLM(VOCAB, cache_bytes=0)
+        seen = []
+        original = lm._logprobs_batch
+
+        def spy(contexts, variant):
+            seen.append((variant, len(contexts)))
+            return original(contexts, variant)
+
+        lm._logprobs_batch = spy
+
+        async def main():
+            futures = []
+            for variant in ["a", "b", "a", "b", None]:
+                lm._variant = lambda v=variant: v
+                futures.append(asyncio.ensure_future(lm.next_token_logprobs([5])))
+                await asyncio.sleep(0)  # the request is made (and its variant captured) now
+            return await asyncio.gather(*futures)
+
+        run(main())
+        assert sorted(seen, key=str) == sorted([("a", 1), ("b", 1), (None, 1)], key=str)
+        lm.close()
+
+
+class TestFailures:
+    def test_batch_exception_reaches_every_waiter_and_the_model_recovers(self):
+        """A backend error fails each request of that batch; the next batch works."""
+        lm = MockLM(VOCAB, cache_bytes=0)
+        original = lm._logprobs_batch
+        calls = []
+
+        def flaky(contexts, variant):
+            calls.append(len(contexts))
+            if len(calls) == 1:
+                raise RuntimeError("device fell over")
+            return original(contexts, variant)
+
+        lm._logprobs_batch = flaky
+
+        async def main():
+            first = await asyncio.gather(
+                *(lm.next_token_logprobs([i]) for i in range(4)), return_exceptions=True
+            )
+            second = await lm.next_token_logprobs([0])
+            return first, second
+
+        first, second = run(main())
+        assert all(isinstance(e, RuntimeError) and "fell over" in str(e) for e in first)
+        np.testing.assert_allclose(second, mock_logprobs((0,), 32), atol=1e-6)
+        lm.close()
+
+    def test_wrong_shape_from_backend_is_reported(self):
+        """A backend returning the wrong shape gets a clear error naming both shapes."""
+        lm = MockLM(VOCAB, cache_bytes=0)
+        lm._logprobs_batch = lambda contexts, variant: np.zeros((len(contexts), 3))
+        with pytest.raises(RuntimeError, match=r"shape \(1, 3\).*\(1, 32\)"):
+            lm.next_token_logprobs_sync([1])
+        lm.close()
+
+    def test_items_whose_waiters_all_cancelled_are_dropped(self):
+        """A queued request nobody waits for any more is not computed."""
+        lm = MockLM(VOCAB, cache_bytes=0, max_wait_s=0.05)
+
+        async def main():
+            doomed = asyncio.ensure_future(lm.next_token_logprobs([7, 7]))
+            kept = asyncio.ensure_future(lm.next_token_logprobs([8]))
+            await asyncio.sleep(0)
+            doomed.cancel()
+            await kept
+
+        run(main())
+        assert lm.batches == [[(8,)]]
+        lm.close()
+
+
+class TestLifecycle:
+    def test_model_serves_successive_event_loops(self):
+        """One model answers in several asyncio.run calls (state is per event loop)."""
+        lm = MockLM(VOCAB, cache_bytes=0)
+        for i in range(3):
+            row = run(lm.next_token_logprobs([i]))
+            np.testing.assert_allclose(row, mock_logprobs((i,), 32), atol=1e-6)
+        lm.close()
+
+    def test_aclose_fails_queued_requests_and_leaves_nothing_pending(self, recwarn):
+        """aclose() fails queued requests, stops the worker, and leaves no task or timer."""
+        lm = MockLM(VOCAB, cache_bytes=0, max_wait_s=10.0)
+
+        async def main():
+            queued = asyncio.ensure_future(lm.next_token_logprobs([3]))
+            await asyncio.sleep(0)
+            await lm.aclose()
+            with pytest.raises(ModelClosedError):
+                await queued
+            with pytest.raises(ModelClosedError):
+                await lm.next_token_logprobs([3])
+            assert asyncio.all_tasks() == {asyncio.current_task()}
+            state = next(iter(lm.batcher._states.values()))
+            assert state.timer is None and not state.pending and not state.in_flight
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            run(main())
+            gc.collect()
+        lm.worker._thread.join(timeout=5)
+        assert not lm.worker._thread.is_alive()
+
+    def test_aclose_waits_for_the_running_batch(self):
+        """A batch already running when aclose() is called still delivers its result."""
+        lm = MockLM(VOCAB, cache_bytes=0, latency_s=0.2)
+
+        async def main():
+            running = asyncio.ensure_future(lm.next_token_logprobs([4]))
+            await asyncio.sleep(0.05)
+            await lm.aclose()
+            return await running
+
+        np.testing.assert_allclose(run(main()), mock_logprobs((4,), 32), atol=1e-6)
+
+    def test_async_context_manager_closes(self):
+        """`async with model` closes it on exit."""
+
+        async def main():
+            async with MockLM(VOCAB) as lm:
+                await lm.next_token_logprobs([1])
+            return lm
+
+        lm = run(main())
+        with pytest.raises(ModelClosedError):
+            lm.next_token_logprobs_sync([1])
+
+
+class TestAutoBatcherDirectly:
+    def test_without_keys_nothing_is_deduplicated(self):
+        """With key=None every submitted item is computed, in submission order."""
+        worker = ModelWorker("test")
+        seen = []
+
+        def double(items):
+            seen.append(list(items))
+            return [2 * x for x in items]
+
+        batcher = AutoBatcher(double, worker, max_batch_size=8)
+
+        async def main():
+            return await asyncio.gather(*(batcher.submit(x) for x in [1, 1, 2, 3]))
+
+        assert run(main()) == [2, 2, 4, 6]
+        assert seen == [[1, 1, 2, 3]]
+        worker.close()
+
+    def test_bad_arguments_are_rejected(self):
+        """A non-positive batch size or negative wait is a clear ValueError."""
+        worker = ModelWorker("test")
+        with pytest.raises(ValueError, match="max_batch_size"):
+            AutoBatcher(list, worker, max_batch_size=0)
+        with pytest.raises(ValueError, match="max_wait_s"):
+            AutoBatcher(list, worker, max_wait_s=-1)
