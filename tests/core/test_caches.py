@@ -22,7 +22,7 @@ class TestOutputCache:
         assert cache.nbytes == 1200 and len(cache) == 3
 
     def test_values_are_read_only_and_oversized_ones_skipped(self):
-        """Stored arrays cannot be modified in place; an array bigger than the budget is not kept."""
+        """Stored arrays are read-only; an array bigger than the budget is not kept."""
         cache = OutputCache(max_bytes=100)
         stored = cache.put("a", np.zeros(10, dtype=np.float32))
         with pytest.raises(ValueError):

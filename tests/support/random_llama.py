@@ -42,7 +42,9 @@ def tokenizer_dir(name: str) -> Path:
     for base in (FIXTURE_TOKENIZERS, SHARED_TOKENIZERS):
         if (base / name).is_dir():
             return base / name
-    raise FileNotFoundError(f"tokenizer {name!r} not found in {FIXTURE_TOKENIZERS} or {SHARED_TOKENIZERS}")
+    raise FileNotFoundError(
+        f"tokenizer {name!r} not found in {FIXTURE_TOKENIZERS} or {SHARED_TOKENIZERS}"
+    )
 
 
 def build_random_llama(

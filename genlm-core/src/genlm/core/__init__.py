@@ -1,6 +1,6 @@
 """GenLM core: fast, batched, cached next-token log-probabilities on any engine."""
 
-from importlib.metadata import PackageNotFoundError, version
+import importlib.metadata as _metadata
 
 from genlm.core._errors import (
     BackendNotFoundError,
@@ -22,8 +22,8 @@ from genlm.core._vocab import Vocabulary, decode_vocab
 from genlm.core._worker import ModelWorker
 
 try:
-    __version__ = version("genlm-core")
-except PackageNotFoundError:  # running from a source tree
+    __version__ = _metadata.version("genlm-core")
+except _metadata.PackageNotFoundError:  # running from a source tree
     __version__ = "0+unknown"
 
 __all__ = [

@@ -128,10 +128,10 @@ class BatchedLM(abc.ABC):
         """
         return None
 
-    def _clear_backend_cache(self) -> None:
+    def _clear_backend_cache(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Drop backend state such as KV caches (runs on the worker thread)."""
 
-    def _close_backend(self) -> None:
+    def _close_backend(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Release backend resources (runs on the worker thread, once)."""
 
     # ---- the AsyncLM protocol ------------------------------------------------------

@@ -56,8 +56,8 @@ class BackendSpec:
         loader: ``"module:callable"`` building a model, called as ``loader(model, **opts)``;
             imported only when the backend is loaded.
         distribution: the pip distribution providing it (for ``pip install`` hints).
-        probe: ``"module:callable"`` returning None when the backend can run here, or a
-            short reason why not. Must be cheap: no heavy imports.
+        probe: a callable (or its ``"module:callable"`` path) returning None when the
+            backend can run here, or a short reason why not. Must be cheap: no heavy imports.
         priority: auto-selection rank; the available backend with the highest wins.
         auto_select: whether ``backend=None`` may pick it at all.
         description: one line for ``genlm backends``.
@@ -66,7 +66,7 @@ class BackendSpec:
     name: str = attrs.field()
     loader: str = attrs.field()
     distribution: str
-    probe: str | None = None
+    probe: str | Callable[[], str | None] | None = None
     priority: int = 0
     auto_select: bool = True
     description: str = ""
@@ -86,7 +86,8 @@ class BackendSpec:
         if self.probe is None:
             return None
         try:
-            return _resolve(self.probe)()
+            probe = _resolve(self.probe) if isinstance(self.probe, str) else self.probe
+            return probe()
         except Exception as exc:  # a broken probe must not break discovery
             return f"availability probe failed: {exc!r}"
 

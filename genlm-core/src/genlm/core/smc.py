@@ -113,9 +113,7 @@ async def smc(
         if effective_sample_size(log_weights) < ess_threshold * n_particles:
             log_marginal += logsumexp(log_weights) - np.log(n_particles)
             keep = systematic_resample(log_weights, rng)
-            particles = [
-                Particle(list(particles[i].tokens), 0.0, particles[i].done) for i in keep
-            ]
+            particles = [Particle(list(particles[i].tokens), 0.0, particles[i].done) for i in keep]
             resampled += 1
         if on_step is not None:
             on_step(step + 1)

@@ -162,9 +162,7 @@ class AsyncLMConformance:
         assert isinstance(failure, InvalidContextError)
         lm.clear_cache()
         np.testing.assert_allclose(first, lm.next_token_logprobs_sync(contexts[0]), atol=self.atol)
-        np.testing.assert_allclose(
-            second, lm.next_token_logprobs_sync(contexts[1]), atol=self.atol
-        )
+        np.testing.assert_allclose(second, lm.next_token_logprobs_sync(contexts[1]), atol=self.atol)
 
     # ---- sampling --------------------------------------------------------------------
 
@@ -192,12 +190,8 @@ class AsyncLMConformance:
         a = asyncio.run(lm.sample(contexts[1], max_tokens=6, eos_token_ids=[], seed=7))
         b = asyncio.run(lm.sample(contexts[1], max_tokens=6, eos_token_ids=[], seed=7))
         assert a == b
-        batch = asyncio.run(
-            lm.batch_sample(contexts[:3], max_tokens=3, eos_token_ids=[], seed=11)
-        )
-        again = asyncio.run(
-            lm.batch_sample(contexts[:3], max_tokens=3, eos_token_ids=[], seed=11)
-        )
+        batch = asyncio.run(lm.batch_sample(contexts[:3], max_tokens=3, eos_token_ids=[], seed=11))
+        again = asyncio.run(lm.batch_sample(contexts[:3], max_tokens=3, eos_token_ids=[], seed=11))
         assert batch == again
         assert [len(s) for s in batch] == [3, 3, 3]
 

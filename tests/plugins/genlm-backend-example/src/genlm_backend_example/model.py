@@ -12,9 +12,7 @@ class BigramLM(BatchedLM):
         super().__init__(Vocabulary(tuple(bytes([b]) for b in range(256))), **kwargs)
         logits = np.random.default_rng(seed).standard_normal((256, 256)) * 2
         logits -= logits.max(axis=1, keepdims=True)
-        self.table = (logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))).astype(
-            np.float32
-        )
+        self.table = (logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))).astype(np.float32)
 
     @classmethod
     def from_name(cls, name: str, **kwargs) -> "BigramLM":

@@ -1,0 +1,196 @@
+"""Backend discovery: pluggy validation, isolation, selection, allowlist, installed plugins."""
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from genlm.core import (
+    BackendNotFoundError,
+    BackendSpec,
+    BackendUnavailableError,
+    Registry,
+    load_model_by_name,
+)
+from genlm.core.hookspecs import hookimpl
+from genlm.core.mock import MockLM
+
+#: The nox sessions install the plugin fixtures and set this, so their tests never skip there.
+REQUIRE_PLUGINS = os.environ.get("GENLM_REQUIRE_TEST_PLUGINS") == "1"
+
+
+def plugin(name, *specs, raises=None):
+    """An in-memory plugin module registering ``specs``."""
+    module = types.ModuleType(name)
+
+    @hookimpl
+    def genlm_register_backends(register):
+        if raises is not None:
+            raise raises
+        for spec in specs:
+            register(spec)
+
+    module.genlm_register_backends = genlm_register_backends
+    return module
+
+
+def spec(name, priority=0, probe=None, auto_select=True):
+    return BackendSpec(
+        name=name,
+        loader="genlm.core.mock:MockLM.from_name",
+        distribution=f"genlm-backend-{name}",
+        probe=probe,
+        priority=priority,
+        auto_select=auto_select,
+    )
+
+
+def registry(*modules):
+    reg = Registry()
+    reg.register_plugins([(m.__name__, f"dist-{m.__name__}", m) for m in modules])
+    return reg
+
+
+def never_available():
+    return "needs a CUDA GPU"
+
+
+class TestSelection:
+    def test_auto_selection_prefers_the_highest_priority_available(self):
+        """backend=None skips unavailable and non-auto backends, then takes the best priority."""
+        reg = registry(
+            plugin(
+                "p",
+                spec("low", 1),
+                spec("mid", 5),
+                spec("gpu", 9, probe=never_available),
+                spec("manual", 99, auto_select=False),
+            )
+        )
+        assert reg.select().name == "mid"
+        assert reg.select("low").name == "low"
+
+    def test_unknown_backend_names_installed_ones_and_pip_hint(self):
+        """An unknown backend's error lists what is installed and what to pip install."""
+        reg = registry(plugin("p", spec("alpha"), spec("beta")))
+        with pytest.raises(BackendNotFoundError) as info:
+            reg.select("vllm")
+        message = str(info.value)
+        assert "alpha, beta" in message and "pip install genlm-backend-vllm" in message
+        assert isinstance(info.value, ValueError)
+
+    def test_unavailable_backend_says_why(self):
+        """Asking for an installed backend that cannot run here names the reason."""
+        reg = registry(plugin("p", spec("gpu", probe=never_available)))
+        with pytest.raises(BackendUnavailableError, match="needs a CUDA GPU"):
+            reg.select("gpu")
+        with pytest.raises(BackendNotFoundError, match="gpu: needs a CUDA GPU"):
+            reg.select()
+
+    def test_loader_receives_name_and_options(self):
+        """The chosen backend's loader is imported lazily and called with the options."""
+        reg = registry(plugin("p", spec("m")))
+        lm = reg.select("m").load("stories260K", max_batch_size=3)
+        assert isinstance(lm, MockLM) and lm.batcher.max_batch_size == 3 and len(lm.vocab) == 512
+        lm.close()
+
+
+class TestIsolation:
+    def test_raising_plugin_is_recorded_and_others_work(self):
+        """A plugin whose hook raises is reported; other plugins still register."""
+        reg = registry(plugin("bad", raises=RuntimeError("boom")), plugin("good", spec("g")))
+        assert list(reg.backends) == ["g"]
+        [error] = reg.errors
+        assert error.plugin == "bad" and error.distribution == "dist-bad" and "boom" in str(error)
+        assert isinstance(error, ImportError)
+
+    def test_invalid_hook_signature_is_rejected_at_registration(self):
+        """pluggy validation rejects a hook whose arguments are not in the spec."""
+        module = types.ModuleType("wrong")
+
+        @hookimpl
+        def genlm_register_backends(registrar):
+            pass
+
+        module.genlm_register_backends = genlm_register_backends
+        reg = registry(module, plugin("good", spec("g")))
+        assert list(reg.backends) == ["g"]
+        assert "registrar" in str(reg.errors[0])
+
+    def test_name_collision_keeps_the_first(self):
+        """Two plugins claiming one backend name: the second is reported, not silently used."""
+        other = BackendSpec(name="x", loader="a.b:c", distribution="genlm-backend-other")
+        reg = registry(plugin("first", spec("x")), plugin("second", other))
+        assert reg.backends["x"].distribution == "genlm-backend-x"
+        assert "already provided by genlm-backend-x" in str(reg.errors[0])
+
+    def test_spec_validates_names(self):
+        """A malformed backend name or loader path is rejected when the spec is made."""
+        with pytest.raises(ValueError, match="backend name"):
+            BackendSpec(name="Bad Name", loader="a:b", distribution="d")
+        with pytest.raises(ValueError, match="loader"):
+            BackendSpec(name="ok", loader="no-colon", distribution="d")
+
+
+installed = pytest.mark.skipif(
+    not REQUIRE_PLUGINS
+    and not any(
+        d.metadata["Name"] == "genlm-backend-example" for d in importlib.metadata.distributions()
+    ),
+    reason="tests/plugins/* are not pip-installed (the nox sessions install them)",
+)
+
+
+def discover_in_subprocess(env_allowlist=None):
+    """Run discovery in a fresh interpreter; return its backends, errors and heavy modules."""
+    code = (
+        "import json, sys\n"
+        "from genlm.core import Registry\n"
+        "r = Registry.discover()\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', "
+        "'vllm', 'mlx', 'mlx_lm'})\n"
+        "print(json.dumps({'backends': sorted(r.backends), 'errors': [[e.plugin, "
+        "e.distribution, str(e)] for e in r.errors], 'heavy': heavy}))\n"
+    )
+    env = dict(os.environ)
+    env.pop("GENLM_BACKENDS", None)
+    if env_allowlist is not None:
+        env["GENLM_BACKENDS"] = env_allowlist
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    return json.loads(out.stdout)
+
+
+@installed
+class TestInstalledPlugins:
+    def test_third_party_plugin_is_found_through_installed_metadata(self):
+        """The pip-installed example distribution's backend is discovered and loads."""
+        found = discover_in_subprocess()
+        assert {"example", "mock"} <= set(found["backends"])
+        lm = load_model_by_name("7", backend="example")
+        assert type(lm).__module__ == "genlm_backend_example.model"
+        lm.close()
+
+    def test_broken_plugin_is_isolated_and_reported(self):
+        """The broken distribution is reported with its import error; the rest still load."""
+        found = discover_in_subprocess()
+        [broken] = [e for e in found["errors"] if e[0] == "broken"]
+        assert broken[1] == "genlm-backend-broken"
+        assert "genlm_dependency_that_is_not_installed" in broken[2]
+        assert "example" in found["backends"]
+
+    def test_discovery_imports_no_heavy_library(self):
+        """Discovering every installed plugin imports no torch, transformers, vllm or mlx."""
+        assert discover_in_subprocess()["heavy"] == []
+
+    def test_allowlist_restricts_loading(self):
+        """GENLM_BACKENDS loads only the named plugins (the broken one is not even imported)."""
+        found = discover_in_subprocess("example")
+        assert found["backends"] == ["example"] and found["errors"] == []
+        found = discover_in_subprocess("mock, broken")
+        assert found["backends"] == ["mock"] and [e[0] for e in found["errors"]] == ["broken"]
