@@ -1,52 +1,79 @@
-"""GenLM core: fast, batched, cached next-token log-probabilities on any engine."""
+"""GenLM core: fast, batched, cached next-token log-probabilities on any engine.
 
-import importlib.metadata as _metadata
+Public names load lazily (module ``__getattr__``), so ``import genlm.core`` and the
+``genlm`` CLI start fast; numpy and asyncio load with the first name that needs them.
+"""
 
-from genlm.core._errors import (
-    BackendNotFoundError,
-    BackendUnavailableError,
-    GenLMError,
-    InvalidContextError,
-    ModelClosedError,
-    PluginLoadError,
-    VocabularyMismatchError,
-)
-from genlm.core._model import BatchedLM
-from genlm.core._models import DEFAULT_MODEL, resolve_model_path
-from genlm.core._output_cache import OutputCache
-from genlm.core._prefix_cache import PrefixCache, PrefixHit
-from genlm.core._protocol import AsyncLM
-from genlm.core._registry import BackendSpec, Registry, get_registry, load_model_by_name
-from genlm.core._scheduler import AutoBatcher
-from genlm.core._vocab import Vocabulary, decode_vocab
-from genlm.core._worker import ModelWorker
+from __future__ import annotations
 
-try:
-    __version__ = _metadata.version("genlm-core")
-except _metadata.PackageNotFoundError:  # running from a source tree
-    __version__ = "0+unknown"
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "DEFAULT_MODEL",
-    "AsyncLM",
-    "AutoBatcher",
-    "BackendNotFoundError",
-    "BackendSpec",
-    "BackendUnavailableError",
-    "BatchedLM",
-    "GenLMError",
-    "InvalidContextError",
-    "ModelClosedError",
-    "ModelWorker",
-    "OutputCache",
-    "PluginLoadError",
-    "PrefixCache",
-    "PrefixHit",
-    "Registry",
-    "VocabularyMismatchError",
-    "Vocabulary",
-    "decode_vocab",
-    "get_registry",
-    "load_model_by_name",
-    "resolve_model_path",
-]
+#: Public name -> the private module defining it.
+_EXPORTS = {
+    "AsyncLM": "_protocol",
+    "AutoBatcher": "_scheduler",
+    "BackendNotFoundError": "_errors",
+    "BackendSpec": "_registry",
+    "BackendUnavailableError": "_errors",
+    "BatchedLM": "_model",
+    "DEFAULT_MODEL": "_models",
+    "GenLMError": "_errors",
+    "InvalidContextError": "_errors",
+    "ModelClosedError": "_errors",
+    "ModelWorker": "_worker",
+    "OutputCache": "_output_cache",
+    "PluginLoadError": "_errors",
+    "PrefixCache": "_prefix_cache",
+    "PrefixHit": "_prefix_cache",
+    "Registry": "_registry",
+    "Vocabulary": "_vocab",
+    "VocabularyMismatchError": "_errors",
+    "decode_vocab": "_vocab",
+    "get_registry": "_registry",
+    "load_model_by_name": "_registry",
+    "resolve_model_path": "_models",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("genlm-core")
+        except PackageNotFoundError:  # running from a source tree
+            return "0+unknown"
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'genlm.core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"genlm.core.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS) | {"__version__"})
+
+
+if TYPE_CHECKING:
+    from genlm.core._errors import (
+        BackendNotFoundError,
+        BackendUnavailableError,
+        GenLMError,
+        InvalidContextError,
+        ModelClosedError,
+        PluginLoadError,
+        VocabularyMismatchError,
+    )
+    from genlm.core._model import BatchedLM
+    from genlm.core._models import DEFAULT_MODEL, resolve_model_path
+    from genlm.core._output_cache import OutputCache
+    from genlm.core._prefix_cache import PrefixCache, PrefixHit
+    from genlm.core._protocol import AsyncLM
+    from genlm.core._registry import BackendSpec, Registry, get_registry, load_model_by_name
+    from genlm.core._scheduler import AutoBatcher
+    from genlm.core._vocab import Vocabulary, decode_vocab
+    from genlm.core._worker import ModelWorker
