@@ -353,7 +353,9 @@ class Vocabulary:
     byte-level tokenizers, and ``== b" " + s.encode("utf-8")`` for tokenizers that add a dummy
     prefix (the ``Prepend("▁")`` normalizer of Llama 2 and stories260K, or Metaspace with a
     prepend scheme; for them the empty string encodes to no ids at all). The leading b" " is
-    real: it is the first token's ``▁``, which ``tokenizer.decode`` strips afterwards. WordPiece
+    real: it is the first token's ``▁``, which ``tokenizer.decode`` strips afterwards. Those
+    tokenizers also read a literal ``▁`` (U+2581) in the text as a space ("a▁b" and "a b" get
+    the same ids), so for them the join is ``b" " + s.replace("▁", " ").encode("utf-8")``. WordPiece
     (``##``) vocabularies are not byte-exact and come out as their raw token text.
 
     ``special_ids`` are added tokens flagged special (plus control/unknown pieces of slow
