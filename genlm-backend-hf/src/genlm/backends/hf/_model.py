@@ -287,8 +287,10 @@ class HFLM(BatchedLM):
             for layer, (keys, values) in enumerate(layer_tensors(output.past_key_values)):
                 batch.buffer[layer, 0, :, :, batch.past :] = keys[:, :, batch.past :]
                 batch.buffer[layer, 1, :, :, batch.past :] = values[:, :, batch.past :]
-        logits = output.logits[:, -1, : len(self.vocab)].float()
-        logprobs = torch.log_softmax(logits, dim=-1).cpu().numpy()
+        logits = output.logits[:, -1, : len(self.vocab)]
+        # Normalize in at least float32 (bf16 logits would lose small probabilities).
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        logprobs = torch.log_softmax(logits, dim=-1).float().cpu().numpy()
         for i, row in enumerate(rows):
             self.kv.store(marker, row, lambda start, i=i: batch.row_kv(i, start))
         self.kv_stats["forwards"] += 1
