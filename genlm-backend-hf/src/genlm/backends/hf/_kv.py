@@ -180,10 +180,11 @@ class KVStore:
         the stored segment is a compact copy.
         """
         if not row.extends_cached_entry:
-            return  # the context itself was cached already (its last token was recomputed)
+            # The context itself is cached (its last token was recomputed): keep that entry,
+            # children may hold weak references to it. Otherwise the key is new, as contexts
+            # in a batch are distinct and a cached context is always found by the lookup.
+            return
         key = (marker, *row.context)
-        if key in self.cache:
-            return  # keep the existing segment: children may hold weak references to it
         start, parent_index = row.past, len(row.pieces) - 1
         length = row.new
         while parent_index >= 0:  # absorb trailing ancestors no longer than us (binary counter)
