@@ -66,6 +66,20 @@ def test_smc_pattern_runs_one_new_token_per_particle(lm, check):
             check(lm.model, particle, row)
             probs = np.exp(row.astype(np.float64))
             particle.append(int(rng.choice(v, p=probs / probs.sum())))
+    assert lm.kv_stats["resident_rows"] > 0  # later steps found their past still in place
+
+
+def test_resampled_particles_stay_exact(lm, check):
+    """Particles that swap places and duplicate each other between steps (SMC resampling)."""
+    rng = np.random.default_rng(6)
+    v = len(lm.vocab)
+    particles = [random_ids(rng, v, 20) for _ in range(6)]
+    for _ in range(5):
+        rows = gather(lm, particles)
+        for particle, row in zip(particles, rows):
+            check(lm.model, particle, row)
+        order = rng.integers(0, len(particles), len(particles))
+        particles = [list(particles[i]) + [int(rng.integers(3, v))] for i in order]
 
 
 def test_one_batch_mixes_past_and_new_lengths(lm, check):

@@ -268,7 +268,7 @@ class BatchInputs:
 
     def __init__(self, rows: list[Row], buffer: torch.Tensor, pad_id: int):
         self.rows = rows
-        self.buffer = buffer  # [layers, 2, B, H, P + N, D]
+        self.buffer = buffer  # [layers, 2, B, H, P + N, D], possibly a strided view
         self.past = max(r.past for r in rows)
         self.new = max(r.new for r in rows)
         b, p, n = len(rows), self.past, self.new
@@ -285,13 +285,16 @@ class BatchInputs:
         self.position_ids = torch.from_numpy(positions).to(device)
         self.attention_mask = torch.from_numpy(mask).to(device)
 
-    def fill_past(self) -> None:
+    def fill_past(self, skip: frozenset[int] = frozenset()) -> None:
         """Copy each row's cached pieces into the buffer, right-aligned at ``P``; zero the padding.
 
-        Padding must be finite: a masked position gets weight exactly 0, and 0 * NaN is NaN.
+        Rows in ``skip`` already hold their past there. Padding must be finite: a masked
+        position gets weight exactly 0, and 0 * NaN is NaN.
         """
         p = self.past
         for i, row in enumerate(self.rows):
+            if i in skip:
+                continue
             offset = p - row.past
             dest = self.buffer[:, :, i]
             if offset:

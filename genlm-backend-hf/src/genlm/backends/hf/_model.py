@@ -15,6 +15,7 @@ import logging
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
 
@@ -37,8 +38,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 #: Padded new tokens per forward pass, at most (rows beyond it go to another pass).
 DEFAULT_MAX_FORWARD_TOKENS = 4096
-#: KV scratch buffers up to this size are kept between batches (larger ones are freed).
-_KEEP_SCRATCH_BYTES = 512 << 20
+#: The batch KV buffer is kept between batches up to this size (larger ones are freed).
+_KEEP_BUFFER_BYTES = 512 << 20
 
 
 class HFLM(BatchedLM):
@@ -78,12 +79,22 @@ class HFLM(BatchedLM):
         self.max_forward_tokens = max_forward_tokens
         self.kv = KVStore(kv_cache_bytes)
         #: Counters for tests and benchmarks: tokens run through the model (padding excluded),
-        #: tokens whose KV came from the cache, forward passes.
-        self.kv_stats = {"computed_tokens": 0, "reused_tokens": 0, "forwards": 0}
+        #: tokens whose KV came from the cache, forward passes, and rows whose past was still
+        #: in place in the batch buffer (no copy).
+        self.kv_stats = {
+            "computed_tokens": 0,
+            "reused_tokens": 0,
+            "forwards": 0,
+            "resident_rows": 0,
+        }
         self._inplace = inplace_cache_supported()
         self._pad_id = _pad_id(tokenizer)
         self._keeps_last_logits = _accepts_logits_to_keep(model)
-        self._scratch: torch.Tensor | None = None
+        #: ``[layers, 2, rows, kv_heads, columns, head_dim]``, kept between batches: a batch
+        #: uses a view of its first rows and columns, and rows that extend the same row of the
+        #: previous batch find their past already in place (see ``_resident_rows``).
+        self._buffer: torch.Tensor | None = None
+        self._resident: _Resident | None = None
         self._adapters: dict[str, int] = {}  # adapter name -> KV marker
         self._active_lora: str | None = None
         self._peft: Any = model if _is_peft(model) else None
@@ -247,7 +258,7 @@ class HFLM(BatchedLM):
 
     def _close_backend(self) -> None:
         self.kv.clear()
-        self._scratch = None
+        self._buffer = self._resident = None
 
     # ---- the forward pass ----------------------------------------------------------
 
@@ -265,11 +276,11 @@ class HFLM(BatchedLM):
 
     def _forward(self, rows: list[Row], marker: int) -> np.ndarray:
         """One padded forward pass over rows with cached pasts; stores their new KV."""
-        shape = self.shape
-        total = max(r.past for r in rows) + max(r.new for r in rows)
-        dims = (shape.layers, 2, len(rows), shape.kv_heads, total, shape.head_dim)
-        batch = BatchInputs(rows, self._buffer(dims), self._pad_id)
-        batch.fill_past()
+        past, new = max(r.past for r in rows), max(r.new for r in rows)
+        buffer, resident = self._batch_buffer(rows, marker, past, new)
+        batch = BatchInputs(rows, buffer, self._pad_id)
+        batch.fill_past(skip=resident)
+        self.kv_stats["resident_rows"] += len(resident)
         if self._inplace:
             cache = BufferedCache(batch.buffer, batch.past)
         else:
@@ -293,22 +304,65 @@ class HFLM(BatchedLM):
         logprobs = torch.log_softmax(logits, dim=-1).float().cpu().numpy()
         for i, row in enumerate(rows):
             self.kv.store(marker, row, lambda start, i=i: batch.row_kv(i, start))
+        if self._buffer is not None and buffer.data_ptr() == self._buffer.data_ptr():
+            self._resident = _Resident(
+                marker,
+                [r.context for r in rows],
+                [r.past == 0 or r.new == new for r in rows],
+                past + new,
+            )
         self.kv_stats["forwards"] += 1
         self.kv_stats["computed_tokens"] += sum(r.new for r in rows)
         self.kv_stats["reused_tokens"] += sum(r.past for r in rows)
         return logprobs
 
-    def _buffer(self, dims: tuple[int, ...]) -> torch.Tensor:
-        """A contiguous KV buffer of shape ``dims``, cut from a scratch tensor kept for reuse."""
-        numel = int(np.prod(dims))
-        scratch = self._scratch
-        if scratch is None or scratch.numel() < numel:
-            # Headroom: contexts grow by a token per step, and a fresh buffer costs page faults.
-            size = max(numel, numel * 5 // 4 + (1 << 16))
-            scratch = torch.empty(size, dtype=self.shape.dtype, device=self.shape.device)
-            keep = size * self.shape.dtype.itemsize <= _KEEP_SCRATCH_BYTES
-            self._scratch = scratch if keep else None
-        return scratch[:numel].view(dims)
+    def _batch_buffer(
+        self, rows: list[Row], marker: int, past: int, new: int
+    ) -> tuple[torch.Tensor, frozenset[int]]:
+        """The KV buffer view for a batch, and the rows whose past it already holds."""
+        shape = self.shape
+        b, t = len(rows), past + new
+        kept = self._buffer
+        if kept is None or kept.shape[2] < b or kept.shape[4] < t:
+            # Headroom in columns: contexts grow by a token per step, and a fresh buffer
+            # costs page faults and loses the resident rows.
+            rows_cap = max(b, 0 if kept is None else kept.shape[2])
+            dims = (shape.layers, 2, rows_cap, shape.kv_heads, t + max(64, t // 4), shape.head_dim)
+            self._buffer = self._resident = None
+            if int(np.prod(dims)) * shape.dtype.itemsize > _KEEP_BUFFER_BYTES:
+                dims = (shape.layers, 2, b, shape.kv_heads, t, shape.head_dim)
+                return torch.empty(dims, dtype=shape.dtype, device=shape.device), frozenset()
+            kept = self._buffer = torch.empty(dims, dtype=shape.dtype, device=shape.device)
+        return kept[:, :, :b, :, :t], self._resident_rows(rows, marker, past)
+
+    def _resident_rows(self, rows: list[Row], marker: int, past: int) -> frozenset[int]:
+        """Rows whose whole past sits, right-aligned at column ``past``, in the kept buffer.
+
+        That is row ``i`` of this batch extending exactly row ``i`` of the previous one, whose
+        tokens ended at the column where this batch's past ends (the SMC pattern: each
+        particle extends itself by a token per step). Their past needs no copying.
+        """
+        last = self._resident
+        if last is None or last.marker != marker or last.columns != past:
+            return frozenset()
+        return frozenset(
+            i
+            for i, row in enumerate(rows[: len(last.contexts)])
+            if last.contiguous[i]
+            and row.past == len(last.contexts[i])
+            and row.context[: row.past] == last.contexts[i]
+        )
+
+
+@attrs.frozen
+class _Resident:
+    """What the kept KV buffer holds after a batch: each row's context, ending at ``columns``."""
+
+    marker: int
+    contexts: list[tuple[int, ...]]
+    #: Whether row i's tokens are contiguous (no padding between its past and new tokens).
+    contiguous: list[bool]
+    columns: int
 
 
 def _is_peft(model: Any) -> bool:
