@@ -7,18 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from genlm.core._trie import EOS_EDGE, TokenByteTrie
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from genlm.core._trie import EOS_EDGE, TokenByteTrie
 
 REPO = Path(__file__).resolve().parents[2]
 # <repo>/../shared in a checkout; a worktree sits one level deeper, so look upwards.
 TOKENIZERS = next(
-    (
-        d / "shared" / "models" / "tokenizers"
-        for d in REPO.parents
-        if (d / "shared").is_dir()
-    ),
+    (d / "shared" / "models" / "tokenizers" for d in REPO.parents if (d / "shared").is_dir()),
     REPO.parent / "shared" / "models" / "tokenizers",
 )
 
@@ -51,9 +48,7 @@ def contributing(trie: TokenByteTrie, vocab, prefix: bytes) -> list[int]:
 def all_prefixes(trie: TokenByteTrie, vocab) -> set[bytes]:
     """Brute force: every byte prefix that should be a node (the root's b"" always)."""
     return {b""} | {
-        b[:k]
-        for b in (vocab[i] for i in contributing(trie, vocab, b""))
-        for k in range(len(b) + 1)
+        b[:k] for b in (vocab[i] for i in contributing(trie, vocab, b"")) for k in range(len(b) + 1)
     }
 
 
@@ -141,7 +136,7 @@ class TestStructure:
 class TestWeights:
     @given(tries(), st.integers(0, 2**32 - 1))
     def test_sum_and_max_equal_brute_force(self, tv, seed):
-        """Every node's sum and max equal those over the tokens whose bytes start with its prefix."""
+        """Each node's sum and max equal those over the tokens starting with its prefix."""
         trie, vocab = tv
         w = weights(len(vocab), seed)
         s, m = trie.weight_sum(w), trie.weight_max(w)
@@ -155,9 +150,7 @@ class TestWeights:
         """tokens_below lists exactly the ids counted towards the node."""
         trie, vocab = tv
         for v in range(trie.num_nodes):
-            assert sorted(trie.tokens_below(v).tolist()) == sorted(
-                expected(trie, vocab, v)
-            )
+            assert sorted(trie.tokens_below(v).tolist()) == sorted(expected(trie, vocab, v))
 
     def test_atomic_and_empty_tokens_add_nowhere(self):
         """Atomic ids and empty byte strings contribute to no node, not even the root."""
@@ -298,9 +291,7 @@ def test_gpt2_random_nodes_equal_brute_force(gpt2_vocab):
         if v == trie.eos_node:
             ids = [50256]
         else:
-            ids = [
-                i for i, b in enumerate(gpt2_vocab) if i != 50256 and b.startswith(p)
-            ]
+            ids = [i for i, b in enumerate(gpt2_vocab) if i != 50256 and b.startswith(p)]
         assert sorted(trie.tokens_below(v).tolist()) == sorted(ids)
         assert s[v] == pytest.approx(w[ids].sum(), rel=1e-12)
         assert m[v] == w[ids].max()

@@ -149,9 +149,7 @@ class TokenByteTrie:
         # Preorder ids: root 0, byte nodes 1..total, then the EOS node.
         string_pre = first + new  # preorder id of the node of string k
         pdepth = np.concatenate([[0], pdepth, [1] if eos else []]).astype(np.int64)
-        pedge = np.concatenate([[-1], pedge, [EOS_EDGE] if eos else []]).astype(
-            np.int16
-        )
+        pedge = np.concatenate([[-1], pedge, [EOS_EDGE] if eos else []]).astype(np.int16)
         N = len(pdepth)
 
         # Breadth-first ids: stable sort of preorder ids by depth.
@@ -168,9 +166,7 @@ class TokenByteTrie:
         for d in range(1, len(counts)):
             up = order[level[d - 1] : level[d]]
             here = order[level[d] : level[d + 1]]
-            parent[level[d] : level[d + 1]] = (
-                level[d - 1] + np.searchsorted(up, here) - 1
-            )
+            parent[level[d] : level[d + 1]] = level[d - 1] + np.searchsorted(up, here) - 1
 
         # Renumber within each level so that, among the children one level
         # down, those of multi-child parents come first (each family together:
@@ -203,9 +199,7 @@ class TokenByteTrie:
 
         token_node = np.full(V, -1, dtype=np.int64)
         if byte_ids:
-            ks = np.fromiter(
-                (index[bytes(vocab[i])] for i in byte_ids), np.int64, len(byte_ids)
-            )
+            ks = np.fromiter((index[bytes(vocab[i])] for i in byte_ids), np.int64, len(byte_ids))
             token_node[byte_ids] = bfs_of_pre[string_pre[ks]]
         if eos:
             token_node[eos] = self.eos_node
@@ -220,9 +214,7 @@ class TokenByteTrie:
         size = np.ones(N, dtype=np.int64)
         for d in range(len(counts) - 1, 0, -1):
             lo, hi = level[d], level[d + 1]
-            size[: level[d]] += np.bincount(
-                parent[lo:hi], size[lo:hi], level[d]
-            ).astype(np.int64)
+            size[: level[d]] += np.bincount(parent[lo:hi], size[lo:hi], level[d]).astype(np.int64)
         pre = order  # preorder id of each bfs id
         tok_pre = pre[token_node[tok]]
         perm = np.argsort(tok_pre, kind="stable")
@@ -246,9 +238,7 @@ class TokenByteTrie:
         # pairs(D) = number of (node deeper than D, token below it) pairs.
         hist = np.bincount(tdepth, minlength=max_depth + 1)
         deeper = np.cumsum(hist[::-1])[::-1]  # deeper[d] = tokens with depth >= d
-        pairs = np.cumsum(deeper[::-1])[
-            ::-1
-        ]  # pairs[d] = sum_t max(0, depth_t - d + 1)
+        pairs = np.cumsum(deeper[::-1])[::-1]  # pairs[d] = sum_t max(0, depth_t - d + 1)
         cost = [
             _LEVEL_COST_IN_PAIRS * cut + (int(pairs[cut + 1]) if cut < max_depth else 0)
             for cut in range(max_depth + 1)
@@ -279,9 +269,7 @@ class TokenByteTrie:
             pt, pn = np.concatenate(pair_tok), np.concatenate(pair_node)
             srt = np.argsort(pn, kind="stable")
             self._pair_tok = pt[srt]
-            self._pair_start = np.searchsorted(
-                pn[srt], np.arange(self._deep_lo, self.num_nodes)
-            )
+            self._pair_start = np.searchsorted(pn[srt], np.arange(self._deep_lo, self.num_nodes))
         else:
             self._pair_tok = np.zeros(0, dtype=np.int64)
             self._pair_start = np.zeros(0, dtype=np.int64)
@@ -370,9 +358,7 @@ class TokenByteTrie:
 
     def batch_weight_max(self, weights: np.ndarray) -> np.ndarray:
         """Row-wise :meth:`weight_max`: (B, vocab_size) -> (B, num_nodes), float64."""
-        return self._batch(
-            weights, lambda w, out: self._reduce(w, np.maximum, -np.inf, out)
-        )
+        return self._batch(weights, lambda w, out: self._reduce(w, np.maximum, -np.inf, out))
 
     def log_weight_max(self, logprobs: np.ndarray) -> np.ndarray:
         """Largest logprob below each node; the same as :meth:`weight_max`."""
@@ -399,9 +385,7 @@ class TokenByteTrie:
     def _row(self, weights: np.ndarray) -> np.ndarray:
         w = np.asarray(weights, dtype=np.float64)
         if w.shape != (self.vocab_size,):
-            raise ValueError(
-                f"expected weights of shape ({self.vocab_size},), got {w.shape}"
-            )
+            raise ValueError(f"expected weights of shape ({self.vocab_size},), got {w.shape}")
         return w
 
     def _batch(self, weights: np.ndarray, kernel) -> np.ndarray:
@@ -413,9 +397,7 @@ class TokenByteTrie:
         """
         w = np.asarray(weights, dtype=np.float64)
         if w.ndim != 2 or w.shape[1] != self.vocab_size:
-            raise ValueError(
-                f"expected weights of shape (B, {self.vocab_size}), got {w.shape}"
-            )
+            raise ValueError(f"expected weights of shape (B, {self.vocab_size}), got {w.shape}")
         out = np.empty((w.shape[0], self.num_nodes))
         for row, dst in zip(w, out):
             kernel(row, dst)
@@ -482,10 +464,7 @@ class TokenByteTrie:
         finite = np.isfinite(mx)
         shift = np.where(finite, mx, 0.0)
         with np.errstate(divide="ignore"):
-            res = (
-                np.log(np.add.reduceat(np.exp(vals - np.repeat(shift, n)), starts))
-                + shift
-            )
+            res = np.log(np.add.reduceat(np.exp(vals - np.repeat(shift, n)), starts)) + shift
         out[has] = np.where(finite, res, mx)
         return out
 
@@ -520,8 +499,6 @@ def _adjacent_lcp(flat: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> np.nd
     return lcp
 
 
-def _ufunc_at_last_axis(
-    op: np.ufunc, out: np.ndarray, idx: np.ndarray, vals: np.ndarray
-) -> None:
+def _ufunc_at_last_axis(op: np.ufunc, out: np.ndarray, idx: np.ndarray, vals: np.ndarray) -> None:
     """``op.at`` along the last axis of a 1-D or 2-D ``out``."""
     op.at(out, (..., idx), vals)
