@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import genlm.core._trie as trie_module
 from genlm.core._trie import EOS_EDGE, TokenByteTrie
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +33,16 @@ def tries(draw, eos: bool | None = None, atomic: bool | None = None):
     use_atomic = draw(st.booleans()) if atomic is None else atomic
     eos_ids = draw(st.lists(ids, min_size=1, max_size=3)) if use_eos else []
     atomic_ids = draw(st.lists(ids, max_size=4)) if use_atomic else []
-    return TokenByteTrie(vocab, eos_token_ids=eos_ids, atomic_ids=atomic_ids), vocab
+    # The depth cut-off splits nodes between the level sweep and the direct
+    # (node, token) pairs; small tries would always get all-pairs, so force
+    # all-levels, a mix, and all-pairs.
+    saved = trie_module._LEVEL_COST_IN_PAIRS
+    trie_module._LEVEL_COST_IN_PAIRS = draw(st.sampled_from([0, 2, 10**9]))
+    try:
+        trie = TokenByteTrie(vocab, eos_token_ids=eos_ids, atomic_ids=atomic_ids)
+    finally:
+        trie_module._LEVEL_COST_IN_PAIRS = saved
+    return trie, vocab
 
 
 def contributing(trie: TokenByteTrie, vocab, prefix: bytes) -> list[int]:
