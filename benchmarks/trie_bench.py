@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -103,14 +105,14 @@ def bench_ours(repeats: int) -> dict:
             W = weights(len(vocab), B)
             if B == 1:
                 w, lp = W[0], np.log(W[0])
-                r["sum_1"] = median_ms(lambda: trie.weight_sum(w), repeats * 5)
-                r["max_1"] = median_ms(lambda: trie.weight_max(w), repeats * 5)
-                r["logsum_1"] = median_ms(lambda: trie.log_weight_sum(lp), repeats * 5)
+                r["sum_1"] = median_ms(partial(trie.weight_sum, w), repeats * 5)
+                r["max_1"] = median_ms(partial(trie.weight_max, w), repeats * 5)
+                r["logsum_1"] = median_ms(partial(trie.log_weight_sum, lp), repeats * 5)
             else:
                 LP = np.log(W)
-                r[f"sum_{B}"] = median_ms(lambda: trie.batch_weight_sum(W), repeats)
-                r[f"max_{B}"] = median_ms(lambda: trie.batch_weight_max(W), repeats)
-                r[f"logsum_{B}"] = median_ms(lambda: trie.batch_log_weight_sum(LP), repeats)
+                r[f"sum_{B}"] = median_ms(partial(trie.batch_weight_sum, W), repeats)
+                r[f"max_{B}"] = median_ms(partial(trie.batch_weight_max, W), repeats)
+                r[f"logsum_{B}"] = median_ms(partial(trie.batch_log_weight_sum, LP), repeats)
         res[name] = r
     return res
 
@@ -120,6 +122,7 @@ def bench_ref(repeats: int) -> dict:
     import warnings
 
     import torch
+
     from genlm.bytes.trie import TokenByteTrie, TrieMode
 
     warnings.filterwarnings("ignore")
@@ -140,11 +143,11 @@ def bench_ref(repeats: int) -> dict:
             W = torch.tensor(weights(len(vocab), B), dtype=torch.float32)
             n = repeats * 5 if B == 1 else repeats
             if B == 1:
-                r["sum_1"] = median_ms(lambda: trie.weight_sum(W[0], TrieMode.WITH_EOS), n)
-                r["max_1"] = median_ms(lambda: trie.weight_max(W[0]), n)
+                r["sum_1"] = median_ms(partial(trie.weight_sum, W[0], TrieMode.WITH_EOS), n)
+                r["max_1"] = median_ms(partial(trie.weight_max, W[0]), n)
             else:
-                r[f"sum_{B}"] = median_ms(lambda: trie.batch_weight_sum(W, TrieMode.WITH_EOS), n)
-                r[f"max_{B}"] = median_ms(lambda: trie.batch_weight_max(W), n)
+                r[f"sum_{B}"] = median_ms(partial(trie.batch_weight_sum, W, TrieMode.WITH_EOS), n)
+                r[f"max_{B}"] = median_ms(partial(trie.batch_weight_max, W), n)
         res[name] = r
     return res
 
@@ -206,6 +209,8 @@ def main() -> None:
         note = f"Reference torch threads: {ref['torch_threads']}."
     elif args.ref_python:
         note = f"Reference not run ({args.ref_python} not found)."
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    note += f" Load average at the end (1/5/15 min): {load}; CPUs: {os.cpu_count()}."
     md = table(ours, ref, note)
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "trie.md").write_text(md, encoding="utf-8")
