@@ -192,6 +192,20 @@ class TestWeights:
         s = trie.weight_sum(np.array([0.5, 1e-300, 2e-300, 0.5]))
         assert s[trie.node_of(b"b")] == pytest.approx(3e-300, rel=1e-15)
 
+    @given(tries(), st.integers(0, 2**32 - 1), st.integers(1, 3))
+    def test_masked_rows_equal_brute_force(self, tv, seed, batch):
+        """With masked (-inf / zero) tokens, batched maxes and sums equal brute force per node."""
+        trie, vocab = tv
+        rng = np.random.default_rng(seed)
+        lp = np.log(weights(len(vocab), seed, batch))
+        lp[rng.random(lp.shape) < 0.5] = -np.inf
+        m, s = trie.batch_weight_max(lp), trie.batch_weight_sum(np.exp(lp))
+        for b in range(batch):
+            for v in range(trie.num_nodes):
+                ids = expected(trie, vocab, v)
+                assert m[b, v] == (lp[b, ids].max() if ids else -np.inf)
+                assert s[b, v] == pytest.approx(np.exp(lp[b, ids]).sum(), rel=1e-13, abs=0)
+
     @given(tries(), st.integers(0, 2**32 - 1), st.integers(1, 4))
     def test_batched_equals_per_row(self, tv, seed, batch):
         """The batched forms equal the per-row forms row by row."""
