@@ -5,7 +5,8 @@ same rule as the reference's ``prefill``) and reports bytes per second and -log 
 
 Our side needs a real backend. Until the hf backend lands, it uses ``BenchTransformersLM``
 below: a bench-only transformers ``BatchedLM`` that keeps each evaluated context's KV
-cache and runs only the new tokens (the reference's backend caches KV the same way).
+cache and runs only the new tokens of a batch in one forward (the reference's backend
+also caches KV and batches).
 
 Usage: python benchmarks/bytes_bench.py [--ref-python /work/venvs/ref-bytes2/bin/python]
 """
@@ -21,8 +22,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,8 +44,8 @@ TEXT = (
 
 
 class BenchTransformersLM(BatchedLM):
-    """BENCH-ONLY transformers backend: KV reuse from the longest cached prefix, one context
-    at a time on the worker thread. Not the hf backend (branch ``hf``)."""
+    """BENCH-ONLY transformers backend: one batched forward per batch, reusing the KV of the
+    longest cached prefix the batch shares. Not the hf backend (branch ``hf``)."""
 
     def __init__(self, path: str):
         import torch
@@ -62,26 +61,46 @@ class BenchTransformersLM(BatchedLM):
         self.kv = PrefixCache(1 << 30)
 
     def _logprobs_batch(self, contexts, variant):
-        return np.stack([self._one(ctx) for ctx in contexts])
-
-    def _one(self, ctx):
+        """One forward for the whole batch: the KV of the batch's longest cached common
+        prefix, shared by all rows, then each row's new tokens right-padded (causal
+        attention never looks right, so padding needs no mask)."""
         torch = self.torch
         from transformers import DynamicCache
 
-        hit = self.kv.longest_prefix(ctx, max_length=len(ctx) - 1)
-        start, past = (hit.length, hit.value) if hit is not None and hit.value else (0, None)
+        common = min(len(c) for c in contexts) - 1
+        first = contexts[0]
+        for c in contexts[1:]:
+            common = min(
+                common, next((i for i, (a, b) in enumerate(zip(first, c)) if a != b), common)
+            )
+        hit = self.kv.longest_prefix(first, max_length=common)
+        start = hit.length if hit is not None and hit.value else 0
+        B = len(contexts)
         cache = DynamicCache()
-        if past is not None:
-            for i, (k, v) in enumerate(past):
-                cache.update(k, v, i)
-        ids = torch.tensor([ctx[start:]])
-        pos = torch.arange(start, len(ctx)).unsqueeze(0)
+        if start:
+            for i, (k, v) in enumerate(hit.value):
+                cache.update(
+                    k[:, :, :start].expand(B, -1, -1, -1), v[:, :, :start].expand(B, -1, -1, -1), i
+                )
+        lengths = [len(c) - start for c in contexts]
+        width = max(lengths)
+        ids = torch.zeros((B, width), dtype=torch.long)
+        for row, c in enumerate(contexts):
+            ids[row, : lengths[row]] = torch.tensor(c[start:])
+        pos = torch.arange(start, start + width).unsqueeze(0).expand(B, -1)
         with torch.no_grad():
             out = self.model(input_ids=ids, past_key_values=cache, position_ids=pos, use_cache=True)
         layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        nbytes = sum(k.numel() * 4 * 2 for k, _ in layers)
-        self.kv.insert(ctx, layers, nbytes)
-        return torch.log_softmax(out.logits[0, -1].float(), -1).numpy()
+        for row, c in enumerate(contexts):
+            end = len(c)
+            kv = [
+                (k[row : row + 1, :, :end].clone(), v[row : row + 1, :, :end].clone())
+                for k, v in layers
+            ]
+            self.kv.insert(c, kv, sum(k.numel() * 8 for k, _ in kv))
+        last = torch.tensor(lengths) - 1
+        logits = out.logits[torch.arange(B), last].float()
+        return torch.log_softmax(logits, -1).numpy()
 
     def _clear_backend_cache(self):
         self.kv.clear()
@@ -141,8 +160,9 @@ def main() -> None:
         f"Text: {len(TEXT)} bytes of TinyStories-style English after BOS; prune to K then advance",
         "(the reference's `prefill` rule, prune threshold 0). CPU (2 shared cores), float32",
         "models, torch with 1 intra-op thread on both sides.",
-        "Ours: genlm-bytes over `BenchTransformersLM` (bench-only transformers BatchedLM with",
-        "prefix KV reuse, in `benchmarks/bytes_bench.py`; the hf backend had not landed).",
+        "Ours: genlm-bytes over `BenchTransformersLM` (bench-only transformers BatchedLM: one",
+        "batched forward per batch with shared-prefix KV reuse, in `benchmarks/bytes_bench.py`;",
+        "the hf backend had not landed).",
         "Reference: genlm-bytes 0.2.0 over genlm-backend 0.3.1 `AsyncTransformer`, own venv.",
         "",
         "| model | K | ours bytes/s | ref bytes/s | speed-up | ours -logP | ref -logP | |Δ| nats |",
