@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from genlm.core._vocab import Vocabulary, decode_vocab
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+
+from genlm.core._vocab import Vocabulary, decode_vocab
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -61,9 +62,7 @@ def vocab_from_json(name: str) -> Vocabulary:
 
 @functools.cache
 def special_literals(name: str) -> tuple[str, ...]:
-    spec = json.loads(
-        (tokenizer_dir(name) / "tokenizer.json").read_text(encoding="utf-8")
-    )
+    spec = json.loads((tokenizer_dir(name) / "tokenizer.json").read_text(encoding="utf-8"))
     return tuple(t["content"] for t in spec["added_tokens"])
 
 
@@ -76,9 +75,7 @@ def gpt2_bytes_to_unicode() -> dict[int, str]:
     return mapping
 
 
-GPT2_PAT = (
-    r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-)
+GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
 @functools.cache
@@ -105,9 +102,7 @@ def gpt2_tiktoken():
 
 pieces = st.one_of(
     st.text("abcXYZ019 .,;:'\"!?-_()[]{}<>/\\|@#$%^&*+=~`", max_size=20),
-    st.text(
-        st.sampled_from(" \t\n\r\x0b\x0c\u00a0\u2009\u3000"), min_size=1, max_size=8
-    ),
+    st.text(st.sampled_from(" \t\n\r\x0b\x0c\u00a0\u2009\u3000"), min_size=1, max_size=8),
     st.text(
         st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF),
         min_size=1,
@@ -131,7 +126,7 @@ property_settings = settings(
 class TestRealTokenizers:
     @pytest.mark.parametrize("name", NAMES)
     def test_tokenizer_and_json_agree(self, name):
-        """from_tokenizer, from_tokenizer_json and a raw tokenizers.Tokenizer give the same vocabulary."""
+        """from_tokenizer, from_tokenizer_json and a raw tokenizers.Tokenizer agree exactly."""
         tokenizers = pytest.importorskip("tokenizers")
         a, b = vocab_from_tokenizer(name), vocab_from_json(name)
         raw = Vocabulary.from_tokenizer(
@@ -154,7 +149,7 @@ class TestRealTokenizers:
     @property_settings
     @given(s=texts)
     def test_encoded_ids_join_to_the_text(self, name, s):
-        """The bytes of the ids of any text join to its UTF-8, after b" " for dummy-prefix tokenizers."""
+        """The ids of any text join to its UTF-8 (after b" " for dummy-prefix tokenizers)."""
         assume(not any(lit in s for lit in special_literals(name)))
         ids = hf_tokenizer(name).encode(s, add_special_tokens=False)
         if DUMMY_PREFIX[name]:
@@ -186,11 +181,7 @@ class TestRealTokenizers:
         # 🙂 is split across tokens that are not valid UTF-8 on their own.
         ids = [2616, 38776, 40304, 10545, 251, 109, 12859, 105, 32485]
         assert vocab.decode(ids) == "naïve café 東京 🙂".encode()
-        partial = [
-            i
-            for i in ids
-            if vocab[i].decode("utf-8", errors="ignore").encode() != vocab[i]
-        ]
+        partial = [i for i in ids if vocab[i].decode("utf-8", errors="ignore").encode() != vocab[i]]
         assert partial, "some GPT-2 ids hold a fragment of a multi-byte character"
 
     def test_sentencepiece_byte_fallback(self):
@@ -222,12 +213,10 @@ class TestRealTokenizers:
         ]
         assert vocab.decode(ids) == " naïve café 東京 🙂".encode()
         tok = hf_tokenizer("stories260K")
-        assert (
-            tok.decode(ids) == "naïve café 東京 🙂"
-        )  # the HF decoder strips the dummy prefix
+        assert tok.decode(ids) == "naïve café 東京 🙂"  # the HF decoder strips the dummy prefix
 
     def test_dummy_prefix_is_a_real_token(self):
-        """A leading space in stories260K text costs an extra ▁ token, so the join gains b" " once."""
+        """A leading space in stories260K text costs an extra ▁ token: the join gains b" "."""
         tok, vocab = hf_tokenizer("stories260K"), vocab_from_json("stories260K")
         assert vocab.decode(tok.encode("a", add_special_tokens=False)) == b" a"
         assert vocab.decode(tok.encode(" a", add_special_tokens=False)) == b"  a"
@@ -235,7 +224,7 @@ class TestRealTokenizers:
 
     @pytest.mark.parametrize("name", ["stories260K", "llama2"])
     def test_literal_metaspace_is_a_space(self, name):
-        """SentencePiece tokenizers encode a literal ▁ exactly like a space, so it decodes as b" "."""
+        """SentencePiece tokenizers encode a literal ▁ like a space, so it decodes as b" "."""
         tok, vocab = hf_tokenizer(name), vocab_from_json(name)
         ids = tok.encode("a\u2581b", add_special_tokens=False)
         assert ids == tok.encode("a b", add_special_tokens=False)
@@ -260,7 +249,7 @@ class TestRealTokenizers:
 
 class TestSpecialTokens:
     def test_gpt2_endoftext_is_special(self):
-        """<|endoftext|> is flagged special, skipped by decode and kept as its literal for display."""
+        """<|endoftext|> is special, skipped by decode and kept as its literal for display."""
         vocab = vocab_from_tokenizer("gpt2")
         assert vocab.special_ids == {50256} and vocab.is_special(50256)
         assert vocab[50256] == b"<|endoftext|>"
@@ -269,12 +258,10 @@ class TestSpecialTokens:
         assert vocab.decode([15496, 50256], keep_special=True) == b"Hello<|endoftext|>"
 
     def test_gpt2_endoftext_literal_as_text(self):
-        """The literal text <|endoftext|>, encoded as text, is ordinary ids joining to that literal."""
+        """The literal <|endoftext|>, encoded as text, is ordinary ids joining to that literal."""
         tok, vocab = hf_tokenizer("gpt2"), vocab_from_tokenizer("gpt2")
         assert tok.encode("<|endoftext|>", add_special_tokens=False) == [50256]
-        ids = tok("<|endoftext|>", add_special_tokens=False, split_special_tokens=True)[
-            "input_ids"
-        ]
+        ids = tok("<|endoftext|>", add_special_tokens=False, split_special_tokens=True)["input_ids"]
         assert len(ids) > 1 and not any(vocab.is_special(i) for i in ids)
         assert vocab.decode(ids) == b"<|endoftext|>"
 
@@ -323,9 +310,7 @@ class TestTiktoken:
         )
         vocab = Vocabulary.from_tokenizer(enc)
         assert len(vocab) == 311
-        assert vocab.unused_ids == frozenset(range(256, 300)) | frozenset(
-            range(301, 310)
-        )
+        assert vocab.unused_ids == frozenset(range(256, 300)) | frozenset(range(301, 310))
         assert all(vocab[i] == b"" for i in vocab.unused_ids)
         assert vocab.special_ids == {310} and vocab[300] == b"ab"
         assert vocab.decode(enc.encode("abc ab")) == b"abc ab"
@@ -347,10 +332,7 @@ class TestShapes:
         assert len(vocab) == 301 and vocab.special_ids == {eot}
         assert vocab.unused_ids == frozenset(range(256, 300)) - {eot}
         assert vocab.decode(tokenizer.encode(" a b\n").ids) == b" a b\n"
-        assert (
-            vocab.decode(tokenizer.encode(" a<|eot|>").ids, keep_special=True)
-            == b" a<|eot|>"
-        )
+        assert vocab.decode(tokenizer.encode(" a<|eot|>").ids, keep_special=True) == b" a<|eot|>"
 
     @pytest.mark.parametrize("build", ["tokenizer", "json"])
     def test_wider_logits_pad_with_unused(self, build):
@@ -361,9 +343,7 @@ class TestShapes:
             vocab = Vocabulary.from_tokenizer_json(
                 tokenizer_dir("gpt2") / "tokenizer.json", size=50304
             )
-        assert len(vocab) == 50304 and vocab.unused_ids == frozenset(
-            range(50257, 50304)
-        )
+        assert len(vocab) == 50304 and vocab.unused_ids == frozenset(range(50257, 50304))
         assert vocab[50303] == b"" and 50300 not in vocab.text_ids
         assert vocab.decode([15496, 50300]) == b"Hello"
         with pytest.raises(ValueError, match="50304"):
@@ -379,19 +359,14 @@ class TestShapes:
             Vocabulary.from_tokenizer(gpt2_tiktoken(), size=50000)
 
     def test_slow_sentencepiece_tokenizer(self):
-        """A SentencePiece-backed transformers tokenizer gives the same bytes as the tokenizer.json."""
+        """A SentencePiece-backed transformers tokenizer gives the tokenizer.json's bytes."""
         transformers = pytest.importorskip("transformers")
-        backend = (
-            getattr(transformers, "SentencePieceBackend", None)
-            or transformers.LlamaTokenizer
-        )
+        backend = getattr(transformers, "SentencePieceBackend", None) or transformers.LlamaTokenizer
         model = SHARED / "stories260K" / "llama2c" / "tok512.model"
         if not model.is_file():
             pytest.skip(f"{model} does not exist")
         pytest.importorskip("sentencepiece")
-        tok = backend(
-            vocab_file=str(model), bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-        )
+        tok = backend(vocab_file=str(model), bos_token="<s>", eos_token="</s>", unk_token="<unk>")
         assert getattr(tok, "backend_tokenizer", None) is None
         vocab = Vocabulary.from_tokenizer(tok)
         assert vocab.tokens == vocab_from_json("stories260K").tokens
@@ -421,9 +396,7 @@ class TestVocabulary:
             (b"a", b"a", b"<s>", b""), special_ids={2}, unused_ids={3}, bos_token_id=2
         )
         assert (
-            len(vocab) == 4
-            and vocab[1] == b"a"
-            and vocab.byte_vocab == [b"a", b"a", b"<s>", b""]
+            len(vocab) == 4 and vocab[1] == b"a" and vocab.byte_vocab == [b"a", b"a", b"<s>", b""]
         )
         assert vocab.is_special(2) and not vocab.is_special(0)
         assert vocab.text_ids.tolist() == [0, 1]
@@ -443,7 +416,8 @@ class TestVocabulary:
         """Importing genlm.core._vocab loads none of transformers, tokenizers, tiktoken or torch."""
         code = (
             "import sys, genlm.core._vocab\n"
-            "heavy = {m.split('.')[0] for m in sys.modules} & {'transformers', 'tokenizers', 'tiktoken', 'torch'}\n"
+            "heavy = {m.split('.')[0] for m in sys.modules}\n"
+            "heavy &= {'transformers', 'tokenizers', 'tiktoken', 'torch'}\n"
             "assert not heavy, heavy\n"
         )
         subprocess.run([sys.executable, "-c", code], check=True)

@@ -11,6 +11,9 @@ from typing import Any as _Any
 #: Public name -> the private module defining it.
 _EXPORTS = {
     "AsyncLM": "_protocol",
+    "AsyncTokenByteTrie": "_async_trie",
+    "EOS_EDGE": "_trie",
+    "TokenByteTrie": "_trie",
     "AutoBatcher": "_scheduler",
     "BackendNotFoundError": "_errors",
     "BackendSpec": "_registry",
@@ -35,7 +38,9 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "EOS_EDGE",
     "AsyncLM",
+    "AsyncTokenByteTrie",
     "AutoBatcher",
     "BackendNotFoundError",
     "BackendSpec",
@@ -51,6 +56,7 @@ __all__ = [
     "PrefixCache",
     "PrefixHit",
     "Registry",
+    "TokenByteTrie",
     "Vocabulary",
     "VocabularyMismatchError",
     "decode_vocab",
@@ -81,6 +87,7 @@ def __dir__() -> list[str]:
 
 
 if _TYPE_CHECKING:
+    from genlm.core._async_trie import AsyncTokenByteTrie
     from genlm.core._errors import (
         BackendNotFoundError,
         BackendUnavailableError,
@@ -97,5 +104,6 @@ if _TYPE_CHECKING:
     from genlm.core._protocol import AsyncLM
     from genlm.core._registry import BackendSpec, Registry, get_registry, load_model_by_name
     from genlm.core._scheduler import AutoBatcher
+    from genlm.core._trie import EOS_EDGE, TokenByteTrie
     from genlm.core._vocab import Vocabulary, decode_vocab
     from genlm.core._worker import ModelWorker

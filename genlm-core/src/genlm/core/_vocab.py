@@ -28,7 +28,7 @@ _SPIECE_SPACE = "\u2581"  # "▁", SentencePiece's stand-in for a space
 
 
 def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from each byte to a printable character (openai/gpt-2 ``encoder.py``)."""
+    """GPT-2's reversible map from each byte to a printable character (its ``encoder.py``)."""
     bs = [
         *range(ord("!"), ord("~") + 1),
         *range(ord("¡"), ord("¬") + 1),
@@ -92,9 +92,7 @@ class _Scheme:
         if self.kind == "byte_level":
             return _byte_level_many(tokens)
         if self.kind == "sentencepiece":
-            return [
-                _sentencepiece_bytes(t, self.space, self.byte_fallback) for t in tokens
-            ]
+            return [_sentencepiece_bytes(t, self.space, self.byte_fallback) for t in tokens]
         return [t.encode("utf-8") for t in tokens]
 
 
@@ -115,7 +113,7 @@ def _components(node: Any) -> Iterator[dict]:
 
 
 def _scheme_from_spec(spec: Mapping[str, Any]) -> _Scheme:
-    """Pick the byte spelling from the decoder, pre-tokenizer, normalizer and model of a tokenizer.json."""
+    """Pick the byte spelling from a tokenizer.json's decoder, pre-tokenizer, normalizer, model."""
     decoder = list(_components(spec.get("decoder")))
     pre = list(_components(spec.get("pre_tokenizer")))
     normalizer = list(_components(spec.get("normalizer")))
@@ -126,9 +124,7 @@ def _scheme_from_spec(spec: Mapping[str, Any]) -> _Scheme:
         return _Scheme("byte_level")
     for c in decoder + pre:
         if c.get("type") == "Metaspace":
-            return _Scheme(
-                "sentencepiece", c.get("replacement", _SPIECE_SPACE), byte_fallback
-            )
+            return _Scheme("sentencepiece", c.get("replacement", _SPIECE_SPACE), byte_fallback)
     for c in decoder:  # Llama 2 style: Replace("▁", " ") in the decoder
         pattern = (c.get("pattern") or {}).get("String")
         if c.get("type") == "Replace" and c.get("content") == " " and pattern:
@@ -159,7 +155,7 @@ def _guess_scheme(tokens: Iterable[str | None]) -> _Scheme:
 
 
 def _model_vocab(model: Mapping[str, Any]) -> dict[int, str]:
-    """Map id to token string for the ``model`` of a tokenizer.json (Unigram keeps a list of pairs)."""
+    """Map id to token string for a tokenizer.json ``model`` (Unigram keeps a list of pairs)."""
     vocab = model.get("vocab") or {}
     if isinstance(vocab, list):
         return {i: entry[0] for i, entry in enumerate(vocab)}
@@ -176,7 +172,7 @@ def _build(
     bos: int | None = None,
     eos: Iterable[int] = (),
 ) -> Vocabulary:
-    """Assemble a Vocabulary from model tokens, added tokens ``id -> (content, special)`` and a scheme."""
+    """Build a Vocabulary from model tokens, added tokens ``id -> (content, special)``, a scheme."""
     ids = [*model_tokens, *added]
     n = max(ids) + 1 if ids else 0
     if size is None:
@@ -224,18 +220,14 @@ def _token_name(value: Any) -> str | None:
 
 
 def _is_transformers(tokenizer: Any) -> bool:
-    return any(
-        c.__module__.startswith("transformers.") for c in type(tokenizer).__mro__
-    )
+    return any(c.__module__.startswith("transformers.") for c in type(tokenizer).__mro__)
 
 
 def _from_tokenizers_backend(
     tokenizer: Any,
 ) -> tuple[dict[int, str], dict[int, tuple[str, bool]], dict]:
     """Read a ``tokenizers.Tokenizer`` through its getters (``to_str`` is ~1 s on Llama 3)."""
-    model_tokens = {
-        i: tok for tok, i in tokenizer.get_vocab(with_added_tokens=False).items()
-    }
+    model_tokens = {i: tok for tok, i in tokenizer.get_vocab(with_added_tokens=False).items()}
     added = {
         int(i): (t.content, bool(t.special))
         for i, t in tokenizer.get_added_tokens_decoder().items()
@@ -249,9 +241,7 @@ def _from_tokenizers_backend(
         "pre_tokenizer": state(tokenizer.pre_tokenizer),
         "normalizer": state(tokenizer.normalizer),
         "post_processor": state(tokenizer.post_processor),
-        "model": {
-            "byte_fallback": bool(getattr(tokenizer.model, "byte_fallback", False))
-        },
+        "model": {"byte_fallback": bool(getattr(tokenizer.model, "byte_fallback", False))},
     }
     return model_tokens, added, spec
 
@@ -310,9 +300,7 @@ def _from_transformers(tokenizer: Any, size: int | None) -> Vocabulary:
         }
         n = max([len(tokenizer), *(i + 1 for i in added)])
         pieces = tokenizer.convert_ids_to_tokens(list(range(n)))
-        model_tokens = {
-            i: p for i, p in enumerate(pieces) if p is not None and i not in added
-        }
+        model_tokens = {i: p for i, p in enumerate(pieces) if p is not None and i not in added}
         sp_model = getattr(tokenizer, "sp_model", None)
         if getattr(tokenizer, "byte_decoder", None) is not None:
             scheme = _Scheme("byte_level")
@@ -329,13 +317,9 @@ def _from_transformers(tokenizer: Any, size: int | None) -> Vocabulary:
         unk = getattr(tokenizer, "unk_token_id", None)
         if unk is not None:
             model_tokens = {
-                i: p
-                for i, p in model_tokens.items()
-                if i == unk or p != tokenizer.unk_token
+                i: p for i, p in model_tokens.items() if i == unk or p != tokenizer.unk_token
             }
-    return _build(
-        model_tokens, added, scheme, size, extra_special=special, bos=bos, eos=eos
-    )
+    return _build(model_tokens, added, scheme, size, extra_special=special, bos=bos, eos=eos)
 
 
 @attrs.frozen
@@ -381,22 +365,19 @@ class Vocabulary:
             named.append(self.bos_token_id)
         bad = [i for i in named if not 0 <= i < n]
         if bad:
-            raise ValueError(
-                f"token id {bad[0]} is out of range for a vocabulary of {n} tokens"
-            )
+            raise ValueError(f"token id {bad[0]} is out of range for a vocabulary of {n} tokens")
         both = self.special_ids & self.unused_ids
         if both:
             raise ValueError(f"token id {min(both)} is both special and unused")
         filled = [i for i in self.unused_ids if self.tokens[i]]
         if filled:
             raise ValueError(
-                f"unused token id {min(filled)} has bytes {self.tokens[min(filled)]!r}; unused ids hold b''"
+                f"unused token id {min(filled)} has bytes {self.tokens[min(filled)]!r}; "
+                "unused ids hold b''"
             )
         if not set(map(type, self.tokens)) <= {bytes}:
             i = next(i for i, t in enumerate(self.tokens) if type(t) is not bytes)
-            raise TypeError(
-                f"token id {i} is {type(self.tokens[i]).__name__}, not bytes"
-            )
+            raise TypeError(f"token id {i} is {type(self.tokens[i]).__name__}, not bytes")
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -427,57 +408,47 @@ class Vocabulary:
         return np.flatnonzero(mask)
 
     def decode(self, ids: Iterable[int], *, keep_special: bool = False) -> bytes:
-        """Join the bytes of ``ids``; special ids are skipped unless ``keep_special`` (then their literal)."""
+        """Join the bytes of ``ids``; special ids are skipped unless ``keep_special``."""
         n = len(self.tokens)
         out = []
         for raw in ids:
             i = int(raw)
             if not 0 <= i < n:
-                raise ValueError(
-                    f"token id {i} is out of range for a vocabulary of {n} tokens"
-                )
+                raise ValueError(f"token id {i} is out of range for a vocabulary of {n} tokens")
             if keep_special or i not in self.special_ids:
                 out.append(self.tokens[i])
         return b"".join(out)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, size: int | None = None) -> Vocabulary:
-        """Read the vocabulary of a transformers tokenizer, a ``tokenizers.Tokenizer`` or a tiktoken ``Encoding``.
+        """Read a transformers tokenizer, a ``tokenizers.Tokenizer`` or a tiktoken ``Encoding``.
 
         ``size`` is the model's logit width; ids from the tokenizer's size up to it are unused.
         """
         module = type(tokenizer).__module__
-        if module.startswith("tiktoken") or hasattr(
-            tokenizer, "decode_single_token_bytes"
-        ):
+        if module.startswith("tiktoken") or hasattr(tokenizer, "decode_single_token_bytes"):
             return _from_tiktoken(tokenizer, size)
         if _is_transformers(tokenizer):
             return _from_transformers(tokenizer, size)
-        if module.startswith("tokenizers") or hasattr(
-            tokenizer, "get_added_tokens_decoder"
-        ):
+        if module.startswith("tokenizers") or hasattr(tokenizer, "get_added_tokens_decoder"):
             model_tokens, added, spec = _from_tokenizers_backend(tokenizer)
             bos_name = _template_bos(spec["post_processor"])
             bos = next((i for i, (c, _) in added.items() if c == bos_name), None)
             return _build(model_tokens, added, _scheme_from_spec(spec), size, bos=bos)
         raise TypeError(
-            f"cannot read a vocabulary from {type(tokenizer).__qualname__} ({module}); expected a transformers "
-            "tokenizer, a tokenizers.Tokenizer or a tiktoken Encoding"
+            f"cannot read a vocabulary from {type(tokenizer).__qualname__} ({module}); "
+            "expected a transformers tokenizer, a tokenizers.Tokenizer or a tiktoken Encoding"
         )
 
     @classmethod
-    def from_tokenizer_json(
-        cls, path: str | Path, size: int | None = None
-    ) -> Vocabulary:
+    def from_tokenizer_json(cls, path: str | Path, size: int | None = None) -> Vocabulary:
         """Read a tokenizer.json (or a directory holding one) with the json module alone.
 
         BOS and EOS come from tokenizer_config.json or special_tokens_map.json beside it; without
         them BOS is the special token the post-processor template puts first and EOS is unknown.
         """
         path = Path(path)
-        directory, file = (
-            (path, path / "tokenizer.json") if path.is_dir() else (path.parent, path)
-        )
+        directory, file = (path, path / "tokenizer.json") if path.is_dir() else (path.parent, path)
         spec = json.loads(file.read_text(encoding="utf-8"))
         model_tokens = _model_vocab(spec.get("model") or {})
         added = {
@@ -491,9 +462,7 @@ class Vocabulary:
         ):  # the later file wins
             if (directory / name).is_file():
                 names.update(json.loads((directory / name).read_text(encoding="utf-8")))
-        ids = {tok: i for i, tok in model_tokens.items()} | {
-            c: i for i, (c, _) in added.items()
-        }
+        ids = {tok: i for i, tok in model_tokens.items()} | {c: i for i, (c, _) in added.items()}
         bos_name = (
             _token_name(names.get("bos_token"))
             if "bos_token" in names

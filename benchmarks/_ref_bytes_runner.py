@@ -1,0 +1,36 @@
+"""Reference side of bytes_bench.py: genlm-bytes 0.2.0 over genlm-backend 0.3.1.
+
+Runs in its own venv (a subprocess of bytes_bench.py); prints one JSON line per run.
+"""
+
+import asyncio
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+async def main(model_dir: str, text: bytes, Ks: list[int], threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    from genlm.backend.llm import AsyncTransformer
+    from genlm.bytes import BeamParams, ByteBeamState
+
+    llm = AsyncTransformer.from_name(model_dir, hf_opts={"torch_dtype": "float32"})
+    for K in Ks:
+        llm.clear_cache()
+        state = await ByteBeamState.initial(llm, BeamParams(K=K))
+        start = time.perf_counter()
+        state = await state.prefill(text)
+        elapsed = time.perf_counter() - start
+        print(json.dumps({"K": K, "neg_logp": -float(state.logZ), "seconds": elapsed}), flush=True)
+        await state.cleanup()
+
+
+if __name__ == "__main__":
+    model_dir, text_hex, ks, threads = sys.argv[1:5]
+    Ks = [int(k) for k in ks.split(",")]
+    asyncio.run(main(model_dir, bytes.fromhex(text_hex), Ks, int(threads)))

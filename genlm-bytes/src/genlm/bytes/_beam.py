@@ -1,0 +1,341 @@
+"""``ByteBeamState``: the beam of tokenizations consistent with the bytes so far.
+
+A candidate is ``(token context, partial token, log weight)``: the context's tokens
+spell a prefix of the bytes ``x`` consumed so far and the partial token (a trie node)
+spells the rest. Its weight is ``log P(context tokens) + log mass[node]``: the
+probability of every token sequence that continues the context with a token starting
+with the partial bytes. These events are disjoint and cover ``P(x)``, so the weights
+sum to ``P(x)`` exactly when nothing is pruned.
+
+The next byte ``b`` is reached two ways: inside the partial token (the node's child
+``b``), or by completing a token that ends exactly at the node and starting a new one
+with ``b`` (a *boundary*). Boundaries need the LM's distribution after the longer
+context; all of a step's boundaries are requested at once, so the LM batches them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+import numpy as np
+
+from genlm.bytes._dist import EOS, NextByteLogprobs
+
+if TYPE_CHECKING:
+    from collections.abc import Coroutine
+    from typing import Any
+
+    from genlm.bytes._bytelm import ByteLM, NextTokens
+
+logger = logging.getLogger(__name__)
+
+
+class UnreachableByteError(ValueError):
+    """No candidate of the beam (and no healing) can produce the requested byte."""
+
+
+@attrs.frozen(slots=True, eq=False)
+class Candidate:
+    """One tokenization hypothesis of the bytes consumed so far.
+
+    Attributes:
+        context: prompt token ids plus the committed tokens.
+        logp: log-probability of the committed tokens given the prompt.
+        node: trie node of the partial token (the root: at a token boundary).
+        next: the context's next-token masses (None until fetched; root only).
+        weight: ``logp + next.mass[node]``, or ``logp`` at the root.
+    """
+
+    context: tuple[int, ...]
+    logp: float
+    node: int
+    next: NextTokens | None
+    weight: float
+
+
+@attrs.frozen(slots=True)
+class GeneratedBytes:
+    """What :meth:`ByteBeamState.sample` produced.
+
+    Attributes:
+        data: the bytes generated (EOS excluded).
+        state: the state after them.
+        eos: whether generation ended by drawing EOS.
+        logp: log-probability of the choices, under the distributions they were drawn from
+            (renormalized over bytes and EOS).
+    """
+
+    data: bytes
+    state: ByteBeamState
+    eos: bool
+    logp: float
+
+
+class ByteBeamState:
+    """The byte-level LM after some bytes: a beam of candidates. Immutable.
+
+    Make one with :meth:`ByteLM.initial` or :meth:`ByteLM.from_prompt`. ``await
+    state.advance(b)`` (or ``await (state << b)``) returns the state after byte ``b``;
+    ``await state.logp_next()`` gives the next symbol's distribution. Both work on the
+    pruned beam (:meth:`prune`: the ``K`` heaviest candidates whose share of the mass is
+    above the threshold), so a step costs at most ``K`` LM contexts.
+    """
+
+    def __init__(
+        self,
+        byte_lm: ByteLM,
+        candidates: Sequence[Candidate],
+        data: bytes = b"",
+        eos_mode: bool = True,
+    ):
+        self.byte_lm = byte_lm
+        self.candidates: tuple[Candidate, ...] = tuple(sorted(candidates, key=lambda c: -c.weight))
+        #: The bytes consumed since the prompt.
+        self.data = data
+        #: False while prefilling: EOS tokens that are ordinary text count as text.
+        self.eos_mode = eos_mode
+        weights = np.array([c.weight for c in self.candidates])
+        #: log of the beam's total weight: ``log P(data)`` when nothing was pruned, else a
+        #: lower bound.
+        self.logZ = _logsumexp(weights)
+        self._boundaries: list[Candidate] | None = None
+
+    @classmethod
+    def at_context(cls, byte_lm: ByteLM, context: tuple[int, ...]) -> ByteBeamState:
+        """The state at a token boundary right after ``context`` (no bytes yet)."""
+        return cls(byte_lm, [Candidate(context, 0.0, byte_lm.trie.root, None, 0.0)])
+
+    # ---- the beam ----------------------------------------------------------------------
+
+    def prune(self) -> ByteBeamState:
+        """Keep the ``K`` heaviest candidates whose share of ``exp(logZ)`` exceeds the threshold."""
+        K, threshold = self.byte_lm.K, self.byte_lm.log_prune_threshold
+        kept = [c for c in self.candidates if c.weight - self.logZ > threshold]
+        if K is not None:
+            kept = kept[:K]
+        if len(kept) == len(self.candidates):
+            return self
+        return ByteBeamState(self.byte_lm, kept, self.data, self.eos_mode)
+
+    async def boundaries(self) -> list[Candidate]:
+        """Candidates at a token boundary right after ``data``, with their LM masses.
+
+        Every candidate whose partial token is a whole token (or several ids with those
+        bytes) completes it; a new boundary whose share of the mass (beam plus new
+        boundaries) is at most the prune threshold is dropped before the LM is asked.
+        """
+        if self._boundaries is not None:
+            return self._boundaries
+        trie = self.byte_lm.trie
+        found: list[tuple[tuple[int, ...], float]] = []
+        for c in self.candidates:
+            if c.node == trie.root:
+                found.append((c.context, c.logp))
+                continue
+            row = c.next.row
+            for token in trie.tokens_at(c.node).tolist():
+                logp = c.logp + float(row[token])
+                if logp > -np.inf:
+                    found.append((c.context + (token,), logp))
+        threshold = self.byte_lm.log_prune_threshold
+        if threshold > -np.inf and found:
+            total = np.logaddexp(self.logZ, _logsumexp(np.array([w for _, w in found])))
+            found = [(ctx, w) for ctx, w in found if w - total > threshold]
+        nexts = await self.byte_lm.next_tokens([ctx for ctx, _ in found], self.eos_mode)
+        self._boundaries = [
+            Candidate(ctx, logp, trie.root, nxt, logp) for (ctx, logp), nxt in zip(found, nexts)
+        ]
+        return self._boundaries
+
+    # ---- stepping ----------------------------------------------------------------------
+
+    async def advance(self, byte: int) -> ByteBeamState:
+        """The state after one more byte (from the pruned beam); heals if the beam would empty.
+
+        Raises:
+            UnreachableByteError: no candidate reaches ``byte`` and healing failed or is off.
+        """
+        if isinstance(byte, bool) or not isinstance(byte, (int, np.integer)) or not 0 <= byte < 256:
+            raise ValueError(f"expected a byte value 0..255, got {byte!r}")
+        byte = int(byte)
+        beam = self.prune()
+        trie = self.byte_lm.trie
+        root = trie.root
+        new: list[Candidate] = []
+        for c in beam.candidates:
+            if c.node == root:
+                continue
+            child = trie.child(c.node, byte)
+            if child is not None:
+                weight = c.logp + float(c.next.mass[child])
+                if weight > -np.inf:
+                    new.append(Candidate(c.context, c.logp, child, c.next, weight))
+        start = trie.child(root, byte)
+        if start is not None:
+            for b in await beam.boundaries():
+                weight = b.logp + float(b.next.mass[start])
+                if weight > -np.inf:
+                    new.append(Candidate(b.context, b.logp, start, b.next, weight))
+        if not new:
+            if self.byte_lm.heal:
+                from genlm.bytes._heal import heal
+
+                new = await heal(beam, byte)
+            if not new:
+                raise UnreachableByteError(
+                    f"no candidate of the beam can produce byte {bytes([byte])!r} after "
+                    f"{_tail(self.data)}" + ("" if self.byte_lm.heal else " (healing is off)")
+                )
+            logger.debug("healed the beam to reach byte %r", bytes([byte]))
+        return ByteBeamState(self.byte_lm, new, self.data + bytes([byte]), self.eos_mode)
+
+    def __lshift__(self, byte: int) -> Coroutine[Any, Any, ByteBeamState]:
+        """``await (state << b)`` is ``await state.advance(b)``."""
+        return self.advance(byte)
+
+    async def prefill(self, data: bytes) -> ByteBeamState:
+        """Advance over ``data``; EOS tokens that are ordinary text count as text meanwhile."""
+        text_mode = self.byte_lm.has_text_eos
+        state = await self.with_eos_mode(False) if text_mode else self
+        for byte in bytes(data):
+            state = await state.advance(byte)
+        return await state.with_eos_mode(True) if text_mode else state
+
+    async def with_eos_mode(self, eos_mode: bool) -> ByteBeamState:
+        """The same candidates with masses for the other EOS treatment (see :meth:`prefill`)."""
+        if eos_mode == self.eos_mode:
+            return self
+        inner = [c for c in self.candidates if c.node != self.byte_lm.trie.root]
+        nexts = await self.byte_lm.next_tokens([c.context for c in inner], eos_mode)
+        moved = [
+            Candidate(c.context, c.logp, c.node, n, c.logp + float(n.mass[c.node]))
+            for c, n in zip(inner, nexts)
+        ]
+        moved = [c for c in moved if c.weight > -np.inf]
+        moved += [
+            attrs.evolve(c, next=None) for c in self.candidates if c.node == self.byte_lm.trie.root
+        ]
+        return ByteBeamState(self.byte_lm, moved, self.data, eos_mode)
+
+    async def logp_next(self) -> NextByteLogprobs:
+        """Distribution of the next symbol (256 bytes, then EOS) given the bytes so far.
+
+        Computed on the pruned beam and normalized by its mass: exact conditionals when
+        nothing is pruned. See :class:`NextByteLogprobs` for the representation.
+        """
+        beam = self.prune()
+        trie = self.byte_lm.trie
+        symbols: list[np.ndarray] = []
+        values: list[np.ndarray] = []
+        for c in beam.candidates:
+            if c.node == trie.root:
+                continue
+            lo, hi = int(trie.child_start[c.node]), int(trie.child_stop[c.node])
+            if hi > lo:
+                symbols.append(trie.edge[lo:hi])
+                values.append(c.logp + c.next.mass[lo:hi])
+        lo, hi = self.byte_lm._root_lo, self.byte_lm._root_hi
+        bounds = await beam.boundaries()
+        if bounds:
+            root_edges = trie.edge[lo:hi]
+            for b in bounds:
+                symbols.append(root_edges)
+                values.append(b.logp + b.next.mass[lo:hi])
+            symbols.append(np.full(len(bounds), EOS, dtype=trie.edge.dtype))
+            values.append(np.array([b.logp + b.next.log_eos for b in bounds]))
+        out = _scatter_logsumexp(symbols, values, EOS + 1) - beam.logZ
+        log_eot = _logsumexp(np.array([b.logp for b in bounds])) - beam.logZ
+        return NextByteLogprobs(out, float(log_eot))
+
+    # ---- generation --------------------------------------------------------------------
+
+    async def sample(
+        self,
+        max_bytes: int,
+        *,
+        seed: int | None = None,
+        rng: np.random.Generator | None = None,
+        temperature: float = 1.0,
+    ) -> GeneratedBytes:
+        """Draw up to ``max_bytes`` bytes, one at a time, stopping at EOS.
+
+        The same seed gives the same bytes; ``temperature=0`` is :meth:`greedy`.
+        """
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        rng = rng if rng is not None else np.random.default_rng(seed)
+        state, out, total = self, bytearray(), 0.0
+        for _ in range(max_bytes):
+            dist = await state.logp_next()
+            symbol = dist.sample(rng, temperature)
+            total += float(dist.normalized()[symbol])
+            if symbol == EOS:
+                return GeneratedBytes(bytes(out), state, True, total)
+            out.append(symbol)
+            state = await state.advance(symbol)
+        return GeneratedBytes(bytes(out), state, False, total)
+
+    async def greedy(self, max_bytes: int) -> GeneratedBytes:
+        """The most likely next symbol, repeatedly, up to ``max_bytes`` bytes or EOS."""
+        return await self.sample(max_bytes, temperature=0.0)
+
+    # ---- lifetime ----------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close the :class:`ByteLM` behind this state (shared by all its states)."""
+        await self.byte_lm.aclose()
+
+    async def __aenter__(self) -> ByteBeamState:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __len__(self) -> int:
+        return len(self.candidates)
+
+    def __repr__(self) -> str:
+        lines = [f"ByteBeamState(logZ={self.logZ:.4f}, bytes={_tail(self.data)})"]
+        vocab = self.byte_lm.lm.vocab
+        for c in self.candidates[:8]:
+            share = np.exp(c.weight - self.logZ)
+            last = vocab.decode(c.context[-3:], keep_special=True)
+            partial = self.byte_lm.trie.prefix(c.node)
+            lines.append(f"  {share:.4f}  ...{last!r} | {partial!r}")
+        if len(self.candidates) > 8:
+            lines.append(f"  ... {len(self.candidates) - 8} more")
+        return "\n".join(lines)
+
+
+def _tail(data: bytes, n: int = 24) -> str:
+    return repr(data[-n:]) if len(data) <= n else "..." + repr(data[-n:])
+
+
+def _logsumexp(x: np.ndarray) -> float:
+    if not len(x):
+        return -np.inf
+    m = float(np.max(x))
+    if not np.isfinite(m):
+        return m
+    return m + float(np.log(np.exp(x - m).sum()))
+
+
+def _scatter_logsumexp(symbols: list[np.ndarray], values: list[np.ndarray], n: int) -> np.ndarray:
+    """``out[s] = logsumexp(values where symbols == s)``, -inf where there are none."""
+    out = np.full(n, -np.inf)
+    if not symbols:
+        return out
+    sym = np.concatenate(symbols).astype(np.int64)
+    val = np.concatenate(values).astype(np.float64)
+    np.maximum.at(out, sym, val)
+    finite = np.isfinite(out)
+    shift = np.where(finite, out, 0.0)
+    acc = np.zeros(n)
+    np.add.at(acc, sym, np.exp(val - shift[sym]))
+    with np.errstate(divide="ignore"):
+        res = np.log(acc) + shift
+    res[~finite] = -np.inf
+    return res

@@ -1,0 +1,96 @@
+"""``NextByteLogprobs``: what a byte-level state predicts for the next symbol."""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+#: Index of end-of-sequence in :attr:`NextByteLogprobs.logprobs` (one past the last byte;
+#: the same label as the trie's EOS edge).
+EOS = 256
+
+#: Key of the end-of-token (token boundary) probability: ``dist[EOT]``. It is not an
+#: outcome that competes with the bytes and EOS; see :class:`NextByteLogprobs`.
+EOT = 257
+
+
+def _logsumexp(x: np.ndarray) -> float:
+    m = float(np.max(x)) if len(x) else -np.inf
+    if not np.isfinite(m):
+        return m
+    return m + float(np.log(np.exp(x - m).sum()))
+
+
+@attrs.frozen(eq=False)
+class NextByteLogprobs:
+    """Log-probabilities of what follows the bytes consumed so far.
+
+    ``logprobs[b]`` for ``b < 256`` is ``log P(x + b) - log P(x)`` and ``logprobs[EOS]`` is
+    ``log P(x, then EOS) - log P(x)``, where ``P(x)`` is the probability that the byte
+    stream starts with ``x``. These are the exact conditionals of the token LM when the
+    beam is not pruned, so chaining them gives the prefix probability. They sum to at
+    most 1: the rest is the mass of special tokens that are not EOS (``<unk>``, ``<s>``,
+    ...), which spell no bytes. :meth:`normalized` renormalizes for sampling.
+
+    ``log_eot`` (also ``dist[EOT]``) is ``log P(a token ends exactly at the end of x | x)``:
+    the probability that the next byte starts a new token. It overlaps the byte outcomes
+    (each byte can come from inside a token or after a boundary), so it is reported
+    beside them, not among them.
+    """
+
+    #: shape (257,), float64: bytes 0..255 then EOS.
+    logprobs: np.ndarray
+    #: log-probability of a token boundary at the current position.
+    log_eot: float
+
+    def __getitem__(self, key: int) -> float:
+        if key == EOT:
+            return self.log_eot
+        if not 0 <= key <= EOS:
+            raise KeyError(f"expected a byte 0..255, EOS ({EOS}) or EOT ({EOT}), got {key!r}")
+        return float(self.logprobs[key])
+
+    @property
+    def eos(self) -> float:
+        """Log-probability of ending the sequence here."""
+        return float(self.logprobs[EOS])
+
+    @property
+    def log_total(self) -> float:
+        """Log of the total over bytes and EOS (0 unless mass goes to other special tokens)."""
+        return _logsumexp(self.logprobs)
+
+    def normalized(self) -> np.ndarray:
+        """``logprobs`` renormalized over bytes and EOS, shape (257,)."""
+        return self.logprobs - self.log_total
+
+    def argmax(self) -> int:
+        """The most likely next symbol (a byte, or :data:`EOS`)."""
+        return int(np.argmax(self.logprobs))
+
+    def sample(self, rng: np.random.Generator, temperature: float = 1.0) -> int:
+        """Draw the next symbol (a byte or :data:`EOS`); ``temperature=0`` is :meth:`argmax`."""
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if temperature == 0:
+            return self.argmax()
+        logits = self.logprobs / temperature
+        finite = np.isfinite(logits)
+        if not finite.any():
+            raise ValueError("no byte and no EOS has positive probability here")
+        p = np.exp(logits - logits[finite].max())
+        return int(rng.choice(len(p), p=p / p.sum()))
+
+    def top(self, k: int = 10) -> list[tuple[int, float]]:
+        """The ``k`` most likely symbols as ``(symbol, logprob)``, best first, finite only."""
+        order = np.argsort(-self.logprobs, kind="stable")[:k]
+        return [(int(i), float(self.logprobs[i])) for i in order if np.isfinite(self.logprobs[i])]
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{_label(i)}: {p:.3f}" for i, p in self.top(5))
+        return f"NextByteLogprobs({shown}, EOT: {self.log_eot:.3f})"
+
+
+def _label(symbol: int) -> str:
+    """A readable name of a symbol: the byte as Python shows it, or ``EOS``."""
+    return "EOS" if symbol == EOS else repr(bytes([symbol]))[1:]

@@ -1,0 +1,195 @@
+"""Beam behaviour on small controlled models: EOS strings, healing, sampling, batching, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from support.bytes_lms import FixedLM, brute_force_prefix_logprob, run
+
+from genlm.bytes import EOS, ByteLM, ByteLMClosedError, UnreachableByteError
+from genlm.core import Vocabulary
+from genlm.core.mock import MockLM
+
+TOKENS = (b"<s>", b"</s>", b"a", b"b", b"c", b".", b"ab", b"ba", b"abc", b"bc", b".a")
+VOCAB = Vocabulary(TOKENS, special_ids={0, 1}, bos_token_id=0, eos_token_ids=(1,))
+TEXT = set(range(2, len(TOKENS)))
+
+
+def _mock_row(lm):
+    return lambda ctx: np.asarray(lm.next_token_logprobs_sync(ctx), dtype=np.float64)
+
+
+def test_chain_rule_exact_on_mock():
+    """Unpruned on the mock model, chained conditionals equal brute force on a long string."""
+
+    async def scenario():
+        async with MockLM(VOCAB, cache_bytes=0) as lm:
+            data = b"abcab.ab"
+            expected = brute_force_prefix_logprob(_mock_row(lm), VOCAB, (0,), data, TEXT)
+            state = await ByteLM(lm, K=None).initial((0,))
+            total = 0.0
+            for b in data:
+                total += (await state.logp_next())[b]
+                state = await (state << b)
+            assert total == pytest.approx(expected, abs=1e-9)
+
+    run(scenario())
+
+
+def test_eos_byte_strings_move_mass_to_eos():
+    """With eos=[b'</s>', b'.'], P(EOS) is p(</s>) + p('.') and byte '.' keeps only '.a'."""
+
+    async def scenario():
+        async with MockLM(VOCAB) as lm:
+            row = np.asarray(await lm.next_token_logprobs((0,)), dtype=np.float64)
+            state = await ByteLM(lm, K=None, eos=[b"</s>", b"."]).initial((0,))
+            dist = await state.logp_next()
+            assert dist.eos == pytest.approx(np.logaddexp(row[1], row[5]), abs=1e-9)
+            assert dist[ord(".")] == pytest.approx(row[10], abs=1e-9)
+
+    run(scenario())
+
+
+def test_prefill_counts_text_eos_tokens_as_text():
+    """Prefilling through '.' (an EOS string) sums the '.' token too, then restores EOS mode."""
+
+    async def scenario():
+        async with MockLM(VOCAB) as lm:
+            data = b"ab.ba"
+            expected = brute_force_prefix_logprob(_mock_row(lm), VOCAB, (0,), data, TEXT)
+            byte_lm = ByteLM(lm, K=None, eos=[b"</s>", b"."])
+            state = await (await byte_lm.initial((0,))).prefill(data)
+            assert state.logZ == pytest.approx(expected, abs=1e-9)
+            assert state.eos_mode
+
+    run(scenario())
+
+
+def test_unknown_eos_string_is_rejected():
+    """An EOS byte string that spells no token raises a ValueError naming it."""
+    lm = FixedLM(VOCAB, np.ones(len(TOKENS)))
+    with pytest.raises(ValueError, match="b'zz'"):
+        ByteLM(lm, eos=[b"zz"])
+
+
+# "abc" is far likelier than "a" then "b", so with K=1 the beam keeps only the partial
+# "ab" of "abc" ("ab" is no token), which cannot continue with "a": healing must re-split.
+HEAL_VOCAB = Vocabulary((b"<s>", b"</s>", b"a", b"b", b"c", b"abc"), bos_token_id=0)
+HEAL_PROBS = [0, 0, 0.1, 0.1, 0.1, 0.7]
+
+
+def test_healing_resplits_a_dead_partial_token():
+    """With K=1 the beam empties on 'aba'; healing commits 'a' and 'b' and goes on."""
+
+    async def scenario():
+        lm = FixedLM(HEAL_VOCAB, HEAL_PROBS)
+        state = await (await ByteLM(lm, K=1).initial((0,))).prefill(b"ab")
+        assert len(state.prune()) == 1 and state.candidates[0].context == (0,)
+        state = await state.advance(ord("a"))
+        assert state.data == b"aba"
+        best = state.candidates[0]
+        assert best.context == (0, 2, 3)  # a, b committed; "a" is the partial token
+        # The healed weight is the true mass of its tokenization path: a lower bound.
+        exact = brute_force_prefix_logprob(
+            lambda ctx: lm._row, HEAL_VOCAB, (0,), b"aba", {2, 3, 4, 5}
+        )
+        assert state.logZ == pytest.approx(np.log(0.1 * 0.1 * 0.8), abs=1e-12)
+        assert state.logZ <= exact + 1e-12
+        assert state.logZ <= exact + 1e-12
+
+    run(scenario())
+
+
+def test_without_healing_a_dead_beam_raises():
+    """heal=False: the same step raises UnreachableByteError naming the byte."""
+
+    async def scenario():
+        lm = FixedLM(HEAL_VOCAB, HEAL_PROBS)
+        state = await (await ByteLM(lm, K=1, heal=False).initial((0,))).prefill(b"ab")
+        with pytest.raises(UnreachableByteError, match="b'a'"):
+            await state.advance(ord("a"))
+
+    run(scenario())
+
+
+def test_seeded_sampling_is_reproducible_and_greedy_is_argmax():
+    """The same seed gives the same bytes; greedy takes the argmax at every step."""
+
+    async def scenario():
+        async with MockLM(VOCAB) as lm:
+            state = await ByteLM(lm, K=4).initial((0,))
+            one = await state.sample(12, seed=7)
+            two = await state.sample(12, seed=7)
+            assert (one.data, one.eos, one.logp) == (two.data, two.eos, two.logp)
+            greedy = await state.greedy(6)
+            walk = state
+            for b in greedy.data:
+                assert (await walk.logp_next()).argmax() == b
+                walk = await walk.advance(b)
+            if greedy.eos:
+                assert (await walk.logp_next()).argmax() == EOS
+
+    run(scenario())
+
+
+def test_a_step_sends_its_boundaries_as_one_batch():
+    """All new token boundaries of a step reach the model together (one forward batch)."""
+
+    async def scenario():
+        async with MockLM(VOCAB, max_wait_s=0.05, cache_bytes=0) as lm:
+            state = await (await ByteLM(lm, K=None).initial((0,))).prefill(b"ab")
+            lm.batches.clear()
+            await state.logp_next()
+            # Boundaries after "ab": a|b, ab  (two contexts, one batch).
+            assert len(lm.batches) == 1 and len(lm.batches[0]) == 2
+
+    run(scenario())
+
+
+def test_cancelled_step_leaves_no_task_and_closed_raises():
+    """Cancelling a step mid-flight leaves no pending task; after aclose, steps raise."""
+
+    async def scenario():
+        async with MockLM(VOCAB, latency_s=0.2) as lm:
+            async with await ByteLM.from_prompt(lm, (0,), K=4) as state:
+                task = asyncio.create_task(state.logp_next())
+                await asyncio.sleep(0.05)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                assert asyncio.all_tasks() == {asyncio.current_task()}
+            with pytest.raises(ByteLMClosedError):
+                await state.logp_next()
+
+    run(scenario())
+
+
+def test_bad_inputs_raise_clear_errors():
+    """Out-of-range bytes, empty contexts and bad options are rejected with a message."""
+
+    async def scenario():
+        lm = FixedLM(VOCAB, np.ones(len(TOKENS)))
+        with pytest.raises(ValueError, match="K must be"):
+            ByteLM(lm, K=0)
+        state = await ByteLM(lm).initial((0,))
+        with pytest.raises(ValueError, match="0..255"):
+            await state.advance(256)
+        with pytest.raises(ValueError, match="empty token context"):
+            await ByteLM(lm).initial([])
+
+    run(scenario())
+
+
+def test_bytes_prompt_without_bos_uses_the_first_token():
+    """Without BOS, a bytes prompt starts from its longest first token and prefills the rest."""
+
+    async def scenario():
+        vocab = Vocabulary(TOKENS[2:])
+        lm = FixedLM(vocab, np.ones(len(vocab)))
+        state = await ByteLM.from_prompt(lm, b"abcb", K=None)
+        assert state.candidates[0].context[0] == vocab.tokens.index(b"abc")
+        assert state.data == b"b"
+
+    run(scenario())

@@ -1,0 +1,102 @@
+"""Exactness of the byte-level LM against brute-force enumeration of tokenizations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.bytes_lms import brute_force_prefix_logprob, run
+
+from genlm.bytes import EOS, ByteLM
+
+STRINGS = [
+    b" Once",
+    b" caf\xc3\xa9",  # " café": byte-fallback tokens after a word piece
+    "é".encode(),
+    "🙂".encode(),
+    "東京".encode(),
+    b"a\n",
+]
+
+
+def _text_ids(vocab) -> set[int]:
+    return {i for i in vocab.text_ids.tolist() if vocab.tokens[i]}
+
+
+async def _chain(state, data: bytes) -> tuple[float, object]:
+    total = 0.0
+    for b in data:
+        total += (await state.logp_next())[b]
+        state = await state.advance(b)
+    return total, state
+
+
+@pytest.mark.parametrize("data", STRINGS, ids=repr)
+def test_chain_rule_matches_brute_force_on_stories260k(stories64, data):
+    """Unpruned, the product of next-byte conditionals is the exact prefix probability (1e-9)."""
+
+    async def scenario():
+        expected = brute_force_prefix_logprob(
+            stories64.row, stories64.vocab, (1,), data, _text_ids(stories64.vocab)
+        )
+        state = await ByteLM(stories64, K=None).initial((1,))
+        chained, final = await _chain(state, data)
+        assert chained == pytest.approx(expected, abs=1e-9)
+        assert final.logZ == pytest.approx(expected, abs=1e-9)
+
+    run(scenario())
+
+
+def test_first_byte_distribution_is_the_token_mass_by_first_byte(stories64):
+    """At a boundary, P(byte b) is the mass of tokens starting with b; P(EOS) is p(</s>)."""
+
+    async def scenario():
+        row = stories64.row((1,))
+        vocab = stories64.vocab
+        dist = await (await ByteLM(stories64, K=None).initial((1,))).logp_next()
+        expected = np.zeros(257)
+        for t in _text_ids(vocab):
+            expected[vocab.tokens[t][0]] += np.exp(row[t])
+        expected[EOS] = np.exp(row[2])
+        with np.errstate(divide="ignore"):
+            np.testing.assert_allclose(dist.logprobs, np.log(expected), rtol=0, atol=1e-12)
+        # The rest is the mass of <unk> and <s>, which spell no bytes.
+        assert np.exp(dist.log_total) == pytest.approx(
+            1 - np.exp(row[0]) - np.exp(row[1]), abs=1e-12
+        )
+
+    run(scenario())
+
+
+def test_pruned_estimate_is_a_lower_bound_rising_with_k(stories64):
+    """With pruning, logZ never exceeds the exact value and grows with the beam width."""
+
+    async def scenario():
+        data = b" caf\xc3\xa9"
+        exact = brute_force_prefix_logprob(
+            stories64.row, stories64.vocab, (1,), data, _text_ids(stories64.vocab)
+        )
+        estimates = []
+        for K in (1, 2, 4, 16):
+            state = await (await ByteLM(stories64, K=K).initial((1,))).prefill(data)
+            estimates.append(state.logZ)
+        assert all(e <= exact + 1e-12 for e in estimates)
+        assert estimates == sorted(estimates)
+        assert estimates[-1] == pytest.approx(exact, abs=1e-9)
+        assert estimates[0] < exact - 1e-9  # K=1 really prunes something here
+
+    run(scenario())
+
+
+def test_prompt_bytes_marginalize_over_tokenizations(stories64):
+    """A bytes prompt starts at BOS and prefills: logZ is its exact prefix probability."""
+
+    async def scenario():
+        data = b" caf\xc3\xa9"
+        expected = brute_force_prefix_logprob(
+            stories64.row, stories64.vocab, (1,), data, _text_ids(stories64.vocab)
+        )
+        state = await ByteLM.from_prompt(stories64, data, K=None)
+        assert state.data == data
+        assert state.logZ == pytest.approx(expected, abs=1e-9)
+
+    run(scenario())

@@ -1,0 +1,97 @@
+"""Test-only token LMs and brute force for the genlm-bytes tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from genlm.core import Vocabulary, resolve_model_path
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a test scenario on a fresh event loop."""
+    return asyncio.run(coro)
+
+
+class Float64Stories:
+    """Test-only ``AsyncLM`` (the protocol's read side): stories260K, full forward, float64.
+
+    Not a ``BatchedLM`` on purpose: core casts rows to float32, and the exactness tests
+    compare to brute force within 1e-9 nats, which needs float64 rows end to end.
+    """
+
+    def __init__(self) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        torch = pytest.importorskip("torch")
+        transformers = pytest.importorskip("transformers")
+        path = resolve_model_path("stories260K")
+        self._torch = torch
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
+        self.model.eval()
+        self.vocab = Vocabulary.from_tokenizer(self.tokenizer)
+        self.calls = 0
+        self._rows: dict[tuple[int, ...], np.ndarray] = {}
+
+    def row(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Float64 log-probabilities of the next token (cached per context)."""
+        key = tuple(int(t) for t in token_ids)
+        hit = self._rows.get(key)
+        if hit is None:
+            self.calls += 1
+            torch = self._torch
+            with torch.no_grad():
+                logits = self.model(torch.tensor([key])).logits[0, -1]
+                hit = torch.log_softmax(logits, dim=-1).numpy().astype(np.float64)
+            self._rows[key] = hit
+        return hit
+
+    async def next_token_logprobs(self, token_ids: Sequence[int]) -> np.ndarray:
+        return self.row(token_ids)
+
+
+class FixedLM:
+    """Test-only ``AsyncLM``: the same next-token distribution after every context."""
+
+    def __init__(self, vocab: Vocabulary, probs: Sequence[float]) -> None:
+        self.vocab = vocab
+        p = np.asarray(probs, dtype=np.float64)
+        with np.errstate(divide="ignore"):
+            self._row = np.log(p / p.sum())
+        self.contexts: list[tuple[int, ...]] = []
+
+    async def next_token_logprobs(self, token_ids: Sequence[int]) -> np.ndarray:
+        self.contexts.append(tuple(token_ids))
+        return self._row
+
+
+def brute_force_prefix_logprob(
+    row, vocab: Vocabulary, context: tuple[int, ...], data: bytes, text_ids: set[int]
+) -> float:
+    """log P(bytes start with ``data``) by enumerating every token sequence reaching its end.
+
+    ``row(ctx)`` gives float64 next-token log-probabilities; only ``text_ids`` spell bytes.
+    A sequence counts once: at its first token that covers the last byte of ``data``.
+    """
+    by_first: dict[int, list[int]] = {}
+    for t in text_ids:
+        by_first.setdefault(vocab.tokens[t][0], []).append(t)
+
+    def total(ctx: tuple[int, ...], pos: int) -> float:
+        lp = row(ctx)
+        rest = data[pos:]
+        out = 0.0
+        for t in by_first.get(rest[0], ()):
+            tb = vocab.tokens[t]
+            if tb.startswith(rest):
+                out += np.exp(lp[t])
+            elif rest.startswith(tb):
+                out += np.exp(lp[t]) * total(ctx + (t,), pos + len(tb))
+        return out
+
+    return float(np.log(total(context, 0))) if data else 0.0
