@@ -1,0 +1,201 @@
+"""``MLXLM``: next-token log-probabilities from an mlx-lm model, batched and prefix-cached.
+
+Thread affinity. MLX ties every lazy (not yet evaluated) array to a stream of the thread
+that built it; evaluating it on another thread fails ("There is no Stream(cpu, 0) in
+current thread"), while evaluated arrays can be used anywhere. So the constructor first
+evaluates every array of the model (parameters and private buffers such as Llama 3's RoPE
+frequencies) on the thread that loaded it, and from then on every MLX operation (forward
+passes, cache merges, dtype casts) runs on the model's worker thread, which also adopts
+the caller's default device.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx_lm
+import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
+
+from genlm.backends.mlx import _kv
+from genlm.core import BatchedLM, PrefixCache, Vocabulary, resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+#: Padding waste allowed in one forward pass: a group of rows is split when its padded
+#: new tokens would exceed twice its real ones plus this many.
+_PAD_SLACK_TOKENS = 64
+
+
+class MLXLM(BatchedLM):
+    """An mlx-lm model behind GenLM's batched, cached ``AsyncLM`` interface.
+
+    A context that extends a cached prefix runs only its new tokens: the KV state of every
+    evaluated context is kept in a :class:`~genlm.core.PrefixCache` bounded by
+    ``kv_cache_bytes``, and rows with different cached lengths share one forward pass.
+    Models whose caches cannot resume from a prefix (sliding-window or state-space layers)
+    recompute every context in full, with one warning when the model is wrapped.
+
+    Args:
+        model: a loaded mlx-lm model (``mlx_lm.load(...)[0]``), fully built on this thread.
+        tokenizer: its tokenizer: mlx-lm's ``TokenizerWrapper`` or a transformers tokenizer.
+        kv_cache_bytes: byte budget of the prefix KV cache (0 disables reuse).
+        **kwargs: scheduler and output-cache options of :class:`~genlm.core.BatchedLM`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        *,
+        kv_cache_bytes: int = 512 * 2**20,
+        **kwargs: Any,
+    ):
+        _materialize(model)
+        hf_tokenizer = _unwrap(tokenizer)
+        width = getattr(getattr(model, "args", None), "vocab_size", None)
+        vocab = Vocabulary.from_tokenizer(hf_tokenizer, size=width)
+        kwargs.setdefault("name", "mlx")
+        super().__init__(vocab, hf_tokenizer, **kwargs)
+        self.model = model
+        self.kv_cache: PrefixCache[_kv.PrefixKV] = PrefixCache(kv_cache_bytes)
+        self._num_layers = 0
+        self.resumable = False
+        self.worker.call(self._setup, mx.default_device())
+
+    @classmethod
+    def from_name(cls, name: str, **kwargs: Any) -> MLXLM:
+        """Load a model directory or hub id with ``mlx_lm.load`` (``"stories260K"`` works offline).
+
+        mlx-lm reads Hugging Face safetensors checkpoints directly (it converts weights
+        on load). Options go to :class:`MLXLM`.
+        """
+        model, tokenizer = mlx_lm.load(resolve_model_path(name))
+        return cls(model, tokenizer, **kwargs)
+
+    def _setup(self, device: mx.Device) -> None:
+        """Worker side of construction: adopt the device, find out whether KV can resume."""
+        mx.set_default_device(device)
+        caches = make_prompt_cache(self.model)
+        self._num_layers = len(caches)
+        blocked = _kv.non_resumable_types(caches)
+        self.resumable = not blocked
+        if blocked:
+            logger.warning(
+                "%s: the model's %s caches cannot resume from a cached prefix; every "
+                "request recomputes its whole context (correct, but slower)",
+                self.name,
+                "/".join(blocked),
+            )
+
+    # ---- the backend -------------------------------------------------------------------
+
+    def _logprobs_batch(self, contexts: list[tuple[int, ...]], variant: Hashable) -> np.ndarray:
+        if self.resumable and self.kv_cache.max_bytes > 0:
+            rows = self._resume(contexts)
+        else:
+            rows = self._recompute(contexts)
+        mx.eval(rows)
+        return np.stack([np.array(row, copy=False) for row in rows])
+
+    def _resume(self, contexts: list[tuple[int, ...]]) -> list[mx.array]:
+        """Run only what each context adds to its longest cached prefix, then cache it."""
+        hits = [self.kv_cache.longest_prefix(c, max_length=len(c) - 1) for c in contexts]
+        new_lengths = [len(c) - hit.length for c, hit in zip(contexts, hits)]
+        rows: list[mx.array | None] = [None] * len(contexts)
+        for group in _padding_groups(new_lengths):
+            prefix_lengths = [hits[i].length for i in group]
+            lengths = [new_lengths[i] for i in group]
+            caches = _kv.merge([hits[i].value for i in group], self._num_layers)
+            width = max(lengths)
+            tokens = mx.array(
+                [
+                    list(contexts[i][hits[i].length :]) + [0] * (width - n)
+                    for i, n in zip(group, lengths)
+                ]
+            )
+            logits = self.model(tokens, cache=caches)
+            last = logits[mx.arange(len(group)), mx.array(lengths) - 1]
+            for i, row in zip(group, _log_softmax(last)):
+                rows[i] = row
+            entries = _kv.split(caches, prefix_lengths, lengths)
+            mx.eval(rows, entries)
+            for i, entry in zip(group, entries):
+                self.kv_cache.insert(contexts[i], entry, _kv.nbytes(entry))
+        return rows
+
+    def _recompute(self, contexts: list[tuple[int, ...]]) -> list[mx.array]:
+        """Full forward passes, one per context length (equal lengths need no padding)."""
+        rows: list[mx.array | None] = [None] * len(contexts)
+        by_length: dict[int, list[int]] = {}
+        for i, context in enumerate(contexts):
+            by_length.setdefault(len(context), []).append(i)
+        for group in by_length.values():
+            tokens = mx.array([list(contexts[i]) for i in group])
+            logits = self.model(tokens, cache=make_prompt_cache(self.model))
+            for i, row in zip(group, _log_softmax(logits[:, -1, :])):
+                rows[i] = row
+        return rows
+
+    def _clear_backend_cache(self) -> None:
+        self.kv_cache.clear()
+
+    def _close_backend(self) -> None:
+        self.kv_cache.clear()
+        mx.clear_cache()
+
+
+def _log_softmax(logits: mx.array) -> mx.array:
+    """Row-wise log-softmax in float32 (bf16 logits are upcast first)."""
+    logits = logits.astype(mx.float32)
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def _padding_groups(new_lengths: Sequence[int]) -> list[list[int]]:
+    """Split rows into forward passes so right padding stays bounded.
+
+    Rows are sorted by how many new tokens they run; a group closes when adding the next
+    row would make its padded size exceed twice its real size plus a small slack. Equal
+    lengths (the common case of particles advancing in step) always share one group.
+    """
+    order = sorted(range(len(new_lengths)), key=lambda i: new_lengths[i])
+    groups: list[list[int]] = []
+    current: list[int] = []
+    real = 0
+    for i in order:
+        n = new_lengths[i]
+        if current and n * (len(current) + 1) > 2 * (real + n) + _PAD_SLACK_TOKENS:
+            groups.append(current)
+            current, real = [], 0
+        current.append(i)
+        real += n
+    groups.append(current)
+    return groups
+
+
+def _materialize(model: nn.Module) -> None:
+    """Evaluate every array of ``model`` here, so the worker thread can use them."""
+    arrays = [v for _, v in tree_flatten(model) if isinstance(v, mx.array)]
+    try:
+        mx.eval(arrays)
+    except RuntimeError as exc:
+        if "Stream" not in str(exc):
+            raise
+        raise RuntimeError(
+            "the MLX model holds lazy arrays built on another thread; construct MLXLM "
+            "on the thread that loaded the model (or load it with lazy=False there)"
+        ) from exc
+
+
+def _unwrap(tokenizer: Any) -> Any:
+    """The transformers tokenizer inside mlx-lm's ``TokenizerWrapper`` (or ``tokenizer`` itself).
+
+    The wrapper only forwards attribute lookups, so core's vocabulary reader cannot
+    recognise it; mlx-lm keeps the wrapped tokenizer in ``_tokenizer``.
+    """
+    return getattr(tokenizer, "_tokenizer", tokenizer)
