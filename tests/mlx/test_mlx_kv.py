@@ -13,7 +13,6 @@ import pytest
 from mlx_lm.models.cache import RotatingKVCache
 
 from genlm.backends.mlx import MLXLM
-from genlm.backends.mlx._model import _padding_groups
 
 
 class Spy(nn.Module):
@@ -57,7 +56,7 @@ def test_extension_runs_only_new_tokens(stories):
     prompt = [1, 403, 407, 261, 378, 432]
     lm.next_token_logprobs_sync(prompt)
     rows = lm.batch_next_token_logprobs_sync([prompt + [383], prompt + [322, 260]])
-    assert spy._shapes == [(1, 6), (2, 2)]
+    assert sum(b * n for b, n in spy._shapes) == 6 + 1 + 2
     for context, row in zip([prompt + [383], prompt + [322, 260]], rows):
         np.testing.assert_allclose(row, plain_logprobs(model, context), atol=1e-5)
     lm.close()
@@ -75,7 +74,7 @@ def test_kv_budget_bounds_the_cache(stories):
     off = MLXLM(spy, tokenizer, cache_bytes=0, kv_cache_bytes=0)
     off.next_token_logprobs_sync([1, 2, 3])
     off.next_token_logprobs_sync([1, 2, 3, 4])
-    assert spy._shapes == [(1, 3), (1, 4)] and len(off.kv_cache) == 0
+    assert sum(b * n for b, n in spy._shapes) == 3 + 4 and len(off.kv_cache) == 0
     off.close()
 
 
@@ -91,7 +90,9 @@ def test_rotating_cache_with_keep_falls_back_with_one_warning(stories, caplog):
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "RotatingKVCache" in warnings[0].getMessage()
     assert not lm.resumable
-    assert spy._shapes == [(1, 3), (2, 4), (1, 5)]  # whole contexts, grouped by length
+    # Whole contexts (3, then 4 + 4 + 5 tokens), the two of length 4 in one pass.
+    assert sum(b * n for b, n in spy._shapes) == 3 + 4 + 4 + 5
+    assert max(b for b, _ in spy._shapes) == 2
     for context, row in zip(contexts[1:], rows):
         np.testing.assert_allclose(row, plain_logprobs(model, context), atol=1e-5)
     lm.close()
@@ -171,11 +172,3 @@ def test_model_built_on_another_thread_with_lazy_buffers(stories_dir):
     thread.start()
     thread.join()
     np.testing.assert_allclose(result["row"], result["expected"], atol=1e-5)
-
-
-def test_padding_groups_bound_waste():
-    """Equal lengths share a pass; one long row is split from many one-token rows."""
-    assert _padding_groups([1] * 16) == [list(range(16))]
-    groups = _padding_groups([1] * 15 + [160])
-    assert groups == [list(range(15)), [15]]
-    assert sorted(i for g in _padding_groups([3, 1, 2, 7, 40, 2]) for i in g) == list(range(6))

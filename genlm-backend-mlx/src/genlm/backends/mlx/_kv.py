@@ -4,10 +4,9 @@ A cached prefix is stored as one compact ``(keys, values)`` pair per layer, each
 ``(1, kv_heads, length, head_dim)``, never as a live cache object: live caches grow in
 place, stored prefixes must not change. A batch of contexts with different cached lengths
 becomes one ``BatchKVCache`` per layer through mlx-lm's public ``BatchKVCache.merge``
-(cached parts left-padded and masked out, per-row RoPE offsets); the new tokens are
-right-padded, which is harmless under the causal mask because each row's logits are read
-at its own last real token. Only the public cache API is used: ``make_prompt_cache``,
-``KVCache.from_state``, ``BatchKVCache.merge`` and the ``state`` property.
+(cached parts left-padded and masked out, per-row RoPE offsets); rows of one batch add
+the same number of new tokens, so the new part needs no padding. Only the public cache
+API is used: ``KVCache.from_state``, ``BatchKVCache.merge`` and the ``state`` property.
 """
 
 from __future__ import annotations
@@ -54,8 +53,7 @@ def split(
     """Each row's KV over its whole context, copied out of a batch run after :func:`merge`.
 
     Row ``i`` sits at ``[pad_i, max_prefix + new_i)`` of the batch buffers, where
-    ``pad_i = max_prefix - prefix_i`` is the left padding :func:`merge` gave it; what lies
-    after is right padding.
+    ``pad_i = max_prefix - prefix_i`` is the left padding :func:`merge` gave it.
     """
     max_prefix = max(prefix_lengths)
     out = []

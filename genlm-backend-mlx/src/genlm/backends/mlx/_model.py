@@ -12,7 +12,7 @@ the caller's default device.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 import mlx.core as mx
@@ -26,10 +26,6 @@ from genlm.backends.mlx import _kv
 from genlm.core import BatchedLM, PrefixCache, Vocabulary, resolve_model_path
 
 logger = logging.getLogger(__name__)
-
-#: Padding waste allowed in one forward pass: a group of rows is split when its padded
-#: new tokens would exceed twice its real ones plus this many.
-_PAD_SLACK_TOKENS = 64
 
 
 class MLXLM(BatchedLM):
@@ -104,26 +100,20 @@ class MLXLM(BatchedLM):
         return np.stack([np.array(row, copy=False) for row in rows])
 
     def _resume(self, contexts: list[tuple[int, ...]]) -> list[mx.array]:
-        """Run only what each context adds to its longest cached prefix, then cache it."""
+        """Run only what each context adds to its longest cached prefix, then cache it.
+
+        Rows adding the same number of tokens share a forward pass whatever their cached
+        lengths (``_kv.merge`` left-pads the prefixes), so no new token is ever padding.
+        """
         hits = [self.kv_cache.longest_prefix(c, max_length=len(c) - 1) for c in contexts]
-        new_lengths = [len(c) - hit.length for c, hit in zip(contexts, hits)]
         rows: list[mx.array | None] = [None] * len(contexts)
-        for group in _padding_groups(new_lengths):
-            prefix_lengths = [hits[i].length for i in group]
-            lengths = [new_lengths[i] for i in group]
+        for group in _group_by(len(c) - hit.length for c, hit in zip(contexts, hits)):
             caches = _kv.merge([hits[i].value for i in group], self._num_layers)
-            width = max(lengths)
-            tokens = mx.array(
-                [
-                    list(contexts[i][hits[i].length :]) + [0] * (width - n)
-                    for i, n in zip(group, lengths)
-                ]
-            )
-            logits = self.model(tokens, cache=caches)
-            last = logits[mx.arange(len(group)), mx.array(lengths) - 1]
-            for i, row in zip(group, _log_softmax(last)):
+            tokens = mx.array([contexts[i][hits[i].length :] for i in group])
+            for i, row in zip(group, _log_softmax(self._last_logits(tokens, caches))):
                 rows[i] = row
-            entries = _kv.split(caches, prefix_lengths, lengths)
+            prefix_lengths = [hits[i].length for i in group]
+            entries = _kv.split(caches, prefix_lengths, [tokens.shape[1]] * len(group))
             mx.eval(rows, entries)
             for i, entry in zip(group, entries):
                 self.kv_cache.insert(contexts[i], entry, _kv.nbytes(entry))
@@ -132,15 +122,23 @@ class MLXLM(BatchedLM):
     def _recompute(self, contexts: list[tuple[int, ...]]) -> list[mx.array]:
         """Full forward passes, one per context length (equal lengths need no padding)."""
         rows: list[mx.array | None] = [None] * len(contexts)
-        by_length: dict[int, list[int]] = {}
-        for i, context in enumerate(contexts):
-            by_length.setdefault(len(context), []).append(i)
-        for group in by_length.values():
-            tokens = mx.array([list(contexts[i]) for i in group])
-            logits = self.model(tokens, cache=make_prompt_cache(self.model))
-            for i, row in zip(group, _log_softmax(logits[:, -1, :])):
+        for group in _group_by(len(c) for c in contexts):
+            tokens = mx.array([contexts[i] for i in group])
+            logits = self._last_logits(tokens, make_prompt_cache(self.model))
+            for i, row in zip(group, _log_softmax(logits)):
                 rows[i] = row
         return rows
+
+    def _last_logits(self, tokens: mx.array, cache: list[Any]) -> mx.array:
+        """Logits after the last column of ``tokens``, shape ``(rows, V)``, filling ``cache``.
+
+        All but the last token go through a first call whose logits are never evaluated:
+        MLX is lazy, so the vocabulary projection of those positions is never computed
+        (for a 160-token prompt and a 50k vocabulary that is most of the work).
+        """
+        if tokens.shape[1] > 1:
+            self.model(tokens[:, :-1], cache=cache)
+        return self.model(tokens[:, -1:], cache=cache)[:, -1, :]
 
     def _clear_backend_cache(self) -> None:
         self.kv_cache.clear()
@@ -156,26 +154,12 @@ def _log_softmax(logits: mx.array) -> mx.array:
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
-def _padding_groups(new_lengths: Sequence[int]) -> list[list[int]]:
-    """Split rows into forward passes so right padding stays bounded.
-
-    Rows are sorted by how many new tokens they run; a group closes when adding the next
-    row would make its padded size exceed twice its real size plus a small slack. Equal
-    lengths (the common case of particles advancing in step) always share one group.
-    """
-    order = sorted(range(len(new_lengths)), key=lambda i: new_lengths[i])
-    groups: list[list[int]] = []
-    current: list[int] = []
-    real = 0
-    for i in order:
-        n = new_lengths[i]
-        if current and n * (len(current) + 1) > 2 * (real + n) + _PAD_SLACK_TOKENS:
-            groups.append(current)
-            current, real = [], 0
-        current.append(i)
-        real += n
-    groups.append(current)
-    return groups
+def _group_by(keys: Iterable[int]) -> list[list[int]]:
+    """Indices grouped by equal key, in first-seen order."""
+    groups: dict[int, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
 
 
 def _materialize(model: nn.Module) -> None:
