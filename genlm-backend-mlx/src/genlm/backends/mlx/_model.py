@@ -97,7 +97,7 @@ class MLXLM(BatchedLM):
         else:
             rows = self._recompute(contexts)
         mx.eval(rows)
-        return np.stack([np.array(row, copy=False) for row in rows])
+        return np.stack([np.asarray(row) for row in rows])
 
     def _resume(self, contexts: list[tuple[int, ...]]) -> list[mx.array]:
         """Run only what each context adds to its longest cached prefix, then cache it.
