@@ -41,6 +41,8 @@ class MLXLM(BatchedLM):
         model: a loaded mlx-lm model (``mlx_lm.load(...)[0]``), fully built on this thread.
         tokenizer: its tokenizer: mlx-lm's ``TokenizerWrapper`` or a transformers tokenizer.
         kv_cache_bytes: byte budget of the prefix KV cache (0 disables reuse).
+        prefill_chunk_size: longest run of new tokens fed to the model in one call; long
+            prompts are prefilled in chunks so the lazy graph and activations stay small.
         **kwargs: scheduler and output-cache options of :class:`~genlm.core.BatchedLM`.
     """
 
@@ -50,8 +52,11 @@ class MLXLM(BatchedLM):
         tokenizer: Any,
         *,
         kv_cache_bytes: int = 512 * 2**20,
+        prefill_chunk_size: int = 2048,
         **kwargs: Any,
     ):
+        if prefill_chunk_size < 1:
+            raise ValueError(f"prefill_chunk_size must be >= 1, got {prefill_chunk_size}")
         _materialize(model)
         hf_tokenizer = _unwrap(tokenizer)
         width = getattr(getattr(model, "args", None), "vocab_size", None)
@@ -60,6 +65,7 @@ class MLXLM(BatchedLM):
         super().__init__(vocab, hf_tokenizer, **kwargs)
         self.model = model
         self.kv_cache: PrefixCache[_kv.PrefixKV] = PrefixCache(kv_cache_bytes)
+        self.prefill_chunk_size = prefill_chunk_size
         self._num_layers = 0
         self.resumable = False
         self.worker.call(self._setup, mx.default_device())
@@ -134,10 +140,14 @@ class MLXLM(BatchedLM):
 
         All but the last token go through a first call whose logits are never evaluated:
         MLX is lazy, so the vocabulary projection of those positions is never computed
-        (for a 160-token prompt and a 50k vocabulary that is most of the work).
+        (for a 160-token prompt and a 50k vocabulary that is most of the work). Long runs
+        go in chunks of ``prefill_chunk_size``, evaluating the cache after each.
         """
-        if tokens.shape[1] > 1:
-            self.model(tokens[:, :-1], cache=cache)
+        step = self.prefill_chunk_size
+        for start in range(0, tokens.shape[1] - 1, step):
+            self.model(tokens[:, start : min(start + step, tokens.shape[1] - 1)], cache=cache)
+            if tokens.shape[1] - 1 > step:
+                mx.eval([c.state for c in cache])
         return self.model(tokens[:, -1:], cache=cache)[:, -1, :]
 
     def _clear_backend_cache(self) -> None:
