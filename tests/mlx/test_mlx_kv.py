@@ -45,6 +45,7 @@ def plain_logprobs(model, context):
 
 @pytest.fixture(scope="module")
 def stories(stories_dir):
+    """stories260K as mlx-lm loads it: (model, TokenizerWrapper)."""
     return mlx_lm.load(stories_dir)
 
 
