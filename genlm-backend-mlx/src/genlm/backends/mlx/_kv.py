@@ -3,10 +3,10 @@
 A cached prefix is stored as one compact ``(keys, values)`` pair per layer, each of shape
 ``(1, kv_heads, length, head_dim)``, never as a live cache object: live caches grow in
 place, stored prefixes must not change. A batch of contexts with different cached lengths
-becomes one ``BatchKVCache`` per layer through mlx-lm's public ``BatchKVCache.merge``
+becomes one ``BatchKVCache`` per layer, laid out as mlx-lm's ``BatchKVCache.merge`` does
 (cached parts left-padded and masked out, per-row RoPE offsets); rows of one batch add
 the same number of new tokens, so the new part needs no padding. Only the public cache
-API is used: ``KVCache.from_state``, ``BatchKVCache.merge`` and the ``state`` property.
+API is used: the ``BatchKVCache`` constructor and its ``state`` property.
 """
 
 from __future__ import annotations
@@ -32,18 +32,35 @@ def non_resumable_types(caches: Sequence[object]) -> list[str]:
     return sorted({type(c).__name__ for c in caches if type(c) is not KVCache})
 
 
-def merge(entries: Sequence[PrefixKV | None], num_layers: int) -> list[BatchKVCache]:
-    """One left-padded ``BatchKVCache`` per layer holding each row's cached prefix (or none)."""
+def merge(
+    entries: Sequence[PrefixKV | None], num_layers: int, new_tokens: int
+) -> list[BatchKVCache]:
+    """One left-padded ``BatchKVCache`` per layer holding each row's cached prefix (or none).
+
+    This is ``BatchKVCache.merge`` with room for ``new_tokens`` more positions: mlx-lm's
+    merge sizes its buffers to the prefixes, so the forward pass's first write would
+    reallocate them in 256-position steps (zero-fill and copy every row's KV again).
+    Built through the public constructor and ``state`` setter.
+    """
+    lengths = [0 if entry is None else entry[0][0].shape[2] for entry in entries]
+    longest = max(lengths)
+    padding = [longest - n for n in lengths]
     merged = []
     for layer in range(num_layers):
-        rows = []
-        for entry in entries:
-            if entry is None:
-                rows.append(KVCache())
-            else:
-                keys, values = entry[layer]
-                rows.append(KVCache.from_state((keys, values, keys.shape[2])))
-        merged.append(BatchKVCache.merge(rows))
+        cache = BatchKVCache(padding)
+        if longest:
+            keys_like, values_like = next(e[layer] for e in entries if e is not None)
+            rows, heads = len(entries), keys_like.shape[1]
+            size = longest + new_tokens
+            keys = mx.zeros((rows, heads, size, keys_like.shape[3]), keys_like.dtype)
+            values = mx.zeros((rows, heads, size, values_like.shape[3]), values_like.dtype)
+            for row, (entry, pad) in enumerate(zip(entries, padding)):
+                if entry is not None:
+                    keys[row : row + 1, :, pad:longest] = entry[layer][0]
+                    values[row : row + 1, :, pad:longest] = entry[layer][1]
+            _, _, offset, left_padding, _ = cache.state
+            cache.state = (keys, values, offset + longest, left_padding, longest)
+        merged.append(cache)
     return merged
 
 

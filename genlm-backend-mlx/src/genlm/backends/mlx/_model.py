@@ -114,8 +114,8 @@ class MLXLM(BatchedLM):
         hits = [self.kv_cache.longest_prefix(c, max_length=len(c) - 1) for c in contexts]
         rows: list[mx.array | None] = [None] * len(contexts)
         for group in _group_by(len(c) - hit.length for c, hit in zip(contexts, hits)):
-            caches = _kv.merge([hits[i].value for i in group], self._num_layers)
             tokens = mx.array([contexts[i][hits[i].length :] for i in group])
+            caches = _kv.merge([hits[i].value for i in group], self._num_layers, tokens.shape[1])
             for i, row in zip(group, _log_softmax(self._last_logits(tokens, caches))):
                 rows[i] = row
             prefix_lengths = [hits[i].length for i in group]
