@@ -1,0 +1,195 @@
+"""``MLXLM``: next-token log-probabilities from an mlx-lm model, batched and prefix-cached.
+
+Thread affinity. MLX ties every lazy (not yet evaluated) array to a stream of the thread
+that built it; evaluating it on another thread fails ("There is no Stream(cpu, 0) in
+current thread"), while evaluated arrays can be used anywhere. So the constructor first
+evaluates every array of the model (parameters and private buffers such as Llama 3's RoPE
+frequencies) on the thread that loaded it, and from then on every MLX operation (forward
+passes, cache merges, dtype casts) runs on the model's worker thread, which also adopts
+the caller's default device.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Iterable
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx_lm
+import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
+
+from genlm.backends.mlx import _kv
+from genlm.core import BatchedLM, PrefixCache, Vocabulary, resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+
+class MLXLM(BatchedLM):
+    """An mlx-lm model behind GenLM's batched, cached ``AsyncLM`` interface.
+
+    A context that extends a cached prefix runs only its new tokens: the KV state of every
+    evaluated context is kept in a :class:`~genlm.core.PrefixCache` bounded by
+    ``kv_cache_bytes``, and rows with different cached lengths share one forward pass.
+    Models whose caches cannot resume from a prefix (sliding-window or state-space layers)
+    recompute every context in full, with one warning when the model is wrapped.
+
+    Args:
+        model: a loaded mlx-lm model (``mlx_lm.load(...)[0]``), fully built on this thread.
+        tokenizer: its tokenizer: mlx-lm's ``TokenizerWrapper`` or a transformers tokenizer.
+        kv_cache_bytes: byte budget of the prefix KV cache (0 disables reuse).
+        prefill_chunk_size: longest run of new tokens fed to the model in one call; long
+            prompts are prefilled in chunks so the lazy graph and activations stay small.
+        **kwargs: scheduler and output-cache options of :class:`~genlm.core.BatchedLM`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        *,
+        kv_cache_bytes: int = 512 * 2**20,
+        prefill_chunk_size: int = 2048,
+        **kwargs: Any,
+    ):
+        if prefill_chunk_size < 1:
+            raise ValueError(f"prefill_chunk_size must be >= 1, got {prefill_chunk_size}")
+        _materialize(model)
+        hf_tokenizer = _unwrap(tokenizer)
+        width = getattr(getattr(model, "args", None), "vocab_size", None)
+        vocab = Vocabulary.from_tokenizer(hf_tokenizer, size=width)
+        kwargs.setdefault("name", "mlx")
+        super().__init__(vocab, hf_tokenizer, **kwargs)
+        self.model = model
+        self.kv_cache: PrefixCache[_kv.PrefixKV] = PrefixCache(kv_cache_bytes)
+        self.prefill_chunk_size = prefill_chunk_size
+        self._num_layers = 0
+        self.resumable = False
+        self.worker.call(self._setup, mx.default_device())
+
+    @classmethod
+    def from_name(cls, name: str, **kwargs: Any) -> MLXLM:
+        """Load a model directory or hub id with ``mlx_lm.load`` (``"stories260K"`` works offline).
+
+        mlx-lm reads Hugging Face safetensors checkpoints directly (it converts weights
+        on load). Options go to :class:`MLXLM`.
+        """
+        model, tokenizer = mlx_lm.load(resolve_model_path(name))
+        return cls(model, tokenizer, **kwargs)
+
+    def _setup(self, device: mx.Device) -> None:
+        """Worker side of construction: adopt the device, find out whether KV can resume."""
+        mx.set_default_device(device)
+        caches = make_prompt_cache(self.model)
+        self._num_layers = len(caches)
+        blocked = _kv.non_resumable_types(caches)
+        self.resumable = not blocked
+        if blocked:
+            logger.warning(
+                "%s: the model's %s caches cannot resume from a cached prefix; every "
+                "request recomputes its whole context (correct, but slower)",
+                self.name,
+                "/".join(blocked),
+            )
+
+    # ---- the backend -------------------------------------------------------------------
+
+    def _logprobs_batch(self, contexts: list[tuple[int, ...]], variant: Hashable) -> np.ndarray:
+        if self.resumable and self.kv_cache.max_bytes > 0:
+            rows = self._resume(contexts)
+        else:
+            rows = self._recompute(contexts)
+        mx.eval(rows)
+        return np.stack([np.asarray(row) for row in rows])
+
+    def _resume(self, contexts: list[tuple[int, ...]]) -> list[mx.array]:
+        """Run only what each context adds to its longest cached prefix, then cache it.
+
+        Rows adding the same number of tokens share a forward pass whatever their cached
+        lengths (``_kv.merge`` left-pads the prefixes), so no new token is ever padding.
+        """
+        hits = [self.kv_cache.longest_prefix(c, max_length=len(c) - 1) for c in contexts]
+        rows: list[mx.array | None] = [None] * len(contexts)
+        for group in _group_by(len(c) - hit.length for c, hit in zip(contexts, hits)):
+            tokens = mx.array([contexts[i][hits[i].length :] for i in group])
+            caches = _kv.merge([hits[i].value for i in group], self._num_layers, tokens.shape[1])
+            for i, row in zip(group, _log_softmax(self._last_logits(tokens, caches))):
+                rows[i] = row
+            prefix_lengths = [hits[i].length for i in group]
+            entries = _kv.split(caches, prefix_lengths, [tokens.shape[1]] * len(group))
+            mx.eval(rows, entries)
+            for i, entry in zip(group, entries):
+                self.kv_cache.insert(contexts[i], entry, _kv.nbytes(entry))
+        return rows
+
+    def _recompute(self, contexts: list[tuple[int, ...]]) -> list[mx.array]:
+        """Full forward passes, one per context length (equal lengths need no padding)."""
+        rows: list[mx.array | None] = [None] * len(contexts)
+        for group in _group_by(len(c) for c in contexts):
+            tokens = mx.array([contexts[i] for i in group])
+            logits = self._last_logits(tokens, make_prompt_cache(self.model))
+            for i, row in zip(group, _log_softmax(logits)):
+                rows[i] = row
+        return rows
+
+    def _last_logits(self, tokens: mx.array, cache: list[Any]) -> mx.array:
+        """Logits after the last column of ``tokens``, shape ``(rows, V)``, filling ``cache``.
+
+        All but the last token go through a first call whose logits are never evaluated:
+        MLX is lazy, so the vocabulary projection of those positions is never computed
+        (for a 160-token prompt and a 50k vocabulary that is most of the work). Long runs
+        go in chunks of ``prefill_chunk_size``, evaluating the cache after each.
+        """
+        step = self.prefill_chunk_size
+        for start in range(0, tokens.shape[1] - 1, step):
+            self.model(tokens[:, start : min(start + step, tokens.shape[1] - 1)], cache=cache)
+            if tokens.shape[1] - 1 > step:
+                mx.eval([c.state for c in cache])
+        return self.model(tokens[:, -1:], cache=cache)[:, -1, :]
+
+    def _clear_backend_cache(self) -> None:
+        self.kv_cache.clear()
+
+    def _close_backend(self) -> None:
+        self.kv_cache.clear()
+        mx.clear_cache()
+
+
+def _log_softmax(logits: mx.array) -> mx.array:
+    """Row-wise log-softmax in float32 (bf16 logits are upcast first)."""
+    logits = logits.astype(mx.float32)
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def _group_by(keys: Iterable[int]) -> list[list[int]]:
+    """Indices grouped by equal key, in first-seen order."""
+    groups: dict[int, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def _materialize(model: nn.Module) -> None:
+    """Evaluate every array of ``model`` here, so the worker thread can use them."""
+    arrays = [v for _, v in tree_flatten(model) if isinstance(v, mx.array)]
+    try:
+        mx.eval(arrays)
+    except RuntimeError as exc:
+        if "Stream" not in str(exc):
+            raise
+        raise RuntimeError(
+            "the MLX model holds lazy arrays built on another thread; construct MLXLM "
+            "on the thread that loaded the model (or load it with lazy=False there)"
+        ) from exc
+
+
+def _unwrap(tokenizer: Any) -> Any:
+    """The transformers tokenizer inside mlx-lm's ``TokenizerWrapper`` (or ``tokenizer`` itself).
+
+    The wrapper only forwards attribute lookups, so core's vocabulary reader cannot
+    recognise it; mlx-lm keeps the wrapped tokenizer in ``_tokenizer``.
+    """
+    return getattr(tokenizer, "_tokenizer", tokenizer)

@@ -1,0 +1,18 @@
+"""The core conformance kit, run on the mlx backend with stories260K."""
+
+from __future__ import annotations
+
+import pytest
+
+from genlm.core.testing import AsyncLMConformance
+
+
+class TestMLXConformance(AsyncLMConformance):
+    @pytest.fixture(scope="class")
+    def lm(self):
+        """stories260K loaded through the registry with ``backend="mlx"``."""
+        from genlm.core import load_model_by_name
+
+        model = load_model_by_name("stories260K", backend="mlx")
+        yield model
+        model.close()

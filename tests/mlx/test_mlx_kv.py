@@ -1,0 +1,191 @@
+"""Prefix KV reuse, its fallback for non-resumable caches, bf16 output and thread affinity."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx_lm
+import numpy as np
+import pytest
+from mlx_lm.models.cache import RotatingKVCache
+
+from genlm.backends.mlx import MLXLM
+
+
+class Spy(nn.Module):
+    """Wraps an mlx-lm model, records each forward's input shape, optionally swaps its caches."""
+
+    def __init__(self, inner, make_cache=None):
+        super().__init__()
+        self.inner = inner
+        self.args = inner.args
+        self._make_cache = make_cache
+        self._shapes = []
+
+    def __call__(self, inputs, cache=None):
+        self._shapes.append(tuple(inputs.shape))
+        return self.inner(inputs, cache=cache)
+
+    @property
+    def layers(self):
+        return self.inner.layers
+
+    def make_cache(self):
+        return self._make_cache(self.inner) if self._make_cache else self.inner.make_cache()
+
+
+def plain_logprobs(model, context):
+    """Independent expectation: one uncached full forward of ``context`` alone."""
+    logits = model(mx.array([list(context)]))[0, -1].astype(mx.float32)
+    return np.array(logits - mx.logsumexp(logits))
+
+
+@pytest.fixture(scope="module")
+def stories(stories_dir):
+    """stories260K as mlx-lm loads it: (model, TokenizerWrapper)."""
+    return mlx_lm.load(stories_dir)
+
+
+def test_extension_runs_only_new_tokens(stories):
+    """A context extending a cached one runs only its new tokens, and gets the exact answer."""
+    model, tokenizer = stories
+    spy = Spy(model)
+    lm = MLXLM(spy, tokenizer, cache_bytes=0)
+    prompt = [1, 403, 407, 261, 378, 432]
+    lm.next_token_logprobs_sync(prompt)
+    rows = lm.batch_next_token_logprobs_sync([prompt + [383], prompt + [322, 260]])
+    assert sum(b * n for b, n in spy._shapes) == 6 + 1 + 2
+    for context, row in zip([prompt + [383], prompt + [322, 260]], rows):
+        np.testing.assert_allclose(row, plain_logprobs(model, context), atol=1e-5)
+    lm.close()
+
+
+def test_chunked_prefill_matches_plain_forward(stories):
+    """Prefilling in chunks of 4 tokens, cold and resumed, gives the plain forward's answer."""
+    model, tokenizer = stories
+    spy = Spy(model)
+    lm = MLXLM(spy, tokenizer, cache_bytes=0, prefill_chunk_size=4)
+    context = [1, 403, 407, 261, 378, 432, 383, 322, 260, 11, 12, 13, 14]
+    for n in (10, 13):
+        row = lm.next_token_logprobs_sync(context[:n])
+        np.testing.assert_allclose(row, plain_logprobs(model, context[:n]), atol=1e-5)
+    assert max(n for _, n in spy._shapes) == 4
+    assert sum(n for _, n in spy._shapes) == 13
+    with pytest.raises(ValueError, match="prefill_chunk_size"):
+        MLXLM(model, tokenizer, prefill_chunk_size=0)
+    lm.close()
+
+
+def test_kv_budget_bounds_the_cache(stories):
+    """The prefix cache stays within kv_cache_bytes, and a zero budget turns reuse off."""
+    model, tokenizer = stories
+    lm = MLXLM(model, tokenizer, cache_bytes=0, kv_cache_bytes=20_000)
+    for n in range(2, 12):
+        lm.next_token_logprobs_sync(list(range(1, n + 20)))
+        assert lm.kv_cache.nbytes <= 20_000
+    lm.close()
+    spy = Spy(model)
+    off = MLXLM(spy, tokenizer, cache_bytes=0, kv_cache_bytes=0)
+    off.next_token_logprobs_sync([1, 2, 3])
+    off.next_token_logprobs_sync([1, 2, 3, 4])
+    assert sum(b * n for b, n in spy._shapes) == 3 + 4 and len(off.kv_cache) == 0
+    off.close()
+
+
+def test_rotating_cache_with_keep_falls_back_with_one_warning(stories, caplog):
+    """RotatingKVCache(keep=4) layers give one warning, full recomputation and exact results."""
+    model, tokenizer = stories
+    spy = Spy(model, lambda m: [RotatingKVCache(max_size=1024, keep=4) for _ in m.layers])
+    with caplog.at_level(logging.WARNING, logger="genlm.backends.mlx._model"):
+        lm = MLXLM(spy, tokenizer, cache_bytes=0)
+        contexts = [[1, 403, 407], [1, 403, 407, 261], [1, 9, 8, 7], [1, 403, 407, 261, 378]]
+        lm.next_token_logprobs_sync(contexts[0])
+        rows = lm.batch_next_token_logprobs_sync(contexts[1:])
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "RotatingKVCache" in warnings[0].getMessage()
+    assert not lm.resumable
+    # Whole contexts (3, then 4 + 4 + 5 tokens), the two of length 4 in one pass.
+    assert sum(b * n for b, n in spy._shapes) == 3 + 4 + 4 + 5
+    assert max(b for b, _ in spy._shapes) == 2
+    for context, row in zip(contexts[1:], rows):
+        np.testing.assert_allclose(row, plain_logprobs(model, context), atol=1e-5)
+    lm.close()
+
+
+def test_state_space_model_falls_back(stories_dir, caplog):
+    """A Mamba model (ArraysCache) warns once and matches its own uncached forward."""
+    from mlx_lm.models import mamba
+    from transformers import AutoTokenizer
+
+    args = mamba.ModelArgs(
+        model_type="mamba",
+        vocab_size=512,
+        hidden_size=32,
+        intermediate_size=64,
+        state_size=8,
+        num_hidden_layers=2,
+        conv_kernel=4,
+        use_bias=False,
+        use_conv_bias=True,
+        time_step_rank=4,
+    )
+    mx.random.seed(0)
+    model = mamba.Model(args)
+    with caplog.at_level(logging.WARNING, logger="genlm.backends.mlx._model"):
+        lm = MLXLM(model, AutoTokenizer.from_pretrained(stories_dir), cache_bytes=0)
+    assert [r for r in caplog.records if "ArraysCache" in r.getMessage()]
+    contexts = [[1, 5, 9], [1, 5, 9, 11], [1, 5, 10]]
+    rows = lm.batch_next_token_logprobs_sync(contexts)
+    for context, row in zip(contexts, rows):
+        np.testing.assert_allclose(row, plain_logprobs(model, context), atol=1e-5)
+    lm.close()
+
+
+def test_bf16_model_returns_float32_close_to_fp32(stories_dir):
+    """A bf16 model yields float32 rows within bf16 accuracy of the fp32 model."""
+    fp32 = MLXLM.from_name(stories_dir, cache_bytes=0)
+    model, tokenizer = mlx_lm.load(stories_dir)
+    model.set_dtype(mx.bfloat16)
+    bf16 = MLXLM(model, tokenizer, cache_bytes=0)
+    contexts = [[1, 403, 407, 261, 378], [1, 403, 407], [1, 403, 407, 261, 378, 432]]
+    rows = bf16.batch_next_token_logprobs_sync(contexts)
+    assert rows.dtype == np.float32
+    expected = fp32.batch_next_token_logprobs_sync(contexts)
+    # bf16 keeps ~3 significant digits through 5 layers: compare where the mass is.
+    likely = expected > -10
+    np.testing.assert_allclose(rows[likely], expected[likely], atol=0.4)
+    np.testing.assert_array_equal(rows.argmax(1), expected.argmax(1))
+    assert np.abs(rows - expected).max() > 0  # really computed in bf16
+    fp32.close()
+    bf16.close()
+
+
+def test_model_built_on_another_thread_with_lazy_buffers(stories_dir):
+    """A model with lazy private buffers (Llama 3 RoPE) works when wrapped where it was built."""
+    result = {}
+
+    def build_and_query():
+        model, tokenizer = mlx_lm.load(
+            stories_dir,
+            model_config={
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 256,
+                }
+            },
+        )
+        lm = MLXLM(model, tokenizer, cache_bytes=0)
+        result["row"] = lm.next_token_logprobs_sync([1, 403, 407])
+        result["expected"] = plain_logprobs(model, [1, 403, 407])
+        lm.close()
+
+    thread = threading.Thread(target=build_and_query)
+    thread.start()
+    thread.join()
+    np.testing.assert_allclose(result["row"], result["expected"], atol=1e-5)
