@@ -42,14 +42,10 @@ def test_probe_names_the_missing_package(monkeypatch):
     assert "vllm is not installed" in plugin.unavailable_reason()
 
 
-def test_fast_route_conditions_read_but_never_set_the_environment(monkeypatch):
-    """The in-process route depends on the user's VLLM_ENABLE_V1_MULTIPROCESSING, left untouched."""
-    monkeypatch.setenv(MULTIPROCESSING_ENV, "1")
-    assert MULTIPROCESSING_ENV in in_process_sampler({})
-    monkeypatch.setenv(MULTIPROCESSING_ENV, "0")
-    assert in_process_sampler({}) is None
-    assert "parallel" in in_process_sampler({"tensor_parallel_size": 2})
-    assert "uni" in in_process_sampler({"distributed_executor_backend": "ray"})
-    import os
-
-    assert os.environ[MULTIPROCESSING_ENV] == "0"
+def test_fast_route_conditions_name_what_prevents_them():
+    """The in-process route needs vLLM's multiprocessing off and one model process."""
+    assert in_process_sampler({}, multiprocessing=False) is None
+    assert MULTIPROCESSING_ENV in in_process_sampler({}, multiprocessing=True)
+    assert "parallel" in in_process_sampler({"tensor_parallel_size": 2}, multiprocessing=False)
+    ray = {"distributed_executor_backend": "ray"}
+    assert "uni" in in_process_sampler(ray, multiprocessing=False)

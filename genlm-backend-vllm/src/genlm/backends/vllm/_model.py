@@ -27,7 +27,6 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
-import os
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -67,9 +66,13 @@ def build_vocabulary(tokenizer: Any, size: int) -> Vocabulary:
     )
 
 
-def in_process_sampler(engine_opts: dict[str, Any]) -> str | None:
-    """None when vLLM's sampler will run in this process, else why not."""
-    if os.environ.get(MULTIPROCESSING_ENV, "1").strip().lower() not in ("0", "false"):
+def in_process_sampler(engine_opts: dict[str, Any], multiprocessing: bool) -> str | None:
+    """None when vLLM's sampler will run in this process, else why not.
+
+    ``multiprocessing`` is vLLM's reading of ``VLLM_ENABLE_V1_MULTIPROCESSING``
+    (``vllm.envs``, which vLLM caches once an engine has started).
+    """
+    if multiprocessing:
         return f"{MULTIPROCESSING_ENV} is not 0 (the engine core runs in a child process)"
     world = int(engine_opts.get("tensor_parallel_size", 1)) * int(
         engine_opts.get("pipeline_parallel_size", 1)
@@ -136,7 +139,9 @@ class VLLMLM(BatchedLM):
             )
         if row_source == "logprobs":
             return row_source
-        reason = in_process_sampler(opts)
+        import vllm.envs
+
+        reason = in_process_sampler(opts, bool(vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING))
         if reason is None:
             return "processor"
         if row_source == "processor":
