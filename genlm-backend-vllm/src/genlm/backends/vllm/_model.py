@@ -106,6 +106,8 @@ class VLLMLM(BatchedLM):
         config = AutoConfig.from_pretrained(model_path)
         vocab_size = getattr(config.get_text_config(), "vocab_size", None) or len(tokenizer)
         kwargs.setdefault("name", f"vllm:{Path(model_path).name}")
+        # vLLM schedules within a batch itself; a large batch lets it fill every step.
+        kwargs.setdefault("max_batch_size", 128)
         super().__init__(build_vocabulary(tokenizer, vocab_size), tokenizer, **kwargs)
         self.row_source = self._choose_row_source(row_source, opts)
         self._keys = itertools.count()
@@ -205,7 +207,13 @@ class VLLMLM(BatchedLM):
                 ),
             )
             requests.append((key, list(context), params))
-        outputs = self._run(requests, self._lora_request(variant))
+        try:
+            outputs = self._run(requests, self._lora_request(variant))
+        except BaseException:
+            if self._sink is not None:  # drop rows captured before the failure
+                for key in keys:
+                    self._sink.pop(key)
+            raise
         if self.row_source == "logprobs":
             return np.stack([self._row_from_logprobs(outputs[k]) for k in keys])
         import torch
