@@ -38,7 +38,7 @@ def test_all_lists_exactly_the_public_names():
         for name in dir(genlm.core)
         if not name.startswith("_") and not isinstance(getattr(genlm.core, name), type(genlm.core))
     }
-    assert set(genlm.core.__all__) == public
+    assert set(genlm.core.__all__) == public == set(genlm.core._EXPORTS)
     assert genlm.core.__version__ != "0+unknown"
 
 

@@ -4,14 +4,16 @@ Public names load lazily (module ``__getattr__``), so ``import genlm.core`` and 
 ``genlm`` CLI start fast; numpy and asyncio load with the first name that needs them.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 #: Public name -> the private module defining it.
 _EXPORTS = {
     "AsyncLM": "_protocol",
+    "AsyncTokenByteTrie": "_async_trie",
+    "EOS_EDGE": "_trie",
+    "TokenByteTrie": "_trie",
     "AutoBatcher": "_scheduler",
     "BackendNotFoundError": "_errors",
     "BackendSpec": "_registry",
@@ -35,10 +37,36 @@ _EXPORTS = {
     "resolve_model_path": "_models",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "EOS_EDGE",
+    "AsyncLM",
+    "AsyncTokenByteTrie",
+    "AutoBatcher",
+    "BackendNotFoundError",
+    "BackendSpec",
+    "BackendUnavailableError",
+    "BatchedLM",
+    "DEFAULT_MODEL",
+    "GenLMError",
+    "InvalidContextError",
+    "ModelClosedError",
+    "ModelWorker",
+    "OutputCache",
+    "PluginLoadError",
+    "PrefixCache",
+    "PrefixHit",
+    "Registry",
+    "TokenByteTrie",
+    "Vocabulary",
+    "VocabularyMismatchError",
+    "decode_vocab",
+    "get_registry",
+    "load_model_by_name",
+    "resolve_model_path",
+]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     if name == "__version__":
         from importlib.metadata import PackageNotFoundError, version
 
@@ -49,7 +77,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'genlm.core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"genlm.core.{module}"), name)
+    value = getattr(_importlib.import_module(f"genlm.core.{module}"), name)
     globals()[name] = value
     return value
 
@@ -58,7 +86,8 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS) | {"__version__"})
 
 
-if TYPE_CHECKING:
+if _TYPE_CHECKING:
+    from genlm.core._async_trie import AsyncTokenByteTrie
     from genlm.core._errors import (
         BackendNotFoundError,
         BackendUnavailableError,
@@ -75,5 +104,6 @@ if TYPE_CHECKING:
     from genlm.core._protocol import AsyncLM
     from genlm.core._registry import BackendSpec, Registry, get_registry, load_model_by_name
     from genlm.core._scheduler import AutoBatcher
+    from genlm.core._trie import EOS_EDGE, TokenByteTrie
     from genlm.core._vocab import Vocabulary, decode_vocab
     from genlm.core._worker import ModelWorker

@@ -271,7 +271,7 @@ class BatchedLM(abc.ABC):
         if self._closed:
             return
         self._closed = True
-        self.batcher._closed = True
+        self.batcher.reject_new()
         self.worker.call(self._close_backend)
         self.worker.close()
         self.output_cache.clear()

@@ -222,9 +222,13 @@ class AutoBatcher(Generic[I, R]):
         if not self._closed:
             self._flush(state, partial=True)
 
+    def reject_new(self) -> None:
+        """Refuse further submissions (for closing outside an event loop)."""
+        self._closed = True
+
     async def aclose(self) -> None:
         """Fail queued requests, wait for in-flight batches, cancel timers. Idempotent."""
-        self._closed = True
+        self.reject_new()
         closed = ModelClosedError("the model was closed before this request ran")
         for state in list(self._states.values()):
             if state.timer is not None:

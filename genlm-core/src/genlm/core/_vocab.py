@@ -1,41 +1,484 @@
-"""TEMPORARY minimal Vocabulary; replaced by the vocab branch at merge."""
+"""Byte vocabularies: the exact bytes every token id of a model contributes to text.
+
+Byte-level samplers, tries and constraints work on bytes, not on token strings, so every
+tokenizer family has to be reduced to one table ``tokens[id] -> bytes``. The table is read
+from the tokenizer's own vocabulary (never by reloading a tokenizer by name, and never by
+calling ``decode([i])`` per id, which mangles byte-fallback pieces and strips spaces).
+
+This module imports only the standard library, numpy and attrs. transformers, tokenizers and
+tiktoken are recognised by duck typing and never imported here.
+"""
 
 from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import accumulate
+from pathlib import Path
+from typing import Any
 
 import attrs
 import numpy as np
 
+__all__ = ["Vocabulary", "decode_vocab"]
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+_SPIECE_SPACE = "\u2581"  # "▁", SentencePiece's stand-in for a space
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from each byte to a printable character (its ``encoder.py``)."""
+    bs = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+# Byte-level tokens are mapped with str.translate then latin-1 encoding: both run in C, which
+# keeps Llama 3's 128k tokens well under a second.
+_BYTE_LEVEL_TRANSLATE = {ord(ch): b for b, ch in _bytes_to_unicode().items()}
+
+
+def _byte_level_bytes(token: str) -> bytes:
+    """Bytes of a GPT-2 style byte-level token string."""
+    try:
+        return token.translate(_BYTE_LEVEL_TRANSLATE).encode("latin-1")
+    except UnicodeEncodeError:
+        # Not a byte-level string (a character outside the 256-character alphabet): the
+        # token is literal text, e.g. one added by hand to the model vocabulary.
+        return token.encode("utf-8")
+
+
+def _byte_level_many(tokens: list[str]) -> list[bytes]:
+    """Bytes of many byte-level tokens: one translate and one encode over their concatenation."""
+    try:
+        data = "".join(tokens).translate(_BYTE_LEVEL_TRANSLATE).encode("latin-1")
+    except UnicodeEncodeError:
+        return [_byte_level_bytes(t) for t in tokens]
+    # Every character became one byte, so character offsets are byte offsets.
+    ends = list(accumulate(map(len, tokens)))
+    return [data[start:end] for start, end in zip([0, *ends], ends)]
+
+
+def _sentencepiece_bytes(token: str, space: str, byte_fallback: bool) -> bytes:
+    """Bytes of a SentencePiece piece: ``<0xNN>`` is one raw byte and ``space`` is b" "."""
+    if byte_fallback and len(token) == 6:
+        m = _BYTE_PIECE.fullmatch(token)
+        if m:
+            return bytes([int(m.group(1), 16)])
+    return token.replace(space, " ").encode("utf-8")
+
+
+@attrs.frozen(slots=False)
+class _Scheme:
+    """How a tokenizer family spells bytes in its token strings."""
+
+    kind: str  # "byte_level", "sentencepiece" or "plain"
+    space: str = _SPIECE_SPACE  # sentencepiece only: the character standing for b" "
+    byte_fallback: bool = False  # sentencepiece only: ``<0xNN>`` pieces are raw bytes
+
+    def to_bytes(self, tokens: list[str]) -> list[bytes]:
+        """Bytes of each token string."""
+        if self.kind == "byte_level":
+            return _byte_level_many(tokens)
+        if self.kind == "sentencepiece":
+            return [_sentencepiece_bytes(t, self.space, self.byte_fallback) for t in tokens]
+        return [t.encode("utf-8") for t in tokens]
+
+
+def _components(node: Any) -> Iterator[dict]:
+    """Yield a tokenizers.json component and, recursively, the members of its Sequence."""
+    if not isinstance(node, dict):
+        return
+    yield node
+    for key in (
+        "decoders",
+        "normalizers",
+        "pretokenizers",
+        "pre_tokenizers",
+        "processors",
+    ):
+        for child in node.get(key) or ():
+            yield from _components(child)
+
+
+def _scheme_from_spec(spec: Mapping[str, Any]) -> _Scheme:
+    """Pick the byte spelling from a tokenizer.json's decoder, pre-tokenizer, normalizer, model."""
+    decoder = list(_components(spec.get("decoder")))
+    pre = list(_components(spec.get("pre_tokenizer")))
+    normalizer = list(_components(spec.get("normalizer")))
+    model = spec.get("model") or {}
+    types = {c.get("type") for c in decoder + pre}
+    byte_fallback = bool(model.get("byte_fallback")) or "ByteFallback" in types
+    if "ByteLevel" in types:
+        return _Scheme("byte_level")
+    for c in decoder + pre:
+        if c.get("type") == "Metaspace":
+            return _Scheme("sentencepiece", c.get("replacement", _SPIECE_SPACE), byte_fallback)
+    for c in decoder:  # Llama 2 style: Replace("▁", " ") in the decoder
+        pattern = (c.get("pattern") or {}).get("String")
+        if c.get("type") == "Replace" and c.get("content") == " " and pattern:
+            return _Scheme("sentencepiece", pattern, byte_fallback)
+    for c in normalizer:  # ... or Replace(" ", "▁") in the normalizer
+        pattern = (c.get("pattern") or {}).get("String")
+        if c.get("type") == "Replace" and pattern == " " and c.get("content"):
+            return _Scheme("sentencepiece", c["content"], byte_fallback)
+    if byte_fallback:
+        return _Scheme("sentencepiece", _SPIECE_SPACE, True)
+    return _Scheme("plain")
+
+
+def _guess_scheme(tokens: Iterable[str | None]) -> _Scheme:
+    """Guess the byte spelling from the token strings alone (slow tokenizers of unknown class)."""
+    toks = [t for t in tokens if t]
+    present = set(toks)
+    if sum(f"<0x{b:02X}>" in present for b in range(256)) == 256:
+        return _Scheme("sentencepiece", _SPIECE_SPACE, True)
+    alphabet = set(_bytes_to_unicode().values())
+    if "Ġ" in "".join(toks[:5000]) and all(
+        set(t) <= alphabet for t in toks if not t.startswith("<")
+    ):
+        return _Scheme("byte_level")
+    if any(_SPIECE_SPACE in t for t in toks):
+        return _Scheme("sentencepiece", _SPIECE_SPACE, False)
+    return _Scheme("plain")
+
+
+def _model_vocab(model: Mapping[str, Any]) -> dict[int, str]:
+    """Map id to token string for a tokenizer.json ``model`` (Unigram keeps a list of pairs)."""
+    vocab = model.get("vocab") or {}
+    if isinstance(vocab, list):
+        return {i: entry[0] for i, entry in enumerate(vocab)}
+    return {int(i): tok for tok, i in vocab.items()}
+
+
+def _build(
+    model_tokens: Mapping[int, str],
+    added: Mapping[int, tuple[str, bool]],
+    scheme: _Scheme,
+    size: int | None,
+    *,
+    extra_special: Iterable[int] = (),
+    bos: int | None = None,
+    eos: Iterable[int] = (),
+) -> Vocabulary:
+    """Build a Vocabulary from model tokens, added tokens ``id -> (content, special)``, a scheme."""
+    ids = [*model_tokens, *added]
+    n = max(ids) + 1 if ids else 0
+    if size is None:
+        size = n
+    elif size < n:
+        raise ValueError(f"size={size} is smaller than the tokenizer's {n} token ids")
+    tokens = [b""] * size
+    assigned = np.zeros(size, dtype=bool)
+    model_ids = list(model_tokens)
+    for i, b in zip(model_ids, scheme.to_bytes(list(model_tokens.values()))):
+        tokens[i] = b
+    assigned[model_ids] = True
+    special = set(extra_special)
+    for i, (content, is_special) in added.items():
+        # Added tokens are matched on the raw input text, so their bytes are their content.
+        tokens[i] = content.encode("utf-8")
+        assigned[i] = True
+        if is_special:
+            special.add(i)
+    unused = frozenset(np.flatnonzero(~assigned).tolist())
+    return Vocabulary(
+        tokens=tuple(tokens),
+        special_ids=frozenset(special) - unused,
+        unused_ids=unused,
+        bos_token_id=bos,
+        eos_token_ids=tuple(e for e in eos if e is not None),
+    )
+
+
+def _template_bos(post_processor: Any) -> str | None:
+    """The special token a TemplateProcessing post-processor puts first, if any (the BOS)."""
+    for c in _components(post_processor):
+        if c.get("type") == "TemplateProcessing":
+            first = (c.get("single") or [None])[0]
+            if isinstance(first, dict) and "SpecialToken" in first:
+                return first["SpecialToken"]["id"]
+    return None
+
+
+def _token_name(value: Any) -> str | None:
+    """A token named in tokenizer_config.json: a string or a serialized AddedToken dict."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _is_transformers(tokenizer: Any) -> bool:
+    return any(c.__module__.startswith("transformers.") for c in type(tokenizer).__mro__)
+
+
+def _from_tokenizers_backend(
+    tokenizer: Any,
+) -> tuple[dict[int, str], dict[int, tuple[str, bool]], dict]:
+    """Read a ``tokenizers.Tokenizer`` through its getters (``to_str`` is ~1 s on Llama 3)."""
+    model_tokens = {i: tok for tok, i in tokenizer.get_vocab(with_added_tokens=False).items()}
+    added = {
+        int(i): (t.content, bool(t.special))
+        for i, t in tokenizer.get_added_tokens_decoder().items()
+    }
+
+    def state(component: Any) -> Any:
+        return None if component is None else json.loads(component.__getstate__())
+
+    spec = {
+        "decoder": state(tokenizer.decoder),
+        "pre_tokenizer": state(tokenizer.pre_tokenizer),
+        "normalizer": state(tokenizer.normalizer),
+        "post_processor": state(tokenizer.post_processor),
+        "model": {"byte_fallback": bool(getattr(tokenizer.model, "byte_fallback", False))},
+    }
+    return model_tokens, added, spec
+
+
+def _from_tiktoken(encoding: Any, size: int | None) -> Vocabulary:
+    """Read a tiktoken ``Encoding``: its mergeable ranks are already bytes."""
+    specials: dict[str, int] = dict(getattr(encoding, "_special_tokens", None) or {})
+    ranks: dict[bytes, int] | None = getattr(encoding, "_mergeable_ranks", None)
+    n = encoding.n_vocab
+    if size is not None and size < n:
+        raise ValueError(f"size={size} is smaller than the tokenizer's {n} token ids")
+    size = n if size is None else size
+    tokens = [b""] * size
+    assigned = np.zeros(size, dtype=bool)
+    if ranks is not None:
+        for tok, i in ranks.items():
+            tokens[i] = tok
+            assigned[i] = True
+    else:  # no private table: ask id by id, holes raise KeyError
+        special_values = set(specials.values())
+        for i in range(n):
+            if i in special_values:
+                continue
+            try:
+                tokens[i] = encoding.decode_single_token_bytes(i)
+                assigned[i] = True
+            except KeyError:
+                pass
+    for text, i in specials.items():
+        tokens[i] = text.encode("utf-8")
+        assigned[i] = True
+    eos = [specials[t] for t in ("<|endoftext|>", "<|end_of_text|>") if t in specials]
+    unused = frozenset(np.flatnonzero(~assigned).tolist())
+    return Vocabulary(
+        tokens=tuple(tokens),
+        special_ids=frozenset(specials.values()),
+        unused_ids=unused,
+        bos_token_id=specials.get("<|begin_of_text|>"),
+        eos_token_ids=tuple(eos[:1]),
+    )
+
+
+def _from_transformers(tokenizer: Any, size: int | None) -> Vocabulary:
+    """Read a transformers tokenizer, fast (tokenizers backend) or slow (Python / SentencePiece)."""
+    special = {int(i) for i in getattr(tokenizer, "all_special_ids", ()) or ()}
+    bos = tokenizer.bos_token_id
+    eos = [tokenizer.eos_token_id]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        model_tokens, added, spec = _from_tokenizers_backend(backend)
+        scheme = _scheme_from_spec(spec)
+    else:
+        added = {
+            int(i): (t.content, bool(t.special))
+            for i, t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items()
+        }
+        n = max([len(tokenizer), *(i + 1 for i in added)])
+        pieces = tokenizer.convert_ids_to_tokens(list(range(n)))
+        model_tokens = {i: p for i, p in enumerate(pieces) if p is not None and i not in added}
+        sp_model = getattr(tokenizer, "sp_model", None)
+        if getattr(tokenizer, "byte_decoder", None) is not None:
+            scheme = _Scheme("byte_level")
+        elif sp_model is not None:
+            scheme = _Scheme("sentencepiece", _SPIECE_SPACE, True)
+            for i in model_tokens:
+                if i < sp_model.get_piece_size() and (
+                    sp_model.is_control(i) or sp_model.is_unknown(i)
+                ):
+                    special.add(i)
+        else:
+            scheme = _guess_scheme(model_tokens.values())
+        # convert_ids_to_tokens returns the unk token for ids it does not know: those are holes.
+        unk = getattr(tokenizer, "unk_token_id", None)
+        if unk is not None:
+            model_tokens = {
+                i: p for i, p in model_tokens.items() if i == unk or p != tokenizer.unk_token
+            }
+    return _build(model_tokens, added, scheme, size, extra_special=special, bos=bos, eos=eos)
+
 
 @attrs.frozen
 class Vocabulary:
-    tokens: tuple[bytes, ...]
-    special_ids: frozenset[int] = frozenset()
-    unused_ids: frozenset[int] = frozenset()
+    """The byte string of every token id of a model.
+
+    ``tokens[i]`` is exactly what token ``i`` contributes to the decoded byte stream: byte-level
+    BPE (GPT-2, Llama 3, tiktoken) maps each character back through GPT-2's byte-to-unicode
+    table; SentencePiece-style BPE (Llama 2, stories260K) turns ``▁`` into b" " and
+    ``<0xNN>`` into the single byte 0xNN. Token identity is the id: two ids may hold equal bytes
+    (e.g. SentencePiece ``▁`` and ``<0x20>`` are both b" ").
+
+    The byte-exact property, for ``ids = tokenizer.encode(s, add_special_tokens=False)`` where
+    ``s`` contains no special-token literal: ``vocab.decode(ids) == s.encode("utf-8")`` for
+    byte-level tokenizers, and ``== b" " + s.encode("utf-8")`` for tokenizers that add a dummy
+    prefix (the ``Prepend("▁")`` normalizer of Llama 2 and stories260K, or Metaspace with a
+    prepend scheme; for them the empty string encodes to no ids at all). The leading b" " is
+    real: it is the first token's ``▁``, which ``tokenizer.decode`` strips afterwards. Those
+    tokenizers also read a literal ``▁`` (U+2581) in the text as a space ("a▁b" and "a b" get
+    the same ids), so for them the join is ``b" " + s.replace("▁", " ").encode("utf-8")``. WordPiece
+    (``##``) vocabularies are not byte-exact and come out as their raw token text.
+
+    ``special_ids`` are added tokens flagged special (plus control/unknown pieces of slow
+    SentencePiece tokenizers). They are never ordinary text: the tokenizer emits them only when
+    it matches their literal in the input or adds them itself, so ``tokens[i]`` holds their
+    literal only for display and ``decode`` skips them by default. Added tokens that are not
+    flagged special are ordinary text whose bytes are their content. ``unused_ids`` are holes
+    in the id space and padding rows of a model whose logits are wider than the tokenizer;
+    their bytes are b"".
+    """
+
+    tokens: tuple[bytes, ...] = attrs.field(converter=tuple)
+    special_ids: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
+    unused_ids: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
     bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = ()
+    eos_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        # Validate once here so every consumer can trust ids and bytes without rechecking.
+        n = len(self.tokens)
+        named = [*self.special_ids, *self.unused_ids, *self.eos_token_ids]
+        if self.bos_token_id is not None:
+            named.append(self.bos_token_id)
+        bad = [i for i in named if not 0 <= i < n]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is out of range for a vocabulary of {n} tokens")
+        both = self.special_ids & self.unused_ids
+        if both:
+            raise ValueError(f"token id {min(both)} is both special and unused")
+        filled = [i for i in self.unused_ids if self.tokens[i]]
+        if filled:
+            raise ValueError(
+                f"unused token id {min(filled)} has bytes {self.tokens[min(filled)]!r}; "
+                "unused ids hold b''"
+            )
+        if not set(map(type, self.tokens)) <= {bytes}:
+            i = next(i for i, t in enumerate(self.tokens) if type(t) is not bytes)
+            raise TypeError(f"token id {i} is {type(self.tokens[i]).__name__}, not bytes")
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def __getitem__(self, i: int) -> bytes:
+        i = int(i)
+        if not 0 <= i < len(self.tokens):
+            raise IndexError(
+                f"token id {i} is out of range for a vocabulary of {len(self.tokens)} tokens"
+            )
         return self.tokens[i]
 
     def is_special(self, i: int) -> bool:
-        return i in self.special_ids
+        return int(i) in self.special_ids
 
     @property
     def byte_vocab(self) -> list[bytes]:
+        """The bytes of every id as a list, the shape most trie builders take."""
         return list(self.tokens)
 
     @property
     def text_ids(self) -> np.ndarray:
-        skip = self.special_ids | self.unused_ids
-        return np.array([i for i in range(len(self.tokens)) if i not in skip], dtype=np.int64)
+        """Sorted ids of ordinary tokens, the only ones a byte-level constraint can reach."""
+        mask = np.ones(len(self.tokens), dtype=bool)
+        excluded = [*self.special_ids, *self.unused_ids]
+        if excluded:
+            mask[np.fromiter(excluded, dtype=np.int64, count=len(excluded))] = False
+        return np.flatnonzero(mask)
+
+    def decode(self, ids: Iterable[int], *, keep_special: bool = False) -> bytes:
+        """Join the bytes of ``ids``; special ids are skipped unless ``keep_special``."""
+        n = len(self.tokens)
+        out = []
+        for raw in ids:
+            i = int(raw)
+            if not 0 <= i < n:
+                raise ValueError(f"token id {i} is out of range for a vocabulary of {n} tokens")
+            if keep_special or i not in self.special_ids:
+                out.append(self.tokens[i])
+        return b"".join(out)
 
     @classmethod
-    def from_tokenizer_json(cls, path):
-        raise NotImplementedError
+    def from_tokenizer(cls, tokenizer: Any, size: int | None = None) -> Vocabulary:
+        """Read a transformers tokenizer, a ``tokenizers.Tokenizer`` or a tiktoken ``Encoding``.
+
+        ``size`` is the model's logit width; ids from the tokenizer's size up to it are unused.
+        """
+        module = type(tokenizer).__module__
+        if module.startswith("tiktoken") or hasattr(tokenizer, "decode_single_token_bytes"):
+            return _from_tiktoken(tokenizer, size)
+        if _is_transformers(tokenizer):
+            return _from_transformers(tokenizer, size)
+        if module.startswith("tokenizers") or hasattr(tokenizer, "get_added_tokens_decoder"):
+            model_tokens, added, spec = _from_tokenizers_backend(tokenizer)
+            bos_name = _template_bos(spec["post_processor"])
+            bos = next((i for i, (c, _) in added.items() if c == bos_name), None)
+            return _build(model_tokens, added, _scheme_from_spec(spec), size, bos=bos)
+        raise TypeError(
+            f"cannot read a vocabulary from {type(tokenizer).__qualname__} ({module}); "
+            "expected a transformers tokenizer, a tokenizers.Tokenizer or a tiktoken Encoding"
+        )
+
+    @classmethod
+    def from_tokenizer_json(cls, path: str | Path, size: int | None = None) -> Vocabulary:
+        """Read a tokenizer.json (or a directory holding one) with the json module alone.
+
+        BOS and EOS come from tokenizer_config.json or special_tokens_map.json beside it; without
+        them BOS is the special token the post-processor template puts first and EOS is unknown.
+        """
+        path = Path(path)
+        directory, file = (path, path / "tokenizer.json") if path.is_dir() else (path.parent, path)
+        spec = json.loads(file.read_text(encoding="utf-8"))
+        model_tokens = _model_vocab(spec.get("model") or {})
+        added = {
+            int(t["id"]): (t["content"], bool(t.get("special", False)))
+            for t in spec.get("added_tokens") or ()
+        }
+        names: dict[str, Any] = {}
+        for name in (
+            "special_tokens_map.json",
+            "tokenizer_config.json",
+        ):  # the later file wins
+            if (directory / name).is_file():
+                names.update(json.loads((directory / name).read_text(encoding="utf-8")))
+        ids = {tok: i for i, tok in model_tokens.items()} | {c: i for i, (c, _) in added.items()}
+        bos_name = (
+            _token_name(names.get("bos_token"))
+            if "bos_token" in names
+            else _template_bos(spec.get("post_processor"))
+        )
+        eos_name = _token_name(names.get("eos_token"))
+        return _build(
+            model_tokens,
+            added,
+            _scheme_from_spec(spec),
+            size,
+            bos=ids.get(bos_name) if bos_name else None,
+            eos=[ids.get(eos_name)] if eos_name else [],
+        )
 
 
-def decode_vocab(tokenizer, size=None):
-    raise NotImplementedError
+def decode_vocab(tokenizer: Any, size: int | None = None) -> Vocabulary:
+    """Read a tokenizer's byte vocabulary; the same as :meth:`Vocabulary.from_tokenizer`."""
+    return Vocabulary.from_tokenizer(tokenizer, size)

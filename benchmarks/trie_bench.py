@@ -1,0 +1,221 @@
+"""Benchmark genlm.core's TokenByteTrie against genlm-bytes 0.2.0's TokenByteTrie.
+
+Both run on CPU on the same byte vocabularies (gpt2: 50,257 tokens; llama3.2:
+128,256) and the same random distributions; times are medians of repeated
+runs. The reference runs in its own venv (it needs torch), in a subprocess of
+this script: ``--ref-python /work/venvs/ref-bytes/bin/python``; without it the
+reference columns say so. The reference is used with its defaults (torch's
+default CPU threads, float32 weights); ours is single-threaded numpy, float64.
+
+Usage: python benchmarks/trie_bench.py [--ref-python PATH] [--repeats N]
+Writes benchmarks/results/trie.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+VOCABS = ("gpt2", "llama3.2")
+BATCHES = (1, 32)
+
+
+def tokenizers_dir() -> Path:
+    """``<repo>/../shared/models/tokenizers``, looking further up for worktrees."""
+    for d in REPO.parents:
+        if (d / "shared" / "models" / "tokenizers").is_dir():
+            return d / "shared" / "models" / "tokenizers"
+    return REPO.parent / "shared" / "models" / "tokenizers"
+
+
+def _unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's byte-to-unicode table (also used by llama3.2's ByteLevel)."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    bs += range(ord("®"), ord("ÿ") + 1)
+    cs = list(bs)
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def load_vocab(name: str) -> tuple[list[bytes], list[int], int]:
+    """Byte strings by id, the special (added) ids, and the EOS id."""
+    d = tokenizers_dir() / name
+    u2b = _unicode_to_byte()
+    if name == "gpt2":
+        pieces = json.loads((d / "vocab.json").read_text(encoding="utf-8"))
+        added: list[dict] = []
+    else:
+        tj = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+        pieces, added = tj["model"]["vocab"], tj["added_tokens"]
+    size = max([*pieces.values(), *(a["id"] for a in added)]) + 1
+    vocab = [b""] * size
+    for s, i in pieces.items():
+        vocab[i] = bytes(u2b[c] for c in s)
+    for a in added:
+        vocab[a["id"]] = a["content"].encode()
+    eos = 50256 if name == "gpt2" else 128001
+    return vocab, [a["id"] for a in added], eos
+
+
+def weights(V: int, B: int) -> np.ndarray:
+    """B rows of a peaked random distribution over V tokens (float64)."""
+    rng = np.random.default_rng(0)
+    return rng.dirichlet(np.full(V, 0.1), size=B)
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def bench_ours(repeats: int) -> dict:
+    from genlm.core._trie import TokenByteTrie
+
+    res = {}
+    for name in VOCABS:
+        vocab, special, eos = load_vocab(name)
+        builds = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            trie = TokenByteTrie(vocab, eos_token_ids=[eos], atomic_ids=special)
+            builds.append(time.perf_counter() - t0)
+        r = {"build_s": statistics.median(builds), "nodes": trie.num_nodes}
+        for B in BATCHES:
+            W = weights(len(vocab), B)
+            if B == 1:
+                w, lp = W[0], np.log(W[0])
+                r["sum_1"] = median_ms(partial(trie.weight_sum, w), repeats * 5)
+                r["max_1"] = median_ms(partial(trie.weight_max, w), repeats * 5)
+                r["logsum_1"] = median_ms(partial(trie.log_weight_sum, lp), repeats * 5)
+            else:
+                LP = np.log(W)
+                r[f"sum_{B}"] = median_ms(partial(trie.batch_weight_sum, W), repeats)
+                r[f"max_{B}"] = median_ms(partial(trie.batch_weight_max, W), repeats)
+                r[f"logsum_{B}"] = median_ms(partial(trie.batch_log_weight_sum, LP), repeats)
+        res[name] = r
+    return res
+
+
+def bench_ref(repeats: int) -> dict:
+    """Runs inside the reference venv."""
+    import warnings
+
+    import torch
+
+    from genlm.bytes.trie import TokenByteTrie, TrieMode
+
+    warnings.filterwarnings("ignore")
+    res = {"torch_threads": torch.get_num_threads()}
+    for name in VOCABS:
+        vocab, special, eos = load_vocab(name)
+        t0 = time.perf_counter()
+        # Plain bytes (its deprecated-but-supported input), EOS by byte string,
+        # special tokens atomic: the closest match to our configuration.
+        trie = TokenByteTrie(
+            vocab,
+            device="cpu",
+            atomic_byte_strings=[vocab[i] for i in special],
+            eos_byte_strings=[vocab[eos]],
+        )
+        r = {"build_s": time.perf_counter() - t0, "nodes": len(trie.children)}
+        for B in BATCHES:
+            W = torch.tensor(weights(len(vocab), B), dtype=torch.float32)
+            n = repeats * 5 if B == 1 else repeats
+            if B == 1:
+                r["sum_1"] = median_ms(partial(trie.weight_sum, W[0], TrieMode.WITH_EOS), n)
+                r["max_1"] = median_ms(partial(trie.weight_max, W[0]), n)
+            else:
+                r[f"sum_{B}"] = median_ms(partial(trie.batch_weight_sum, W, TrieMode.WITH_EOS), n)
+                r[f"max_{B}"] = median_ms(partial(trie.batch_weight_max, W), n)
+        res[name] = r
+    return res
+
+
+def table(ours: dict, ref: dict | None, note: str) -> str:
+    lines = [
+        "# Token-byte trie: genlm.core vs genlm-bytes 0.2.0",
+        "",
+        "CPU only, same vocabularies and distributions; median ms per call (build: seconds).",
+        "Ours: numpy, one thread, float64. Reference: genlm-bytes 0.2.0 `TokenByteTrie`",
+        "(torch sparse CSR matmul for sums, `scatter_reduce` for maxes), default settings,",
+        f"float32. {note}",
+        "",
+        "| vocab | nodes (ours / ref) | op | batch | ours | reference | speed-up |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name in VOCABS:
+        o, r = ours[name], (ref or {}).get(name, {})
+        nodes = f"{o['nodes']:,} / {r['nodes']:,}" if r else f"{o['nodes']:,} / -"
+        rows = [("build (s)", "-", "build_s")]
+        for B in BATCHES:
+            rows += [
+                ("weight_sum", B, f"sum_{B}"),
+                ("weight_max", B, f"max_{B}"),
+                ("log_weight_sum", B, f"logsum_{B}"),
+            ]
+        for op, B, key in rows:
+            ov, rv = o.get(key), r.get(key)
+            fmt = "{:.2f}" if key == "build_s" else "{:.3g}"
+            lines.append(
+                f"| {name} | {nodes} | {op} | {B} | {fmt.format(ov)} | "
+                + (fmt.format(rv) if rv is not None else "-")
+                + " | "
+                + (f"{rv / ov:.1f}x" if rv is not None else "-")
+                + " |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ref-python", help="python of a venv with genlm-bytes==0.2.0")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--ref-worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.ref_worker:
+        print(json.dumps(bench_ref(args.repeats)))
+        return
+    ours = bench_ours(args.repeats)
+    ref, note = None, "Reference not run (no --ref-python given)."
+    if args.ref_python and Path(args.ref_python).exists():
+        out = subprocess.run(
+            [args.ref_python, __file__, "--ref-worker", "--repeats", str(args.repeats)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        ref = json.loads(out.stdout.strip().splitlines()[-1])
+        note = f"Reference torch threads: {ref['torch_threads']}."
+    elif args.ref_python:
+        note = f"Reference not run ({args.ref_python} not found)."
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    note += f" Load average at the end (1/5/15 min): {load}; CPUs: {os.cpu_count()}."
+    md = table(ours, ref, note)
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "trie.md").write_text(md, encoding="utf-8")
+    print(md)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,340 @@
+"""Automatic KV reuse: per-segment KV deltas in core's ``PrefixCache``, and the batched past.
+
+Storage design. A cache entry for the context ``c[:m]`` holds a :class:`Segment`: the keys
+and values of the tokens ``c[start:m]`` only (for every layer, stacked in one tensor of shape
+``[layers, 2, kv_heads, m - start, head_dim]``), plus a weak reference to the segment of
+``c[:start]``, its parent. The full past of a context is the chain of segments from the root.
+So the SMC pattern (16 particles sharing a 160-token prompt, one token each per step) stores
+the prompt once and about one token per particle per step, instead of a full copy of every
+particle's context per step: memory grows with the number of distinct tokens, not with
+particles times context length.
+
+Why weak parent references: an entry evicted by the byte budget must free its memory even
+when children still exist, or the budget would not bound memory. A child whose parent died is
+an orphan; lookups drop orphans and fall back to a shorter prefix. Under memory pressure
+ancestors are touched root first, so LRU drops whole dead branches before the roots of live
+ones; a pinned prompt (``cache_kv``) pins its whole chain.
+
+Why merging: a chain of one-token segments would cost one trie walk and one tensor copy per
+token per request. When a new segment is stored, it absorbs its trailing ancestors while they
+are no longer than it (a binary counter), so chains stay logarithmic in the number of steps at
+the price of storing some tokens twice (about ``log2(steps)`` times on average, still tiny
+next to full-context copies).
+
+The batched past. Rows of a batch have different past lengths ``p_i`` and new lengths
+``n_i``. The past is left-padded to ``P = max p_i`` and the new tokens to ``N = max n_i``, in a
+preallocated buffer ``[layers, 2, B, kv_heads, P + N, head_dim]`` (reused between batches, so
+no page faults). A cache layer over that buffer writes the new keys and values in place
+instead of concatenating; the attention mask zeros the padded past and padded new positions,
+and explicit position ids give each row its own positions.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable, Sequence
+
+import attrs
+import numpy as np
+import torch
+
+from genlm.core import PrefixCache
+
+logger = logging.getLogger(__name__)
+
+try:  # transformers >= 4.56: caches are lists of layer objects we can subclass
+    from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+except ImportError:  # pragma: no cover - older transformers: concatenate into a DynamicCache
+    from transformers.cache_utils import DynamicCache
+
+    Cache = DynamicLayer = None
+
+#: Python-side overhead charged per stored segment, on top of its tensor bytes.
+SEGMENT_OVERHEAD_BYTES = 256
+
+
+class Segment:
+    """The keys and values of tokens ``start .. start + length`` of one context.
+
+    ``kv`` has shape ``[layers, 2, kv_heads, length, head_dim]``; ``parent`` is a weak
+    reference to the segment ending at ``start`` (None when ``start == 0``).
+    """
+
+    __slots__ = ("__weakref__", "kv", "parent", "start")
+
+    def __init__(self, start: int, kv: torch.Tensor, parent: Segment | None):
+        self.start = start
+        self.kv = kv
+        self.parent = None if parent is None else weakref.ref(parent)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.kv.shape[3]
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size() + SEGMENT_OVERHEAD_BYTES
+
+
+@attrs.define(eq=False)
+class Row:
+    """One context of a batch: which cached segments give its past, and what is left to run.
+
+    ``pieces`` are ``(segment, used)`` pairs in order; the first ``used`` tokens of each are
+    copied, and they add up to ``past``.
+    """
+
+    index: int
+    context: tuple[int, ...]
+    pieces: list[tuple[Segment, int]]
+    past: int
+
+    @property
+    def new(self) -> int:
+        return len(self.context) - self.past
+
+    @property
+    def extends_cached_entry(self) -> bool:
+        """Whether the past ends exactly at a stored segment (so the new one can link to it)."""
+        return not self.pieces or self.pieces[-1][0].end == self.past
+
+
+@attrs.frozen
+class KVShape:
+    """Per-token KV geometry, the same for every layer."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype.itemsize
+
+
+class KVStore:
+    """Segments of every cached context, keyed by ``(variant marker, *context)``.
+
+    Args:
+        max_bytes: the byte budget of the underlying ``PrefixCache`` (tensor bytes plus a
+            small per-segment overhead).
+    """
+
+    def __init__(self, max_bytes: int):
+        self.cache: PrefixCache[Segment] = PrefixCache(max_bytes)
+
+    @property
+    def nbytes(self) -> int:
+        return self.cache.nbytes
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def clear(self, keep_pinned: bool = False) -> None:
+        self.cache.clear(keep_pinned=keep_pinned)
+
+    def chain(self, marker: int, context: Sequence[int], limit: int) -> list[tuple[Segment, int]]:
+        """The cached pieces covering the longest prefix of ``context`` of at most ``limit`` tokens.
+
+        Orphans met on the way (a segment whose parent was evicted) are dropped.
+        """
+        key = (marker, *context)
+        while True:
+            hit = self.cache.longest_prefix(key)
+            if hit.value is None:
+                return []
+            chain = [hit.value]
+            while chain[-1].start > 0:
+                parent = chain[-1].parent()
+                if parent is None:
+                    break
+                chain.append(parent)
+            if chain[-1].start > 0:  # an orphan: its memory is useless, drop it and retry
+                self.cache.remove(key[: 1 + chain[-1].end])
+                continue
+            chain.reverse()
+            if self.cache.nbytes > self.cache.max_bytes // 2:
+                # Near the budget, LRU order matters: make ancestors at least as recent as
+                # their descendants, so eviction takes dead branches and not live roots.
+                for segment in chain:
+                    self.cache.get(key[: 1 + segment.end])
+            usable = min(chain[-1].end, limit)
+            return [(s, min(s.end, usable) - s.start) for s in chain if s.start < usable]
+
+    def pin_chain(self, marker: int, context: Sequence[int]) -> int:
+        """Pin every segment on the path of ``context``; returns how many tokens are pinned."""
+        key = (marker, *context)
+        pieces = self.chain(marker, context, len(context))
+        for segment, _ in pieces:
+            self.cache.pin(key[: 1 + segment.end])
+        return sum(used for _, used in pieces)
+
+    def store(self, marker: int, row: Row, take: Callable[[int], torch.Tensor]) -> None:
+        """Store the new tokens of ``row`` (and the short ancestors it absorbs) as one segment.
+
+        ``take(start)`` returns the row's KV of positions ``start ..`` to the end, shape
+        ``[layers, 2, kv_heads, length, head_dim]``, possibly a view into the batch buffer;
+        the stored segment is a compact copy.
+        """
+        if not row.extends_cached_entry:
+            # The context itself is cached (its last token was recomputed): keep that entry,
+            # children may hold weak references to it. Otherwise the key is new, as contexts
+            # in a batch are distinct and a cached context is always found by the lookup.
+            return
+        key = (marker, *row.context)
+        start, parent_index = row.past, len(row.pieces) - 1
+        length = row.new
+        while parent_index >= 0:  # absorb trailing ancestors no longer than us (binary counter)
+            segment, used = row.pieces[parent_index]
+            if used != segment.end - segment.start or used > length:
+                break
+            start, length = segment.start, length + used
+            parent_index -= 1
+        parent = row.pieces[parent_index][0] if parent_index >= 0 else None
+        if parent is not None and parent.end != start:
+            return  # cannot happen with whole pieces; guard keeps the invariant explicit
+        kv = take(start).clone(memory_format=torch.contiguous_format)
+        segment = Segment(start, kv, parent)
+        self.cache.insert(key, segment, segment.nbytes)
+
+
+class BufferedLayer(DynamicLayer if DynamicLayer is not None else object):
+    """A cache layer over preallocated ``[B, H, past + new, D]`` tensors, filled in place.
+
+    The past is already in the buffer; ``update`` writes the new keys and values after it
+    instead of concatenating (which would copy the whole past once more per forward).
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, past: int):
+        super().__init__()
+        self.keys, self.values = keys, values
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+        self.length = past
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        end = self.length + key_states.shape[-2]
+        if end > self.keys.shape[-2]:
+            raise RuntimeError(f"KV buffer of {self.keys.shape[-2]} positions overflowed to {end}")
+        self.keys[:, :, self.length : end].copy_(key_states)
+        self.values[:, :, self.length : end].copy_(value_states)
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+
+class BufferedCache(DynamicCache):
+    """A ``DynamicCache`` whose layers are :class:`BufferedLayer` views of one buffer."""
+
+    def __init__(self, buffer: torch.Tensor, past: int):
+        Cache.__init__(self, layers=[BufferedLayer(kv[0], kv[1], past) for kv in buffer])
+
+
+def inplace_cache_supported() -> bool:
+    """Whether this transformers has layered caches (>= 4.56) for the in-place fast path."""
+    return DynamicLayer is not None
+
+
+def layer_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The ``(keys, values)`` of every layer of a transformers cache, old or new layout."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    if hasattr(cache, "key_cache"):  # pragma: no cover - transformers < 4.56
+        return list(zip(cache.key_cache, cache.value_cache))
+    return [(k, v) for k, v, *_ in cache]  # pragma: no cover - legacy tuples
+
+
+def concat_cache(buffer: torch.Tensor, past: int):
+    """A standard ``DynamicCache`` holding copies of the first ``past`` positions of ``buffer``.
+
+    The portable path: works on every transformers version, at the price of the cache
+    concatenating the past once more inside the forward.
+    """
+    if past == 0:
+        return DynamicCache()
+    pairs = [(kv[0, :, :, :past], kv[1, :, :, :past]) for kv in buffer]
+    if hasattr(DynamicCache, "from_legacy_cache"):  # pragma: no cover - transformers < 5
+        return DynamicCache.from_legacy_cache(tuple(pairs))
+    return DynamicCache(pairs)
+
+
+class BatchInputs:
+    """Padded model inputs of a group of rows, and the KV buffer their past was copied into."""
+
+    def __init__(self, rows: list[Row], buffer: torch.Tensor, pad_id: int):
+        self.rows = rows
+        self.buffer = buffer  # [layers, 2, B, H, P + N, D]
+        self.past = max(r.past for r in rows)
+        self.new = max(r.new for r in rows)
+        b, p, n = len(rows), self.past, self.new
+        ids = np.full((b, n), pad_id, dtype=np.int64)
+        positions = np.zeros((b, n), dtype=np.int64)
+        mask = np.zeros((b, p + n), dtype=np.int64)
+        for i, row in enumerate(rows):
+            ids[i, n - row.new :] = row.context[row.past :]
+            positions[i, n - row.new :] = np.arange(row.past, len(row.context))
+            mask[i, p - row.past : p] = 1
+            mask[i, p + n - row.new :] = 1
+        device = buffer.device
+        self.input_ids = torch.from_numpy(ids).to(device)
+        self.position_ids = torch.from_numpy(positions).to(device)
+        self.attention_mask = torch.from_numpy(mask).to(device)
+
+    def fill_past(self) -> None:
+        """Copy each row's cached pieces into the buffer, right-aligned at ``P``; zero the padding.
+
+        Padding must be finite: a masked position gets weight exactly 0, and 0 * NaN is NaN.
+        """
+        p = self.past
+        for i, row in enumerate(self.rows):
+            offset = p - row.past
+            dest = self.buffer[:, :, i]
+            if offset:
+                dest[:, :, :, :offset].zero_()
+            for segment, used in row.pieces:
+                dest[:, :, :, offset : offset + used].copy_(segment.kv[:, :, :, :used])
+                offset += used
+
+    def row_kv(self, i: int, start: int) -> torch.Tensor:
+        """Row ``i``'s KV from context position ``start`` to its end, ``[layers, 2, H, len, D]``.
+
+        A view into the buffer, unless it spans the gap between a row's past and its
+        left-padded new tokens (then a concatenated copy).
+        """
+        row = self.rows[i]
+        p, n = self.past, self.new
+        new_begin = p + n - row.new  # buffer column of the row's first new token
+        if start >= row.past:
+            return self.buffer[:, :, i, :, new_begin + start - row.past :]
+        past = self.buffer[:, :, i, :, p - row.past + start : p]
+        if row.new == n:  # no gap: the past runs straight into the new tokens
+            return self.buffer[:, :, i, :, p - row.past + start :]
+        return torch.cat([past, self.buffer[:, :, i, :, new_begin:]], dim=3)
+
+
+def group_rows(rows: list[Row], max_tokens: int) -> list[list[Row]]:
+    """Split rows into forward passes with little padding.
+
+    Rows are sorted by the number of new tokens; a group closes when a row needs more than
+    twice (plus a little) the group's smallest count, or when the padded token count would
+    exceed ``max_tokens`` (always at least one row per group).
+    """
+    groups: list[list[Row]] = []
+    current: list[Row] = []
+    for row in sorted(rows, key=lambda r: r.new):
+        if current:
+            widest = max(row.new, current[-1].new)
+            too_uneven = row.new > 2 * current[0].new + 8
+            too_big = widest * (len(current) + 1) > max_tokens
+            if too_uneven or too_big:
+                groups.append(current)
+                current = []
+        current.append(row)
+    if current:
+        groups.append(current)
+    return groups

@@ -1,0 +1,366 @@
+"""``HFLM``: a Hugging Face transformers causal LM behind GenLM's batched, cached interface.
+
+Core owns validation, batching, the output cache and sampling; this module owns the forward
+pass and KV reuse (see ``_kv``): every request resumes from the longest cached prefix of its
+context, with no call from the user, so a batch of particles that each extend a cached
+context by one token runs one new token per particle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import inspect
+import logging
+from collections.abc import Hashable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from genlm.backends.hf._kv import (
+    BatchInputs,
+    BufferedCache,
+    KVShape,
+    KVStore,
+    Row,
+    concat_cache,
+    group_rows,
+    inplace_cache_supported,
+    layer_tensors,
+)
+from genlm.core import BatchedLM, Vocabulary, resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+#: Default byte budget of the KV cache.
+DEFAULT_KV_CACHE_BYTES = 1 << 30
+#: Padded new tokens per forward pass, at most (rows beyond it go to another pass).
+DEFAULT_MAX_FORWARD_TOKENS = 4096
+#: KV scratch buffers up to this size are kept between batches (larger ones are freed).
+_KEEP_SCRATCH_BYTES = 512 << 20
+
+
+class HFLM(BatchedLM):
+    """A transformers causal LM with automatic KV reuse and LoRA adapters.
+
+    Args:
+        model: a loaded ``PreTrainedModel`` for causal LM (or a peft ``PeftModel``).
+        tokenizer: its tokenizer; the vocabulary (and so the width of every row) is the
+            tokenizer's, logit rows the model pads beyond it are dropped.
+        kv_cache_bytes: byte budget of the KV cache (LRU-evicted; pinned prompts stay).
+        max_forward_tokens: most padded new tokens in one forward pass.
+        **kwargs: scheduler and output-cache options of :class:`genlm.core.BatchedLM`.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
+        max_forward_tokens: int = DEFAULT_MAX_FORWARD_TOKENS,
+        **kwargs: Any,
+    ):
+        if max_forward_tokens < 1:
+            raise ValueError(f"max_forward_tokens must be >= 1, got {max_forward_tokens}")
+        vocab = Vocabulary.from_tokenizer(tokenizer)
+        width = _logit_width(model)
+        if width is not None and width < len(vocab):
+            raise ValueError(
+                f"the model has {width} output logits but its tokenizer has {len(vocab)} tokens; "
+                "pass the tokenizer that belongs to this model"
+            )
+        _check_full_attention(model.config)
+        kwargs.setdefault("name", getattr(model, "name_or_path", None) or type(model).__name__)
+        super().__init__(vocab, tokenizer, **kwargs)
+        self.model = model.eval()
+        self.max_forward_tokens = max_forward_tokens
+        self.kv = KVStore(kv_cache_bytes)
+        #: Counters for tests and benchmarks: tokens run through the model (padding excluded),
+        #: tokens whose KV came from the cache, forward passes.
+        self.kv_stats = {"computed_tokens": 0, "reused_tokens": 0, "forwards": 0}
+        self._inplace = inplace_cache_supported()
+        self._pad_id = _pad_id(tokenizer)
+        self._keeps_last_logits = _accepts_logits_to_keep(model)
+        self._scratch: torch.Tensor | None = None
+        self._adapters: dict[str, int] = {}  # adapter name -> KV marker
+        self._active_lora: str | None = None
+        self._peft: Any = model if _is_peft(model) else None
+        if self._peft is not None:
+            for i, name in enumerate(self._peft.peft_config):
+                self._adapters[name] = -2 - i
+            self._active_lora = getattr(self._peft, "active_adapter", None)
+        self.shape: KVShape = self.worker.call(self._probe)
+
+    # ---- loading -------------------------------------------------------------------
+
+    @classmethod
+    def from_name(
+        cls,
+        model_id: str,
+        hf_opts: dict[str, Any] | None = None,
+        *,
+        load_in_8bit: bool = False,
+        load_in_4bit: bool = False,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype = "auto",
+        kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
+        **kwargs: Any,
+    ) -> HFLM:
+        """Load a model and tokenizer by Hub id or local directory (``"stories260K"`` is embedded).
+
+        Args:
+            model_id: what ``from_pretrained`` takes; passed through ``resolve_model_path``.
+            hf_opts: extra keyword arguments for ``AutoModelForCausalLM.from_pretrained``.
+            load_in_8bit, load_in_4bit: bitsandbytes quantization (needs ``bitsandbytes``).
+            device: where the model runs; default ``cuda`` if available, else ``cpu``.
+            dtype: weight dtype, ``"auto"`` keeps the checkpoint's.
+            kv_cache_bytes: byte budget of the KV cache.
+            **kwargs: options of :class:`HFLM` and :class:`genlm.core.BatchedLM`.
+        """
+        import transformers
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = resolve_model_path(model_id)
+        opts = dict(hf_opts or {})
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if load_in_8bit and load_in_4bit:
+            raise ValueError("choose one of load_in_8bit and load_in_4bit")
+        quantized = load_in_8bit or load_in_4bit
+        if quantized:
+            if importlib.util.find_spec("bitsandbytes") is None:
+                raise ImportError(
+                    "load_in_8bit/load_in_4bit need bitsandbytes: pip install bitsandbytes"
+                )
+            opts["quantization_config"] = transformers.BitsAndBytesConfig(
+                load_in_8bit=load_in_8bit, load_in_4bit=load_in_4bit
+            )
+            opts.setdefault("device_map", str(device))
+        new_api = _transformers_at_least(transformers.__version__, 4, 56)
+        dtype_key = "dtype" if new_api else "torch_dtype"
+        opts.setdefault(dtype_key, dtype if dtype == "auto" else _torch_dtype(dtype))
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, **opts)
+        if "device_map" not in opts:
+            model = model.to(device)
+        kwargs.setdefault("name", str(model_id))
+        return cls(model, tokenizer, kv_cache_bytes=kv_cache_bytes, **kwargs)
+
+    def _probe(self) -> KVShape:
+        """Run one token to learn the KV geometry (and fail early on unsupported caches)."""
+        device = _model_device(self.model)
+        ids = torch.tensor([[self._pad_id]], device=device)
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, use_cache=True)
+        layers = layer_tensors(out.past_key_values)
+        shapes = {tuple(k.shape[1:2]) + tuple(k.shape[3:]) for k, _ in layers}
+        shapes |= {tuple(v.shape[1:2]) + tuple(v.shape[3:]) for _, v in layers}
+        if len(shapes) != 1:
+            raise NotImplementedError(
+                f"layers with different KV shapes {sorted(shapes)} are not supported "
+                "by the hf backend"
+            )
+        (heads, head_dim), (keys, _) = shapes.pop(), layers[0]
+        return KVShape(len(layers), heads, head_dim, keys.dtype, keys.device)
+
+    # ---- LoRA ------------------------------------------------------------------------
+
+    def add_lora(self, path: str, name: str) -> None:
+        """Load the peft adapter saved at ``path`` under ``name`` (it does not become active)."""
+        if importlib.util.find_spec("peft") is None:
+            raise ImportError("LoRA adapters need peft: pip install 'genlm-backend-hf[lora]'")
+        if name in self._adapters:
+            raise ValueError(f"an adapter named {name!r} is already loaded")
+        self.worker.call(self._add_lora, str(path), name)
+
+    def _add_lora(self, path: str, name: str) -> None:
+        from peft import PeftModel
+
+        if self._peft is None:
+            self._peft = PeftModel.from_pretrained(self.model, path, adapter_name=name).eval()
+            self.model = self._peft
+        else:
+            self._peft.load_adapter(path, adapter_name=name)
+        self._adapters[name] = -2 - len(self._adapters)
+
+    def set_lora(self, name: str) -> None:
+        """Make adapter ``name`` active for the requests made from now on."""
+        if name not in self._adapters:
+            raise KeyError(f"no LoRA adapter named {name!r}; loaded: {sorted(self._adapters)}")
+        self._active_lora = name
+
+    def clear_lora(self) -> None:
+        """Use the base model (no adapter) for the requests made from now on."""
+        self._active_lora = None
+
+    @property
+    def active_lora(self) -> str | None:
+        return self._active_lora
+
+    def _variant(self) -> Hashable:
+        return self._active_lora
+
+    @contextlib.contextmanager
+    def _use_variant(self, variant: Hashable) -> Iterator[None]:
+        """Activate the adapter a batch was requested with (the base model for None)."""
+        if self._peft is None:
+            yield
+        elif variant is None:
+            with self._peft.disable_adapter():
+                yield
+        else:
+            self._peft.set_adapter(variant)
+            yield
+
+    def _marker(self, variant: Hashable) -> int:
+        """The first key element of a variant's KV entries: adapters never share KV."""
+        return -1 if variant is None else self._adapters[variant]
+
+    # ---- KV cache management -------------------------------------------------------
+
+    def cache_kv(self, prompt_token_ids: Sequence[int]) -> None:
+        """Compute and pin the KV of a prompt under the active adapter (never evicted)."""
+        variant, context = self._request(prompt_token_ids)
+        self.worker.call(self._cache_kv, variant, context)
+
+    def _cache_kv(self, variant: Hashable, context: tuple[int, ...]) -> None:
+        marker = self._marker(variant)
+        if sum(used for _, used in self.kv.chain(marker, context, len(context))) < len(context):
+            self._logprobs_batch([context], variant)
+        pinned = self.kv.pin_chain(marker, context)
+        if pinned < len(context):
+            needed = len(context) * self.shape.bytes_per_token
+            raise MemoryError(
+                f"the KV of a {len(context)}-token prompt ({needed} bytes) does not fit in "
+                f"kv_cache_bytes={self.kv.cache.max_bytes}"
+            )
+
+    def clear_kv_cache(self) -> None:
+        """Drop every cached KV entry, pinned prompts included."""
+        self.worker.call(self.kv.clear)
+
+    def _clear_backend_cache(self) -> None:
+        """``clear_cache`` drops unpinned KV; prompts pinned by ``cache_kv`` stay."""
+        self.kv.clear(keep_pinned=True)
+
+    def _close_backend(self) -> None:
+        self.kv.clear()
+        self._scratch = None
+
+    # ---- the forward pass ----------------------------------------------------------
+
+    def _logprobs_batch(self, contexts: list[tuple[int, ...]], variant: Hashable) -> np.ndarray:
+        marker = self._marker(variant)
+        rows = []
+        for i, context in enumerate(contexts):
+            pieces = self.kv.chain(marker, context, len(context) - 1)
+            rows.append(Row(i, context, pieces, sum(used for _, used in pieces)))
+        out = np.empty((len(contexts), len(self.vocab)), dtype=np.float32)
+        with torch.inference_mode(), self._use_variant(variant):
+            for group in group_rows(rows, self.max_forward_tokens):
+                out[[row.index for row in group]] = self._forward(group, marker)
+        return out
+
+    def _forward(self, rows: list[Row], marker: int) -> np.ndarray:
+        """One padded forward pass over rows with cached pasts; stores their new KV."""
+        shape = self.shape
+        total = max(r.past for r in rows) + max(r.new for r in rows)
+        dims = (shape.layers, 2, len(rows), shape.kv_heads, total, shape.head_dim)
+        batch = BatchInputs(rows, self._buffer(dims), self._pad_id)
+        batch.fill_past()
+        if self._inplace:
+            cache = BufferedCache(batch.buffer, batch.past)
+        else:
+            cache = concat_cache(batch.buffer, batch.past)
+        kwargs = {"logits_to_keep": 1} if self._keeps_last_logits else {}
+        output = self.model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            **kwargs,
+        )
+        if not self._inplace:  # copy the new positions back so storing is uniform
+            for layer, (keys, values) in enumerate(layer_tensors(output.past_key_values)):
+                batch.buffer[layer, 0, :, :, batch.past :] = keys[:, :, batch.past :]
+                batch.buffer[layer, 1, :, :, batch.past :] = values[:, :, batch.past :]
+        logits = output.logits[:, -1, : len(self.vocab)]
+        # Normalize in at least float32 (bf16 logits would lose small probabilities).
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        logprobs = torch.log_softmax(logits, dim=-1).float().cpu().numpy()
+        for i, row in enumerate(rows):
+            self.kv.store(marker, row, lambda start, i=i: batch.row_kv(i, start))
+        self.kv_stats["forwards"] += 1
+        self.kv_stats["computed_tokens"] += sum(r.new for r in rows)
+        self.kv_stats["reused_tokens"] += sum(r.past for r in rows)
+        return logprobs
+
+    def _buffer(self, dims: tuple[int, ...]) -> torch.Tensor:
+        """A contiguous KV buffer of shape ``dims``, cut from a scratch tensor kept for reuse."""
+        numel = int(np.prod(dims))
+        scratch = self._scratch
+        if scratch is None or scratch.numel() < numel:
+            # Headroom: contexts grow by a token per step, and a fresh buffer costs page faults.
+            size = max(numel, numel * 5 // 4 + (1 << 16))
+            scratch = torch.empty(size, dtype=self.shape.dtype, device=self.shape.device)
+            keep = size * self.shape.dtype.itemsize <= _KEEP_SCRATCH_BYTES
+            self._scratch = scratch if keep else None
+        return scratch[:numel].view(dims)
+
+
+def _is_peft(model: Any) -> bool:
+    return type(model).__module__.startswith("peft")
+
+
+def _base_model(model: Any) -> Any:
+    return model.get_base_model() if _is_peft(model) else model
+
+
+def _logit_width(model: Any) -> int | None:
+    head = _base_model(model).get_output_embeddings()
+    return None if head is None else int(head.weight.shape[0])
+
+
+def _accepts_logits_to_keep(model: Any) -> bool:
+    """Whether the forward can compute the last position's logits alone (transformers >= 4.50)."""
+    return "logits_to_keep" in inspect.signature(_base_model(model).forward).parameters
+
+
+def _check_full_attention(config: Any) -> None:
+    """Reject models whose layers are not all full attention (sliding windows, linear attention)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        raise NotImplementedError(
+            "the hf backend reuses KV for full-attention layers only; "
+            f"this model has {sorted(kinds)}"
+        )
+
+
+def _pad_id(tokenizer: Any) -> int:
+    for attr in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        value = getattr(tokenizer, attr, None)
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+def _model_device(model: Any) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use 'auto', 'float32', 'bfloat16', ...")
+    return value
+
+
+def _transformers_at_least(version: str, major: int, minor: int) -> bool:
+    parts = version.split(".")
+    return (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)) >= (major, minor)

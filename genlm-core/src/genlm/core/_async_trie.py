@@ -1,0 +1,85 @@
+"""``AsyncTokenByteTrie``: trie mass computations batched through core's scheduler.
+
+A byte-level model with a beam of K candidates asks for K trie sums per step, from
+concurrent coroutines. Stacking them into one ``(K, V)`` call is much faster than K
+single calls (one pass over the trie's index arrays), and running it on a worker
+thread keeps the event loop free, exactly as for a model's forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from genlm.core._scheduler import AutoBatcher
+from genlm.core._trie import TokenByteTrie
+from genlm.core._worker import ModelWorker
+
+#: Operation name -> the batched trie method computing it.
+_OPERATIONS: dict[str, Callable[[TokenByteTrie, np.ndarray], np.ndarray]] = {
+    "weight_sum": TokenByteTrie.batch_weight_sum,
+    "weight_max": TokenByteTrie.batch_weight_max,
+    "log_weight_sum": TokenByteTrie.batch_log_weight_sum,
+    "log_weight_max": TokenByteTrie.batch_log_weight_max,
+}
+
+
+class AsyncTokenByteTrie:
+    """Awaitable per-row trie computations, gathered into batched calls.
+
+    Args:
+        trie: the trie to compute over.
+        max_batch_size: most rows per batched call.
+        max_wait_s: longest time the first row waits for company.
+    """
+
+    def __init__(self, trie: TokenByteTrie, *, max_batch_size: int = 64, max_wait_s: float = 0.0):
+        self.trie = trie
+        self.worker = ModelWorker("genlm-trie")
+        self.batcher: AutoBatcher[tuple[str, np.ndarray], np.ndarray] = AutoBatcher(
+            self._run,
+            self.worker,
+            max_batch_size=max_batch_size,
+            max_wait_s=max_wait_s,
+            group=lambda item: item[0],
+        )
+
+    def _run(self, items: list[tuple[str, np.ndarray]]) -> np.ndarray:
+        operation = _OPERATIONS[items[0][0]]
+        return operation(self.trie, np.stack([row for _, row in items]))
+
+    async def _submit(self, operation: str, row: np.ndarray) -> np.ndarray:
+        row = np.asarray(row)
+        if row.shape != (self.trie.vocab_size,):
+            raise ValueError(
+                f"expected one row of {self.trie.vocab_size} weights, got shape {row.shape}"
+            )
+        return await self.batcher.submit((operation, row))
+
+    async def weight_sum(self, weights: np.ndarray) -> np.ndarray:
+        """:meth:`TokenByteTrie.weight_sum`, batched with concurrent calls."""
+        return await self._submit("weight_sum", weights)
+
+    async def weight_max(self, weights: np.ndarray) -> np.ndarray:
+        """:meth:`TokenByteTrie.weight_max`, batched with concurrent calls."""
+        return await self._submit("weight_max", weights)
+
+    async def log_weight_sum(self, logprobs: np.ndarray) -> np.ndarray:
+        """:meth:`TokenByteTrie.log_weight_sum`, batched with concurrent calls."""
+        return await self._submit("log_weight_sum", logprobs)
+
+    async def log_weight_max(self, logprobs: np.ndarray) -> np.ndarray:
+        """:meth:`TokenByteTrie.log_weight_max`, batched with concurrent calls."""
+        return await self._submit("log_weight_max", logprobs)
+
+    async def aclose(self) -> None:
+        """Fail queued calls, finish the running one, stop the worker thread."""
+        await self.batcher.aclose()
+        self.worker.close(wait=False)
+
+    async def __aenter__(self) -> AsyncTokenByteTrie:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

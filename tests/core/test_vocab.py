@@ -1,0 +1,423 @@
+"""Byte vocabularies read from real tokenizers agree byte for byte with what they encode."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from genlm.core._vocab import Vocabulary, decode_vocab
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+REPO = Path(__file__).resolve().parent.parent.parent
+# Meta-licensed tokenizers are never committed: they are read from the shared models folder
+# beside the checkout (a worktree elsewhere can point at it with GENLM_SHARED_MODELS).
+SHARED = Path(os.environ.get("GENLM_SHARED_MODELS", REPO.parent / "shared" / "models"))
+
+# Which tokenizers add a dummy-prefix "▁" (Prepend normalizer), so that encoding a non-empty
+# string s yields tokens whose bytes join to b" " + s rather than s.
+DUMMY_PREFIX = {"stories260K": True, "gpt2": False, "llama2": True, "llama3.2": False}
+NAMES = list(DUMMY_PREFIX)
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    return FIXTURES
+
+
+def tokenizer_dir(name: str) -> Path:
+    """Committed fixture for MIT tokenizers, shared folder for Meta ones; skip when absent."""
+    if name in ("stories260K", "gpt2"):
+        return FIXTURES / "tokenizers" / name
+    path = SHARED / "tokenizers" / name
+    if not (path / "tokenizer.json").is_file():
+        pytest.skip(f"{name} is not committed (Meta licence) and {path} does not exist")
+    return path
+
+
+@functools.cache
+def hf_tokenizer(name: str):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir(name)))
+
+
+@functools.cache
+def vocab_from_tokenizer(name: str) -> Vocabulary:
+    return Vocabulary.from_tokenizer(hf_tokenizer(name))
+
+
+@functools.cache
+def vocab_from_json(name: str) -> Vocabulary:
+    return Vocabulary.from_tokenizer_json(tokenizer_dir(name))
+
+
+@functools.cache
+def special_literals(name: str) -> tuple[str, ...]:
+    spec = json.loads((tokenizer_dir(name) / "tokenizer.json").read_text(encoding="utf-8"))
+    return tuple(t["content"] for t in spec["added_tokens"])
+
+
+def gpt2_bytes_to_unicode() -> dict[int, str]:
+    """openai/gpt-2 encoder.py's byte map, written out here independently of the module."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    others = [b for b in range(256) if b not in printable]
+    mapping = {b: chr(b) for b in printable}
+    mapping.update({b: chr(256 + k) for k, b in enumerate(others)})
+    return mapping
+
+
+GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+@functools.cache
+def gpt2_tiktoken():
+    """A tiktoken Encoding for GPT-2 built offline from vocab.json (GPT-2 ranks are its ids)."""
+    tiktoken = pytest.importorskip("tiktoken")
+    decode_char = {c: b for b, c in gpt2_bytes_to_unicode().items()}
+    encoder = json.loads(
+        (FIXTURES / "tokenizers" / "gpt2" / "vocab.json").read_text(encoding="utf-8")
+    )
+    ranks = {
+        bytes(decode_char[c] for c in tok): i
+        for tok, i in encoder.items()
+        if tok != "<|endoftext|>"
+    }
+    return tiktoken.Encoding(
+        "gpt2-local",
+        pat_str=GPT2_PAT,
+        mergeable_ranks=ranks,
+        special_tokens={"<|endoftext|>": 50256},
+        explicit_n_vocab=50257,
+    )
+
+
+pieces = st.one_of(
+    st.text("abcXYZ019 .,;:'\"!?-_()[]{}<>/\\|@#$%^&*+=~`", max_size=20),
+    st.text(st.sampled_from(" \t\n\r\x0b\x0c\u00a0\u2009\u3000"), min_size=1, max_size=8),
+    st.text(
+        st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF),
+        min_size=1,
+        max_size=6,
+    ),
+    st.text(st.characters(categories=["Mn", "Me"]), min_size=1, max_size=3),
+    st.text(st.characters(categories=["Cc"]), min_size=1, max_size=3),
+    st.sampled_from(
+        ["🙂", "👍🏽", "👨\u200d👩\u200d👧", "🇫🇷", "❤️", "𝔘𝔫𝔦", "e\u0301", "naïve café"]
+    ),
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12),
+)
+texts = st.lists(pieces, max_size=8).map("".join)
+property_settings = settings(
+    max_examples=int(os.environ.get("GENLM_HYPOTHESIS_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+class TestRealTokenizers:
+    @pytest.mark.parametrize("name", NAMES)
+    def test_tokenizer_and_json_agree(self, name):
+        """from_tokenizer, from_tokenizer_json and a raw tokenizers.Tokenizer agree exactly."""
+        tokenizers = pytest.importorskip("tokenizers")
+        a, b = vocab_from_tokenizer(name), vocab_from_json(name)
+        raw = Vocabulary.from_tokenizer(
+            tokenizers.Tokenizer.from_file(str(tokenizer_dir(name) / "tokenizer.json"))
+        )
+        assert len(a) == len(hf_tokenizer(name))
+        assert a.tokens == b.tokens == raw.tokens
+        assert a.special_ids == b.special_ids == raw.special_ids
+        assert a.unused_ids == b.unused_ids == raw.unused_ids == frozenset()
+        assert (a.bos_token_id, a.eos_token_ids) == (b.bos_token_id, b.eos_token_ids)
+        assert (a.bos_token_id, a.eos_token_ids) == (
+            hf_tokenizer(name).bos_token_id,
+            (hf_tokenizer(name).eos_token_id,),
+        )
+        assert raw.bos_token_id == (
+            a.bos_token_id if DUMMY_PREFIX[name] or name == "llama3.2" else None
+        )
+
+    @pytest.mark.parametrize("name", NAMES)
+    @property_settings
+    @given(s=texts)
+    def test_encoded_ids_join_to_the_text(self, name, s):
+        """The ids of any text join to its UTF-8 (after b" " for dummy-prefix tokenizers)."""
+        assume(not any(lit in s for lit in special_literals(name)))
+        ids = hf_tokenizer(name).encode(s, add_special_tokens=False)
+        if DUMMY_PREFIX[name]:
+            # SentencePiece normalizes " " to "▁", so a literal "▁" in the text is a space too.
+            expected = (b" " if s else b"") + s.replace("\u2581", " ").encode("utf-8")
+        else:
+            expected = s.encode("utf-8")
+        for vocab in (vocab_from_tokenizer(name), vocab_from_json(name)):
+            assert b"".join(vocab[i] for i in ids) == expected
+            assert vocab.decode(ids) == expected
+            assert not any(vocab.is_special(i) for i in ids)
+
+    def test_gpt2_known_ids(self):
+        """GPT-2 ids decode to their well-known bytes, the Ġ of byte-level BPE becoming a space."""
+        vocab = vocab_from_json("gpt2")
+        assert (vocab[15496], vocab[995], vocab[43453]) == (
+            b"Hello",
+            b" world",
+            b" SolidGoldMagikarp",
+        )
+        # Ids 0-255 are single bytes in byte-to-unicode order: printable ones first, then the
+        # rest spelled with characters from U+0100 (0x00 is Ā, \n is Ċ, 0xad is Ń).
+        assert (vocab[187], vocab[188], vocab[198], vocab[255]) == (
+            b"\xff",
+            b"\x00",
+            b"\n",
+            b"\xad",
+        )
+        # 🙂 is split across tokens that are not valid UTF-8 on their own.
+        ids = [2616, 38776, 40304, 10545, 251, 109, 12859, 105, 32485]
+        assert vocab.decode(ids) == "naïve café 東京 🙂".encode()
+        partial = [i for i in ids if vocab[i].decode("utf-8", errors="ignore").encode() != vocab[i]]
+        assert partial, "some GPT-2 ids hold a fragment of a multi-byte character"
+
+    def test_sentencepiece_byte_fallback(self):
+        """stories260K's <0xNN> pieces are single raw bytes and its ▁ is a space byte."""
+        vocab = vocab_from_json("stories260K")
+        assert [vocab[3 + b] for b in range(256)] == [bytes([b]) for b in range(256)]
+        ids = [
+            297,
+            412,
+            198,
+            178,
+            360,
+            280,
+            412,
+            431,
+            485,
+            410,
+            233,
+            160,
+            180,
+            231,
+            189,
+            175,
+            410,
+            243,
+            162,
+            156,
+            133,
+        ]
+        assert vocab.decode(ids) == " naïve café 東京 🙂".encode()
+        tok = hf_tokenizer("stories260K")
+        assert tok.decode(ids) == "naïve café 東京 🙂"  # the HF decoder strips the dummy prefix
+
+    def test_dummy_prefix_is_a_real_token(self):
+        """A leading space in stories260K text costs an extra ▁ token: the join gains b" "."""
+        tok, vocab = hf_tokenizer("stories260K"), vocab_from_json("stories260K")
+        assert vocab.decode(tok.encode("a", add_special_tokens=False)) == b" a"
+        assert vocab.decode(tok.encode(" a", add_special_tokens=False)) == b"  a"
+        assert tok.encode("", add_special_tokens=False) == []
+
+    @pytest.mark.parametrize("name", ["stories260K", "llama2"])
+    def test_literal_metaspace_is_a_space(self, name):
+        """SentencePiece tokenizers encode a literal ▁ like a space, so it decodes as b" "."""
+        tok, vocab = hf_tokenizer(name), vocab_from_json(name)
+        ids = tok.encode("a\u2581b", add_special_tokens=False)
+        assert ids == tok.encode("a b", add_special_tokens=False)
+        assert vocab.decode(ids) == b" a b" and tok.decode(ids) == "a b"
+
+    def test_duplicate_bytes_keep_distinct_ids(self):
+        """SentencePiece ▁ and <0x20> are different ids with the same byte, and both stay text."""
+        tok, vocab = hf_tokenizer("stories260K"), vocab_from_json("stories260K")
+        space = tok.convert_tokens_to_ids("▁")
+        assert space != 3 + 0x20 and vocab[space] == vocab[3 + 0x20] == b" "
+        assert {space, 3 + 0x20} <= set(vocab.text_ids.tolist())
+        assert len(set(vocab.tokens)) < len(vocab)
+
+    def test_llama3_is_fast(self):
+        """Llama 3.2's 128,256 tokens are read in well under the time of a decode call per id."""
+        tok = hf_tokenizer("llama3.2")
+        start = time.perf_counter()
+        vocab = Vocabulary.from_tokenizer(tok)
+        assert time.perf_counter() - start < 3.0  # about 0.25 s on 2 cores
+        assert len(vocab) == 128256
+
+
+class TestSpecialTokens:
+    def test_gpt2_endoftext_is_special(self):
+        """<|endoftext|> is special, skipped by decode and kept as its literal for display."""
+        vocab = vocab_from_tokenizer("gpt2")
+        assert vocab.special_ids == {50256} and vocab.is_special(50256)
+        assert vocab[50256] == b"<|endoftext|>"
+        assert 50256 not in vocab.text_ids and len(vocab.text_ids) == 50256
+        assert vocab.decode([15496, 50256]) == b"Hello"
+        assert vocab.decode([15496, 50256], keep_special=True) == b"Hello<|endoftext|>"
+
+    def test_gpt2_endoftext_literal_as_text(self):
+        """The literal <|endoftext|>, encoded as text, is ordinary ids joining to that literal."""
+        tok, vocab = hf_tokenizer("gpt2"), vocab_from_tokenizer("gpt2")
+        assert tok.encode("<|endoftext|>", add_special_tokens=False) == [50256]
+        ids = tok("<|endoftext|>", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        assert len(ids) > 1 and not any(vocab.is_special(i) for i in ids)
+        assert vocab.decode(ids) == b"<|endoftext|>"
+
+    def test_llama3_has_256_special_ids(self):
+        """Llama 3.2's special ids are exactly 128000-128255, with BOS 128000 and EOS 128001."""
+        vocab = vocab_from_json("llama3.2")
+        assert vocab.special_ids == frozenset(range(128000, 128256))
+        assert vocab.bos_token_id == 128000 and vocab.eos_token_ids == (128001,)
+        assert np.array_equal(vocab.text_ids, np.arange(128000))
+        assert vocab[128009] == b"<|eot_id|>"
+
+    def test_sentencepiece_control_tokens(self):
+        """stories260K's <unk>, <s>, </s> are special, with BOS 1 and EOS 2."""
+        vocab = vocab_from_json("stories260K")
+        assert vocab.special_ids == {0, 1, 2}
+        assert (vocab.bos_token_id, vocab.eos_token_ids) == (1, (2,))
+        assert vocab.decode([1, 297, 2]) == vocab[297] and vocab[1] == b"<s>"
+
+
+class TestTiktoken:
+    def test_gpt2_encoding_matches_hf(self):
+        """A tiktoken GPT-2 Encoding gives the same vocabulary as the HF GPT-2 tokenizer."""
+        vocab = Vocabulary.from_tokenizer(gpt2_tiktoken())
+        assert vocab.tokens == vocab_from_json("gpt2").tokens
+        assert vocab.special_ids == {50256} and vocab.eos_token_ids == (50256,)
+
+    @property_settings
+    @given(s=texts)
+    def test_encoded_ids_join_to_the_text(self, s):
+        """Bytes of tiktoken ids join to the text, and the ids equal the HF tokenizer's."""
+        assume("<|endoftext|>" not in s)
+        enc = gpt2_tiktoken()
+        ids = enc.encode(s)
+        assert decode_vocab(enc).decode(ids) == s.encode("utf-8")
+        assert ids == hf_tokenizer("gpt2").encode(s, add_special_tokens=False)
+
+    def test_holes_in_the_id_space(self):
+        """Ids no rank or special token uses are unused and hold b""."""
+        tiktoken = pytest.importorskip("tiktoken")
+        ranks = {**{bytes([b]): b for b in range(256)}, b"ab": 300}
+        enc = tiktoken.Encoding(
+            "gap",
+            pat_str=r"\S+|\s+",
+            mergeable_ranks=ranks,
+            special_tokens={"<|endoftext|>": 310},
+        )
+        vocab = Vocabulary.from_tokenizer(enc)
+        assert len(vocab) == 311
+        assert vocab.unused_ids == frozenset(range(256, 300)) | frozenset(range(301, 310))
+        assert all(vocab[i] == b"" for i in vocab.unused_ids)
+        assert vocab.special_ids == {310} and vocab[300] == b"ab"
+        assert vocab.decode(enc.encode("abc ab")) == b"abc ab"
+        assert 280 not in vocab.text_ids and 300 in vocab.text_ids
+
+
+class TestShapes:
+    def test_tokenizers_holes_and_added_special(self):
+        """A tokenizers.Tokenizer with a gap in its BPE ids reports the gap as unused."""
+        tk = pytest.importorskip("tokenizers")
+        alphabet = sorted(tk.pre_tokenizers.ByteLevel.alphabet())
+        bpe_vocab = {c: i for i, c in enumerate(alphabet)} | {"Ġa": 300}
+        tokenizer = tk.Tokenizer(tk.models.BPE(vocab=bpe_vocab, merges=[("Ġ", "a")]))
+        tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = tk.decoders.ByteLevel()
+        tokenizer.add_special_tokens(["<|eot|>"])
+        eot = tokenizer.token_to_id("<|eot|>")
+        vocab = Vocabulary.from_tokenizer(tokenizer)
+        assert len(vocab) == 301 and vocab.special_ids == {eot}
+        assert vocab.unused_ids == frozenset(range(256, 300)) - {eot}
+        assert vocab.decode(tokenizer.encode(" a b\n").ids) == b" a b\n"
+        assert vocab.decode(tokenizer.encode(" a<|eot|>").ids, keep_special=True) == b" a<|eot|>"
+
+    @pytest.mark.parametrize("build", ["tokenizer", "json"])
+    def test_wider_logits_pad_with_unused(self, build):
+        """size= beyond the tokenizer adds unused ids with empty bytes."""
+        if build == "tokenizer":
+            vocab = Vocabulary.from_tokenizer(hf_tokenizer("gpt2"), size=50304)
+        else:
+            vocab = Vocabulary.from_tokenizer_json(
+                tokenizer_dir("gpt2") / "tokenizer.json", size=50304
+            )
+        assert len(vocab) == 50304 and vocab.unused_ids == frozenset(range(50257, 50304))
+        assert vocab[50303] == b"" and 50300 not in vocab.text_ids
+        assert vocab.decode([15496, 50300]) == b"Hello"
+        with pytest.raises(ValueError, match="50304"):
+            vocab.decode([15496, 50304])
+
+    def test_size_too_small_names_both(self):
+        """size smaller than the tokenizer raises ValueError naming both sizes."""
+        with pytest.raises(ValueError, match=r"50000.*50257"):
+            Vocabulary.from_tokenizer(hf_tokenizer("gpt2"), size=50000)
+        with pytest.raises(ValueError, match=r"500.*512"):
+            Vocabulary.from_tokenizer_json(tokenizer_dir("stories260K"), size=500)
+        with pytest.raises(ValueError, match=r"50000.*50257"):
+            Vocabulary.from_tokenizer(gpt2_tiktoken(), size=50000)
+
+    def test_slow_sentencepiece_tokenizer(self):
+        """A SentencePiece-backed transformers tokenizer gives the tokenizer.json's bytes."""
+        transformers = pytest.importorskip("transformers")
+        backend = getattr(transformers, "SentencePieceBackend", None) or transformers.LlamaTokenizer
+        model = SHARED / "stories260K" / "llama2c" / "tok512.model"
+        if not model.is_file():
+            pytest.skip(f"{model} does not exist")
+        pytest.importorskip("sentencepiece")
+        tok = backend(vocab_file=str(model), bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+        assert getattr(tok, "backend_tokenizer", None) is None
+        vocab = Vocabulary.from_tokenizer(tok)
+        assert vocab.tokens == vocab_from_json("stories260K").tokens
+        assert vocab.special_ids == {0, 1, 2} and (
+            vocab.bos_token_id,
+            vocab.eos_token_ids,
+        ) == (1, (2,))
+        ids = tok.encode("Hello world, naïve 🙂", add_special_tokens=False)
+        assert vocab.decode(ids) == " Hello world, naïve 🙂".encode()
+
+
+class TestVocabulary:
+    def test_construction_validates(self):
+        """Out-of-range ids, unused ids with bytes and non-bytes tokens are refused when built."""
+        with pytest.raises(ValueError, match="5"):
+            Vocabulary((b"a", b"b"), special_ids={5})
+        with pytest.raises(ValueError, match="unused"):
+            Vocabulary((b"a", b"b"), unused_ids={1})
+        with pytest.raises(ValueError, match="both"):
+            Vocabulary((b"a", b""), special_ids={1}, unused_ids={1})
+        with pytest.raises(TypeError, match="str"):
+            Vocabulary((b"a", "b"))
+
+    def test_small_vocabulary_api(self):
+        """Indexing, specials, byte_vocab, text_ids and decode behave on a hand-built vocabulary."""
+        vocab = Vocabulary(
+            (b"a", b"a", b"<s>", b""), special_ids={2}, unused_ids={3}, bos_token_id=2
+        )
+        assert (
+            len(vocab) == 4 and vocab[1] == b"a" and vocab.byte_vocab == [b"a", b"a", b"<s>", b""]
+        )
+        assert vocab.is_special(2) and not vocab.is_special(0)
+        assert vocab.text_ids.tolist() == [0, 1]
+        assert vocab.decode(np.array([2, 0, 1, 3])) == b"aa"
+        assert vocab.decode([2, 0], keep_special=True) == b"<s>a"
+        with pytest.raises(IndexError):
+            vocab[4]
+        with pytest.raises(ValueError, match="-1"):
+            vocab.decode([0, -1])
+
+    def test_unknown_tokenizer_type(self):
+        """An object that is no known tokenizer is refused with a TypeError naming its type."""
+        with pytest.raises(TypeError, match="dict"):
+            Vocabulary.from_tokenizer({})
+
+    def test_import_is_light(self):
+        """Importing genlm.core._vocab loads none of transformers, tokenizers, tiktoken or torch."""
+        code = (
+            "import sys, genlm.core._vocab\n"
+            "heavy = {m.split('.')[0] for m in sys.modules}\n"
+            "heavy &= {'transformers', 'tokenizers', 'tiktoken', 'torch'}\n"
+            "assert not heavy, heavy\n"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True)

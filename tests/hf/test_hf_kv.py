@@ -1,0 +1,193 @@
+"""Automatic KV reuse: every request equals an uncached full forward, and KV is really reused."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from genlm.backends.hf import HFLM
+
+MODELS = ["stories260K-fp64", "stories260K-fp32", "tiny-llama-fp64", "tiny-llama-fp32"]
+
+
+def random_ids(rng, vocab_size, n):
+    return [int(t) for t in rng.integers(3, vocab_size, n)]
+
+
+@pytest.fixture(params=MODELS)
+def lm(request, loaded):
+    """A fresh HFLM (empty caches, output cache off so every request reaches the backend)."""
+    model, tok = loaded(request.param)
+    lm = HFLM(model, tok, cache_bytes=0, max_wait_s=0.01)
+    yield lm
+    lm.close()
+
+
+def gather(lm, contexts):
+    async def run():
+        return await asyncio.gather(*(lm.next_token_logprobs(c) for c in contexts))
+
+    return asyncio.run(run())
+
+
+def test_concurrent_requests_match_full_forward(lm, check):
+    """Many concurrent requests extending cached prefixes by different amounts all match."""
+    rng = np.random.default_rng(0)
+    v = len(lm.vocab)
+    prompt = random_ids(rng, v, 24)
+    gather(lm, [prompt[:6], prompt])
+    contexts = [
+        prompt[:k] + random_ids(rng, v, j) for k in (0, 3, 6, 13, 24) for j in (1, 2, 5, 11)
+    ]
+    contexts = [c for c in contexts if c] + [prompt[:6] + [7], prompt + [9]]
+    before = dict(lm.kv_stats)
+    rows = gather(lm, contexts)
+    for context, row in zip(contexts, rows):
+        check(lm.model, context, row)
+        assert row.dtype == np.float32
+    assert lm.kv_stats["reused_tokens"] > before["reused_tokens"]
+
+
+def test_smc_pattern_runs_one_new_token_per_particle(lm, check):
+    """Particles sharing a prompt, each extended by one token per step, run one token each."""
+    rng = np.random.default_rng(1)
+    v = len(lm.vocab)
+    prompt = random_ids(rng, v, 40)
+    particles = [list(prompt) for _ in range(8)]
+    for step in range(6):
+        before = lm.kv_stats["computed_tokens"]
+        rows = gather(lm, particles)
+        distinct = len({tuple(p) for p in particles})
+        expected_new = len(prompt) if step == 0 else distinct
+        assert lm.kv_stats["computed_tokens"] - before == expected_new
+        for particle, row in zip(particles, rows):
+            check(lm.model, particle, row)
+            probs = np.exp(row.astype(np.float64))
+            particle.append(int(rng.choice(v, p=probs / probs.sum())))
+
+
+def test_one_batch_mixes_past_and_new_lengths(lm, check):
+    """A single forward pass with different cached lengths and new lengths per row is exact."""
+    rng = np.random.default_rng(2)
+    v = len(lm.vocab)
+    base = random_ids(rng, v, 12)
+    lm.next_token_logprobs_sync(base[:3])
+    lm.next_token_logprobs_sync(base[:9])
+    contexts = [
+        random_ids(rng, v, 4),  # no past, 4 new
+        base[:3] + [5],  # past 3, 1 new
+        base[:3] + random_ids(rng, v, 6),
+        base[:9] + random_ids(rng, v, 2),
+        base[:9],  # exact cached context: past 8, recompute the last token only
+    ]
+    forwards = lm.kv_stats["forwards"]
+    rows = lm.worker.call(lm._logprobs_batch, [tuple(c) for c in contexts], None)
+    assert lm.kv_stats["forwards"] == forwards + 1
+    for context, row in zip(contexts, rows):
+        check(lm.model, context, row)
+
+
+def test_exact_repeat_recomputes_only_the_last_token(lm, check):
+    """With the output cache off, a repeated context runs one token on top of its own KV."""
+    context = list(range(5, 25))
+    first = lm.next_token_logprobs_sync(context)
+    before = lm.kv_stats["computed_tokens"]
+    again = lm.next_token_logprobs_sync(context)
+    assert lm.kv_stats["computed_tokens"] - before == 1
+    check(lm.model, context, first)
+    check(lm.model, context, again)
+
+
+def test_eviction_pressure_stays_exact_and_bounded(loaded, check):
+    """A KV budget of a few tokens evicts constantly; results stay exact, bytes stay bounded."""
+    model, tok = loaded("stories260K-fp64")
+    probe = HFLM(model, tok, cache_bytes=0)
+    budget = 6 * probe.shape.bytes_per_token + 512
+    probe.close()
+    lm = HFLM(model, tok, cache_bytes=0, kv_cache_bytes=budget)
+    rng = np.random.default_rng(3)
+    prompt = random_ids(rng, 512, 10)
+    particles = [list(prompt) for _ in range(6)]
+    for _ in range(5):
+        rows = gather(lm, particles)
+        assert lm.kv.nbytes <= budget
+        for particle, row in zip(particles, rows):
+            check(model, particle, row)
+            particle.append(int(rng.integers(3, 512)))
+    lm.close()
+
+
+def test_orphaned_segment_is_dropped_and_recomputed(lm, check):
+    """When a parent entry is evicted, its child is unusable: the lookup drops it, stays exact."""
+    prompt = list(range(10, 20))
+    lm.next_token_logprobs_sync(prompt)
+    lm.next_token_logprobs_sync(prompt + [7])
+    assert lm.kv.cache.remove((-1, *prompt))
+    entries = len(lm.kv)
+    before = lm.kv_stats["computed_tokens"]
+    row = lm.next_token_logprobs_sync(prompt + [7, 8])
+    assert lm.kv_stats["computed_tokens"] - before == len(prompt) + 2
+    assert len(lm.kv) == entries  # the orphan went, the recomputed context came
+    check(lm.model, prompt + [7, 8], row)
+
+
+def test_pinned_prompt_survives_pressure_and_clear_cache(loaded, check):
+    """cache_kv pins a prompt's KV through eviction and clear_cache; clear_kv_cache drops it."""
+    model, tok = loaded("tiny-llama-fp64")
+    probe = HFLM(model, tok, cache_bytes=0)
+    per_token = probe.shape.bytes_per_token
+    probe.close()
+    prompt = list(range(100, 132))
+    lm = HFLM(model, tok, cache_bytes=0, kv_cache_bytes=(len(prompt) + 8) * per_token + 4096)
+    lm.cache_kv(prompt)
+    rng = np.random.default_rng(4)
+    gather(lm, [random_ids(rng, 50257, 12) for _ in range(6)])  # churn the unpinned space
+    before = lm.kv_stats["computed_tokens"]
+    check(model, prompt + [11], lm.next_token_logprobs_sync(prompt + [11]))
+    assert lm.kv_stats["computed_tokens"] - before == 1
+    lm.clear_cache()
+    before = lm.kv_stats["computed_tokens"]
+    check(model, prompt + [12], lm.next_token_logprobs_sync(prompt + [12]))
+    assert lm.kv_stats["computed_tokens"] - before == 1
+    lm.clear_kv_cache()
+    assert len(lm.kv) == 0
+    before = lm.kv_stats["computed_tokens"]
+    check(model, prompt + [13], lm.next_token_logprobs_sync(prompt + [13]))
+    assert lm.kv_stats["computed_tokens"] - before == len(prompt) + 1
+    lm.close()
+
+
+def test_cache_kv_too_big_for_budget_raises(loaded):
+    """Pinning a prompt whose KV exceeds the budget fails clearly instead of silently."""
+    model, tok = loaded("stories260K-fp64")
+    lm = HFLM(model, tok, kv_cache_bytes=1024)
+    with pytest.raises(MemoryError, match="kv_cache_bytes"):
+        lm.cache_kv(list(range(5, 60)))
+    lm.close()
+
+
+def test_portable_concat_path_matches(lm, check):
+    """The portable path (a standard DynamicCache, no in-place buffer) gives the same rows."""
+    lm._inplace = False
+    rng = np.random.default_rng(5)
+    v = len(lm.vocab)
+    prompt = random_ids(rng, v, 15)
+    lm.next_token_logprobs_sync(prompt)
+    contexts = [prompt + random_ids(rng, v, j) for j in (1, 3)] + [random_ids(rng, v, 2)]
+    for context, row in zip(contexts, gather(lm, contexts)):
+        check(lm.model, context, row)
+
+
+def test_sample_is_seeded_and_greedy_follows_full_forward(lm, reference):
+    """Seeded samples repeat; greedy sampling picks the full forward's argmax at every step."""
+    prompt = [1, 403, 407, 261] if len(lm.vocab) == 512 else [464, 3290, 318]
+    a = asyncio.run(lm.sample(prompt, max_tokens=6, eos_token_ids=[], seed=3))
+    b = asyncio.run(lm.sample(prompt, max_tokens=6, eos_token_ids=[], seed=3))
+    assert a == b
+    greedy = asyncio.run(lm.sample(prompt, max_tokens=5, eos_token_ids=[], temperature=0))
+    context = list(prompt)
+    for token in greedy:
+        assert token == int(np.argmax(reference(lm.model, context)))
+        context.append(token)

@@ -1,0 +1,104 @@
+"""Loading, plugin registration, vocabulary width and construction errors of the hf backend."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from genlm.backends.hf import HFLM  # noqa: E402
+from genlm.core import get_registry, load_model_by_name, resolve_model_path  # noqa: E402
+
+STORIES = resolve_model_path("stories260K")
+
+
+def test_entry_point_registers_hf_with_priority_10():
+    """The installed distribution declares the hf plugin, and the registry sees it available."""
+    eps = importlib.metadata.entry_points(group="genlm.backends")
+    assert any(ep.name == "hf" and ep.value == "genlm.backends.hf.plugin" for ep in eps)
+    spec = get_registry(refresh=True).backends["hf"]
+    assert spec.priority == 10
+    assert spec.distribution == "genlm-backend-hf"
+    assert spec.unavailable_reason() is None
+
+
+def test_plugin_import_is_cheap():
+    """Importing the plugin module does not import torch or transformers."""
+    code = (
+        "import sys, genlm.backends.hf.plugin as p; p.unavailable_reason(); "
+        "print('torch' in sys.modules, 'transformers' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_load_model_by_name_runs_offline(check):
+    """load_model_by_name('stories260K', backend='hf') loads the embedded model, on CPU here."""
+    lm = load_model_by_name("stories260K", backend="hf", cache_bytes=0)
+    try:
+        assert isinstance(lm, HFLM)
+        expected_device = "cuda" if torch.cuda.is_available() else "cpu"
+        assert next(lm.model.parameters()).device.type == expected_device
+        context = [1, 403, 407, 261, 378]
+        row = lm.next_token_logprobs_sync(context)
+        assert row.dtype == np.float32 and row.shape == (512,)
+        check(lm.model, context, row)
+    finally:
+        lm.close()
+
+
+def test_logit_rows_beyond_the_tokenizer_are_dropped_before_normalizing(check):
+    """A model padded to 600 logits still returns 512 normalized entries (the tokenizer's)."""
+    tok = transformers.AutoTokenizer.from_pretrained(STORIES)
+    model = transformers.AutoModelForCausalLM.from_pretrained(STORIES).double().eval()
+    model.resize_token_embeddings(600)
+    with torch.no_grad():
+        model.get_output_embeddings().weight[512:] = 5.0  # padded rows would carry real mass
+    lm = HFLM(model, tok, cache_bytes=0)
+    try:
+        context = [1, 403, 407]
+        row = lm.next_token_logprobs_sync(context)
+        assert row.shape == (512,)
+        check(model, context, row)  # the expectation slices to 512 before log_softmax
+        assert abs(np.logaddexp.reduce(row.astype(np.float64))) < 1e-6
+    finally:
+        lm.close()
+
+
+def test_wrong_tokenizer_is_rejected():
+    """A tokenizer larger than the model's logits is a clear error, not garbage rows."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(STORIES)
+    gpt2 = transformers.AutoTokenizer.from_pretrained(
+        str(__import__("support.random_llama").random_llama.tokenizer_dir("gpt2"))
+    )
+    with pytest.raises(ValueError, match="512 output logits"):
+        HFLM(model, gpt2)
+
+
+def test_quantization_options_fail_clearly():
+    """Both quantization flags at once, or bitsandbytes missing, raise errors that say so."""
+    with pytest.raises(ValueError, match="load_in_8bit"):
+        HFLM.from_name("stories260K", load_in_8bit=True, load_in_4bit=True)
+    if importlib.util.find_spec("bitsandbytes") is None:
+        with pytest.raises(ImportError, match="bitsandbytes"):
+            HFLM.from_name("stories260K", load_in_8bit=True)
+
+
+def test_from_name_dtype_and_hf_opts():
+    """dtype picks the weight dtype; hf_opts reach from_pretrained."""
+    lm = HFLM.from_name("stories260K", dtype="float64", hf_opts={"attn_implementation": "eager"})
+    try:
+        assert next(lm.model.parameters()).dtype == torch.float64
+        assert lm.model.config._attn_implementation == "eager"
+        assert np.isfinite(lm.next_token_logprobs_sync([1, 2, 3])).all()
+    finally:
+        lm.close()
+    with pytest.raises(ValueError, match="unknown dtype"):
+        HFLM.from_name("stories260K", dtype="float17")

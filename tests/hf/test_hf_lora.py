@@ -1,0 +1,131 @@
+"""LoRA adapters through peft: results equal a merged model, and adapters never share KV."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+peft = pytest.importorskip("peft")
+
+from genlm.backends.hf import HFLM  # noqa: E402
+from genlm.core import resolve_model_path  # noqa: E402
+
+STORIES = resolve_model_path("stories260K")
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def load_base(torch, transformers, dtype):
+    return transformers.AutoModelForCausalLM.from_pretrained(STORIES).to(dtype).eval()
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory):
+    """Two random adapters (non-zero B matrices) saved to disk, and their merged models (fp64)."""
+    import torch
+    import transformers
+
+    out = {}
+    for name, seed in (("a", 1), ("b", 2)):
+        torch.manual_seed(seed)
+        config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, init_lora_weights=False)
+        model = peft.get_peft_model(load_base(torch, transformers, torch.float32), config)
+        path = tmp_path_factory.mktemp(f"lora-{name}")
+        model.save_pretrained(path)
+        merged = peft.PeftModel.from_pretrained(load_base(torch, transformers, torch.float64), path)
+        out[name] = (path, merged.merge_and_unload().eval())
+    return out
+
+
+@pytest.fixture
+def lm(adapters):
+    """An fp64 stories260K HFLM with both adapters loaded and the base model active."""
+    import torch
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(STORIES)
+    model = HFLM(load_base(torch, transformers, torch.float64), tok, cache_bytes=0, max_wait_s=0.05)
+    for name, (path, _) in adapters.items():
+        model.add_lora(path, name)
+    yield model
+    model.close()
+
+
+@pytest.fixture
+def base_model():
+    import torch
+    import transformers
+
+    return load_base(torch, transformers, torch.float64)
+
+
+CONTEXTS = [[1, 403, 407, 261, 378], [1, 20, 30], [1, 403, 407, 261, 378, 11, 12, 13]]
+
+
+def test_adapter_matches_merged_model(lm, adapters, base_model, check):
+    """Each adapter's rows equal its merged model's full forward; clear_lora gives the base."""
+    for name in ("a", "b"):
+        lm.set_lora(name)
+        rows = lm.batch_next_token_logprobs_sync(CONTEXTS)
+        for context, row in zip(CONTEXTS, rows):
+            check(adapters[name][1], context, row)
+    lm.clear_lora()
+    for context, row in zip(CONTEXTS, lm.batch_next_token_logprobs_sync(CONTEXTS)):
+        check(base_model, context, row)
+
+
+def test_request_uses_adapter_active_when_made(lm, adapters, base_model, check):
+    """Switching adapters while requests wait does not change what those requests compute."""
+
+    async def scenario():
+        lm.set_lora("a")
+        first = asyncio.ensure_future(lm.next_token_logprobs(CONTEXTS[0]))
+        await asyncio.sleep(0)  # the request is made (and queued) under adapter a
+        lm.set_lora("b")
+        second = asyncio.ensure_future(lm.next_token_logprobs(CONTEXTS[0]))
+        await asyncio.sleep(0)
+        lm.clear_lora()
+        third = asyncio.ensure_future(lm.next_token_logprobs(CONTEXTS[0]))
+        return await asyncio.gather(first, second, third)
+
+    a, b, base = asyncio.run(scenario())
+    check(adapters["a"][1], CONTEXTS[0], a)
+    check(adapters["b"][1], CONTEXTS[0], b)
+    check(base_model, CONTEXTS[0], base)
+
+
+def test_adapters_never_reuse_each_others_kv(lm, adapters, base_model, check):
+    """KV cached under one adapter is invisible to another; within an adapter it is reused."""
+    prompt = CONTEXTS[2]
+    lm.next_token_logprobs_sync(prompt)  # base KV for the prompt
+    lm.set_lora("a")
+    before = lm.kv_stats["computed_tokens"]
+    check(adapters["a"][1], prompt + [40], lm.next_token_logprobs_sync(prompt + [40]))
+    assert lm.kv_stats["computed_tokens"] - before == len(prompt) + 1
+    before = lm.kv_stats["computed_tokens"]
+    check(adapters["a"][1], prompt + [40, 41], lm.next_token_logprobs_sync(prompt + [40, 41]))
+    assert lm.kv_stats["computed_tokens"] - before == 1
+    lm.clear_lora()
+    before = lm.kv_stats["computed_tokens"]
+    check(base_model, prompt + [40], lm.next_token_logprobs_sync(prompt + [40]))
+    assert lm.kv_stats["computed_tokens"] - before == 1
+
+
+def test_cache_kv_pins_under_the_active_adapter(lm, adapters, check):
+    """cache_kv under an adapter serves that adapter's later requests from the pinned KV."""
+    lm.set_lora("b")
+    lm.cache_kv(CONTEXTS[2])
+    before = lm.kv_stats["computed_tokens"]
+    row = lm.next_token_logprobs_sync(CONTEXTS[2] + [50])
+    assert lm.kv_stats["computed_tokens"] - before == 1
+    check(adapters["b"][1], CONTEXTS[2] + [50], row)
+
+
+def test_unknown_or_duplicate_adapter_is_a_clear_error(lm, adapters):
+    """Selecting a missing adapter or reusing a name fails with the name in the message."""
+    with pytest.raises(KeyError, match="nope"):
+        lm.set_lora("nope")
+    with pytest.raises(ValueError, match="'a'"):
+        lm.add_lora(adapters["a"][0], "a")
+    assert np.isfinite(lm.next_token_logprobs_sync(CONTEXTS[1])).all()
