@@ -46,26 +46,6 @@ DEFAULT_ENGINE_OPTS: dict[str, Any] = {"enable_prefix_caching": True, "max_logpr
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
-def build_vocabulary(tokenizer: Any, size: int) -> Vocabulary:
-    """A placeholder byte vocabulary of ``size`` ids (replaced by ``Vocabulary.from_tokenizer``).
-
-    Ids past the tokenizer (padded embedding rows) are marked unused.
-    """
-    n = min(len(tokenizer), size)
-    tokens = tuple(
-        tokenizer.convert_tokens_to_string([t]).encode("utf-8")
-        for t in tokenizer.convert_ids_to_tokens(list(range(n)))
-    ) + (b"",) * (size - n)
-    eos = tokenizer.eos_token_id
-    return Vocabulary(
-        tokens,
-        special_ids=frozenset(i for i in tokenizer.all_special_ids if i < size),
-        unused_ids=frozenset(range(n, size)),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_ids=() if eos is None else (eos,),
-    )
-
-
 def in_process_sampler(engine_opts: dict[str, Any], multiprocessing: bool) -> str | None:
     """None when vLLM's sampler will run in this process, else why not.
 
@@ -108,7 +88,7 @@ class VLLMLM(BatchedLM):
         kwargs.setdefault("name", f"vllm:{Path(model_path).name}")
         # vLLM schedules within a batch itself; a large batch lets it fill every step.
         kwargs.setdefault("max_batch_size", 128)
-        super().__init__(build_vocabulary(tokenizer, vocab_size), tokenizer, **kwargs)
+        super().__init__(Vocabulary.from_tokenizer(tokenizer, size=vocab_size), tokenizer, **kwargs)
         self.row_source = self._choose_row_source(row_source, opts)
         self._keys = itertools.count()
         self._loras: dict[str, Any] = {}
