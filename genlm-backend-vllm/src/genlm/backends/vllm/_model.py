@@ -94,7 +94,11 @@ class VLLMLM(BatchedLM):
         self._loras: dict[str, Any] = {}
         self._active_lora: str | None = None
         self._sink = None
-        self.llm = self.worker.call(self._start_engine, model_path, opts)
+        try:
+            self.llm = self.worker.call(self._start_engine, model_path, opts)
+        except BaseException:
+            self.worker.close()
+            raise
 
     @classmethod
     def from_name(
