@@ -132,7 +132,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["tiny", "stories260K", "bench53m"])
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "vllm.md")
-    parser.add_argument("--ref-note", default="", help="markdown line on the 0.3.1 reference")
+    parser.add_argument("--ref-note", type=Path, help="markdown file on the 0.3.1 reference")
+    parser.add_argument("--block-size", type=int, help="vLLM KV block size (CPU default 128)")
+    parser.add_argument("--vllm-only", action="store_true", help="skip both baselines")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     opts = {
@@ -140,27 +142,29 @@ def main() -> None:
         "max_model_len": 512,
         "kv_cache_memory_bytes": 1 * 2**30,
     }
+    if args.block_size:
+        opts["block_size"] = args.block_size
     rows = []
     for name in args.models:
         path = model_path(name)
         head_dim = json.loads((path / "config.json").read_text()).get("head_dim")
-        base = bench_transformers(path)
-        hf = bench_hf_backend(path)
-        hf_cell = "not installed" if hf is None else rate(hf["load_s"])
+        base = None if args.vllm_only else bench_transformers(path)
+        hf = None if args.vllm_only else bench_hf_backend(path)
+        hf_cell = "not run" if hf is None else rate(hf["load_s"])
+        base_cell = "not run" if base is None else rate(base["load_s"])
         try:
             ours = bench_vllm(path, opts)
             cell = (
                 f"{rate(ours['load_s'])}, start-up {ours['startup_s']:.0f} s, "
                 f"route `{ours['route']}`"
             )
-            speedup = f"{base['load_s'] / ours['load_s']:.1f}x"
+            speedup = "n/a" if base is None else f"{base['load_s'] / ours['load_s']:.1f}x"
         except Exception as exc:  # recorded, not hidden: e.g. an unsupported head dim
             logger.exception("vllm failed on %s", name)
             cell = f"cannot run: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
             speedup = "n/a"
         rows.append(
-            f"| {name} (head dim {head_dim}) | {cell} | {hf_cell} | {rate(base['load_s'])} "
-            f"| {speedup} |"
+            f"| {name} (head dim {head_dim}) | {cell} | {hf_cell} | {base_cell} | {speedup} |"
         )
         print(rows[-1], flush=True)
     lines = [
@@ -179,7 +183,7 @@ def main() -> None:
         "",
     ]
     if args.ref_note:
-        lines += [args.ref_note, ""]
+        lines += [args.ref_note.read_text()]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))
