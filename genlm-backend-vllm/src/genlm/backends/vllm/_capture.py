@@ -24,7 +24,6 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
-
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 if TYPE_CHECKING:

@@ -143,8 +143,9 @@ class VLLMLM(BatchedLM):
     # ---- engine lifecycle (worker thread) ---------------------------------------
 
     def _start_engine(self, model_path: str, opts: dict[str, Any]) -> Any:
-        from genlm.backends.vllm._capture import RowSink, capture_class
         from vllm import LLM
+
+        from genlm.backends.vllm._capture import RowSink, capture_class
 
         opts = dict(opts)
         if self.row_source == "processor":
@@ -175,8 +176,9 @@ class VLLMLM(BatchedLM):
         return self._active_lora
 
     def _logprobs_batch(self, contexts: list[tuple[int, ...]], variant: Hashable) -> np.ndarray:
-        from genlm.backends.vllm._capture import ROW_KEY
         from vllm import SamplingParams
+
+        from genlm.backends.vllm._capture import ROW_KEY
 
         keys = [f"genlm-row-{next(self._keys)}" for _ in contexts]
         requests = []
