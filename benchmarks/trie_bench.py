@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -39,38 +41,14 @@ def tokenizers_dir() -> Path:
     return REPO.parent / "shared" / "models" / "tokenizers"
 
 
-def _unicode_to_byte() -> dict[str, int]:
-    """Inverse of GPT-2's byte-to-unicode table (also used by llama3.2's ByteLevel)."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
-    bs += range(ord("®"), ord("ÿ") + 1)
-    cs = list(bs)
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
 def load_vocab(name: str) -> tuple[list[bytes], list[int], int]:
-    """Byte strings by id, the special (added) ids, and the EOS id."""
-    d = tokenizers_dir() / name
-    u2b = _unicode_to_byte()
-    if name == "gpt2":
-        pieces = json.loads((d / "vocab.json").read_text(encoding="utf-8"))
-        added: list[dict] = []
-    else:
-        tj = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
-        pieces, added = tj["model"]["vocab"], tj["added_tokens"]
-    size = max([*pieces.values(), *(a["id"] for a in added)]) + 1
-    vocab = [b""] * size
-    for s, i in pieces.items():
-        vocab[i] = bytes(u2b[c] for c in s)
-    for a in added:
-        vocab[a["id"]] = a["content"].encode()
+    """Byte strings by id, the special (added) ids, and the EOS id, via genlm-core."""
+    from genlm.core import Vocabulary
+
+    vocab = Vocabulary.from_tokenizer_json(tokenizers_dir() / name)
     eos = 50256 if name == "gpt2" else 128001
-    return vocab, [a["id"] for a in added], eos
+    special = sorted(vocab.special_ids - {eos}) if name == "gpt2" else sorted(vocab.special_ids)
+    return list(vocab.tokens), special, eos
 
 
 def weights(V: int, B: int) -> np.ndarray:
@@ -127,8 +105,10 @@ def bench_ref(repeats: int) -> dict:
 
     warnings.filterwarnings("ignore")
     res = {"torch_threads": torch.get_num_threads()}
+    with open(os.environ["GENLM_TRIE_BENCH_VOCABS"], "rb") as f:
+        vocabs = pickle.load(f)
     for name in VOCABS:
-        vocab, special, eos = load_vocab(name)
+        vocab, special, eos = vocabs[name]
         t0 = time.perf_counter()
         # Plain bytes (its deprecated-but-supported input), EOS by byte string,
         # special tokens atomic: the closest match to our configuration.
@@ -199,12 +179,16 @@ def main() -> None:
     ours = bench_ours(args.repeats)
     ref, note = None, "Reference not run (no --ref-python given)."
     if args.ref_python and Path(args.ref_python).exists():
-        out = subprocess.run(
-            [args.ref_python, __file__, "--ref-worker", "--repeats", str(args.repeats)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+        with tempfile.NamedTemporaryFile(suffix=".pkl") as f:
+            pickle.dump({name: load_vocab(name) for name in VOCABS}, f)
+            f.flush()
+            out = subprocess.run(
+                [args.ref_python, __file__, "--ref-worker", "--repeats", str(args.repeats)],
+                capture_output=True,
+                text=True,
+                check=True,
+                env={**os.environ, "GENLM_TRIE_BENCH_VOCABS": f.name},
+            )
         ref = json.loads(out.stdout.strip().splitlines()[-1])
         note = f"Reference torch threads: {ref['torch_threads']}."
     elif args.ref_python:
