@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import genlm.core._trie as trie_module
+from genlm.core import Vocabulary
 from genlm.core._trie import EOS_EDGE, TokenByteTrie
 
 REPO = Path(__file__).resolve().parents[2]
@@ -275,31 +275,13 @@ class TestLogSpace:
         assert np.all(trie.log_weight_sum(np.full(3, -np.inf)) == -np.inf)
 
 
-def _bytes_to_unicode() -> dict[str, int]:
-    """GPT-2's byte-to-unicode table, inverted: printable character -> byte."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
-    bs += range(ord("®"), ord("ÿ") + 1)
-    cs = list(bs)
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
 @pytest.fixture(scope="module")
 def gpt2_vocab() -> list[bytes]:
-    """The byte strings of the real GPT-2 vocabulary (50,257 tokens)."""
-    path = TOKENIZERS / "gpt2" / "vocab.json"
+    """The byte strings of the real GPT-2 vocabulary (50,257 tokens), read by genlm-core."""
+    path = TOKENIZERS / "gpt2"
     if not path.exists():
         pytest.skip(f"{path} not found")
-    u2b = _bytes_to_unicode()
-    vocab = [b""] * 50257
-    for s, i in json.loads(path.read_text(encoding="utf-8")).items():
-        vocab[i] = bytes(u2b[c] for c in s)
-    return vocab
+    return list(Vocabulary.from_tokenizer_json(path).tokens)
 
 
 def test_gpt2_random_nodes_equal_brute_force(gpt2_vocab):
