@@ -3,10 +3,8 @@
 Scores 240 bytes of TinyStories-style text byte by byte (prune to K, then advance; the
 same rule as the reference's ``prefill``) and reports bytes per second and -log P.
 
-Our side needs a real backend. Until the hf backend lands, it uses ``BenchTransformersLM``
-below: a bench-only transformers ``BatchedLM`` that keeps each evaluated context's KV
-cache and runs only the new tokens of a batch in one forward (the reference's backend
-also caches KV and batches).
+Our side runs over the hf backend (``HFLM``: batched forwards with automatic KV reuse);
+the reference over genlm-backend 0.3.1's ``AsyncTransformer`` (which also caches KV).
 
 Usage: python benchmarks/bytes_bench.py [--ref-python /work/venvs/ref-bytes2/bin/python]
 """
@@ -28,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from genlm.bytes import ByteLM  # noqa: E402
-from genlm.core import BatchedLM, PrefixCache, Vocabulary, resolve_model_path  # noqa: E402
+from genlm.core import resolve_model_path  # noqa: E402
 
 logger = logging.getLogger("bytes_bench")
 
@@ -43,71 +41,13 @@ TEXT = (
 )[:240]
 
 
-class BenchTransformersLM(BatchedLM):
-    """BENCH-ONLY transformers backend: one batched forward per batch, reusing the KV of the
-    longest cached prefix the batch shares. Not the hf backend (branch ``hf``)."""
-
-    def __init__(self, path: str):
-        import torch
-        import transformers
-
-        self.torch = torch
-        torch.set_num_threads(THREADS)
-        tok = transformers.AutoTokenizer.from_pretrained(path)
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        self.model.eval()
-        size = self.model.config.vocab_size
-        super().__init__(Vocabulary.from_tokenizer(tok, size=size), tok, name="bench-hf")
-        self.kv = PrefixCache(1 << 30)
-
-    def _logprobs_batch(self, contexts, variant):
-        """One forward for the whole batch: the KV of the batch's longest cached common
-        prefix, shared by all rows, then each row's new tokens right-padded (causal
-        attention never looks right, so padding needs no mask)."""
-        torch = self.torch
-        from transformers import DynamicCache
-
-        common = min(len(c) for c in contexts) - 1
-        first = contexts[0]
-        for c in contexts[1:]:
-            common = min(
-                common, next((i for i, (a, b) in enumerate(zip(first, c)) if a != b), common)
-            )
-        hit = self.kv.longest_prefix(first, max_length=common)
-        start = hit.length if hit is not None and hit.value else 0
-        B = len(contexts)
-        cache = DynamicCache()
-        if start:
-            for i, (k, v) in enumerate(hit.value):
-                cache.update(
-                    k[:, :, :start].expand(B, -1, -1, -1), v[:, :, :start].expand(B, -1, -1, -1), i
-                )
-        lengths = [len(c) - start for c in contexts]
-        width = max(lengths)
-        ids = torch.zeros((B, width), dtype=torch.long)
-        for row, c in enumerate(contexts):
-            ids[row, : lengths[row]] = torch.tensor(c[start:])
-        pos = torch.arange(start, start + width).unsqueeze(0).expand(B, -1)
-        with torch.no_grad():
-            out = self.model(input_ids=ids, past_key_values=cache, position_ids=pos, use_cache=True)
-        layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        for row, c in enumerate(contexts):
-            end = len(c)
-            kv = [
-                (k[row : row + 1, :, :end].clone(), v[row : row + 1, :, :end].clone())
-                for k, v in layers
-            ]
-            self.kv.insert(c, kv, sum(k.numel() * 8 for k, _ in kv))
-        last = torch.tensor(lengths) - 1
-        logits = out.logits[torch.arange(B), last].float()
-        return torch.log_softmax(logits, -1).numpy()
-
-    def _clear_backend_cache(self):
-        self.kv.clear()
-
-
 async def ours(path: str, Ks: list[int]) -> list[dict]:
-    lm = BenchTransformersLM(path)
+    import torch
+
+    from genlm.backends.hf import HFLM
+
+    torch.set_num_threads(THREADS)
+    lm = HFLM.from_name(path, device="cpu", dtype="float32")
     bos = lm.vocab.bos_token_id
     results = []
     async with lm:
