@@ -86,7 +86,7 @@ def main() -> None:
     if not args.skip_53m:
         from support.random_llama import cached_random_llama
 
-        runs.append(("bench53m (GPT-2 tokenizer)", str(cached_random_llama("bench53m")), [4]))
+        runs.append(("bench53m (GPT-2 tokenizer)", str(cached_random_llama("bench53m")), [1, 4]))
     rows = []
     for name, path, Ks in runs:
         mine = asyncio.run(ours(path, Ks))
@@ -100,9 +100,8 @@ def main() -> None:
         f"Text: {len(TEXT)} bytes of TinyStories-style English after BOS; prune to K then advance",
         "(the reference's `prefill` rule, prune threshold 0). CPU (2 shared cores), float32",
         "models, torch with 1 intra-op thread on both sides.",
-        "Ours: genlm-bytes over `BenchTransformersLM` (bench-only transformers BatchedLM: one",
-        "batched forward per batch with shared-prefix KV reuse, in `benchmarks/bytes_bench.py`;",
-        "the hf backend had not landed).",
+        "Ours: genlm-bytes over the hf backend (`HFLM`, default options: batched forwards with",
+        "automatic per-row KV reuse); `ByteLM` defaults (lookahead 1).",
         "Reference: genlm-bytes 0.2.0 over genlm-backend 0.3.1 `AsyncTransformer`, own venv.",
         "",
         "| model | K | ours bytes/s | ref bytes/s | speed-up | ours -logP | ref -logP | |Δ| nats |",
@@ -114,6 +113,12 @@ def main() -> None:
             f"| {name} | {m['K']} | {ob:.1f} | {rb:.1f} | {ob / rb:.1f}× | {m['neg_logp']:.6f} | "
             f"{r['neg_logp']:.6f} | {abs(m['neg_logp'] - r['neg_logp']):.2e} |"
         )
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    lines += [
+        "",
+        f"Load average at the end (1/5/15 min): {load}; CPUs: {os.cpu_count()}.",
+        f"Command: `python benchmarks/bytes_bench.py --ref-python {args.ref_python}`",
+    ]
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

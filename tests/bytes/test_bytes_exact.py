@@ -102,8 +102,8 @@ def test_prompt_bytes_marginalize_over_tokenizations(stories64):
     run(scenario())
 
 
-@pytest.mark.parametrize("K", [1, 4])
-def test_prefill_shortcuts_keep_the_plain_beam(stories64, K):
+@pytest.mark.parametrize(("K", "lookahead"), [(1, 1), (4, 0), (4, 1), (4, 3)])
+def test_prefill_shortcuts_keep_the_plain_beam(stories64, K, lookahead):
     """Prefill (skipped doomed boundaries, prefetched rows) ends in the same beam as advancing."""
 
     async def scenario():
@@ -111,7 +111,8 @@ def test_prefill_shortcuts_keep_the_plain_beam(stories64, K):
         plain = await ByteLM(stories64, K=K).initial((1,))
         for b in data:
             plain = await plain.advance(b)
-        fast = await (await ByteLM(stories64, K=K).initial((1,))).prefill(data)
+        fast_lm = ByteLM(stories64, K=K, lookahead=lookahead)
+        fast = await (await fast_lm.initial((1,))).prefill(data)
         assert fast.logZ == pytest.approx(plain.logZ, abs=1e-12)
         assert [(c.context, c.node) for c in fast.candidates] == [
             (c.context, c.node) for c in plain.candidates

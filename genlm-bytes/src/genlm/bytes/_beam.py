@@ -177,7 +177,7 @@ class ByteBeamState:
         return await self._advance(byte, only_survivors=False)
 
     async def _advance(
-        self, byte: int, only_survivors: bool, upcoming: int | None = None
+        self, byte: int, only_survivors: bool, upcoming: bytes = b""
     ) -> ByteBeamState:
         """:meth:`advance`; with ``only_survivors``, leave out the new candidates that the
         next step's :meth:`prune` surely drops, sparing their LM calls.
@@ -187,9 +187,10 @@ class ByteBeamState:
         the LM's rows), the boundary cannot reach the top ``K``. The result then has the
         same pruned beam as :meth:`advance`'s, but not its ``logZ``: only for stepping on.
 
-        ``upcoming``: the byte the caller will advance by next (prefill knows it). The
-        token boundaries that step will likely need are then sent with this step's, so
-        that step usually finds its LM rows cached and costs no forward pass.
+        ``upcoming``: the bytes the caller will advance by next (prefill knows them). The
+        token boundaries the next ``byte_lm.lookahead`` steps will likely need are then
+        sent with this step's, so those steps usually find their LM rows cached and cost
+        no forward pass.
         """
         if isinstance(byte, bool) or not isinstance(byte, (int, np.integer)) or not 0 <= byte < 256:
             raise ValueError(f"expected a byte value 0..255, got {byte!r}")
@@ -216,8 +217,9 @@ class ByteBeamState:
                     kth = sorted((c.weight for c in new), reverse=True)[K - 1]
                     above = kth - _ROUNDING_MARGIN
             prefetch: list[tuple[int, ...]] = []
-            if upcoming is not None and K is not None:
-                prefetch = _likely_boundaries(beam, new, start, above, K)
+            if K is not None and byte_lm.lookahead and upcoming:
+                ahead = upcoming[: byte_lm.lookahead - 1]
+                prefetch = _likely_boundaries(beam, new, start, above, K, ahead)
             for b in await beam.boundaries(above, prefetch):
                 weight = b.logp + float(b.next.mass[start])
                 if weight > -np.inf:
@@ -247,7 +249,7 @@ class ByteBeamState:
         for i, byte in enumerate(data):
             # Only the last state is returned: the ones before it need only their survivors.
             last = i == len(data) - 1
-            upcoming = None if last else data[i + 1]
+            upcoming = b"" if last else data[i + 1 :]
             state = await state._advance(byte, only_survivors=not last, upcoming=upcoming)
         return await state.with_eos_mode(True) if text_mode else state
 
@@ -358,27 +360,54 @@ class ByteBeamState:
 
 
 def _likely_boundaries(
-    beam: ByteBeamState, inner: list[Candidate], start: int, above: float, K: int
+    beam: ByteBeamState,
+    inner: list[Candidate],
+    start: int,
+    above: float,
+    K: int,
+    ahead: bytes,
 ) -> list[tuple[int, ...]]:
-    """Contexts the next step's token boundaries will probably need (a guess: prefetch only).
+    """Contexts the next steps' token boundaries will probably need (a guess: prefetch only).
 
     The next beam is the top ``K`` of the inner candidates (exact weights) and of the
     candidates this step's boundaries start at ``start`` (weights at most the boundary's).
-    Ranking all of them by those numbers, the boundaries of the top ``K`` are the guess.
+    Ranking all of them by those numbers, the boundaries of the top ``K`` are the guess;
+    then the same guess is stepped over each byte of ``ahead`` (rows not fetched yet keep
+    their bound), adding the boundaries each guessed beam would need.
     """
-    trie = beam.byte_lm.trie
-    # (weight or bound, context, node, row of the context or None where not fetched yet)
-    ranked: list[tuple[float, tuple[int, ...], int, np.ndarray | None]] = [
-        (c.weight, c.context, c.node, c.next.row) for c in inner
-    ]
-    ranked += [(w, ctx, start, None) for ctx, w in beam._boundary_contexts() if w > above]
-    ranked.sort(key=lambda r: -r[0])
-    out: list[tuple[int, ...]] = []
-    for _, context, node, row in ranked[:K]:
-        for token in trie.tokens_at(node).tolist():
-            if row is None or row[token] > -np.inf:
-                out.append(context + (token,))
-    return out
+    byte_lm = beam.byte_lm
+    trie = byte_lm.trie
+    root = trie.root
+    # (weight or bound, log P(context), context, node, row of the context or None)
+    guess = [(c.weight, c.logp, c.context, c.node, c.next.row) for c in inner]
+    guess += [(w, w, ctx, start, None) for ctx, w in beam._boundary_contexts() if w > above]
+    out: dict[tuple[int, ...], None] = {}
+    for step in range(len(ahead) + 1):
+        guess.sort(key=lambda g: -g[0])
+        del guess[K:]
+        bounds = []
+        for bound, logp, context, node, row in guess:
+            for token in trie.tokens_at(node).tolist():
+                if row is None:
+                    bounds.append((bound, bound, context + (token,)))
+                elif row[token] > -np.inf:
+                    lp = logp + float(row[token])
+                    bounds.append((lp, lp, context + (token,)))
+        out.update((ctx, None) for _, _, ctx in bounds)
+        if step == len(ahead):
+            break
+        byte = ahead[step]
+        moved = []
+        for bound, logp, context, node, row in guess:
+            child = trie.child(node, byte)
+            if child is not None:
+                moved.append((bound, logp, context, child, row))
+        start = trie.child(root, byte)
+        if start is not None:
+            cached = byte_lm.cached_row
+            moved += [(b, lp, ctx, start, cached(ctx, beam.eos_mode)) for b, lp, ctx in bounds]
+        guess = moved
+    return list(out)
 
 
 def _tail(data: bytes, n: int = 24) -> str:
