@@ -100,3 +100,22 @@ def test_prompt_bytes_marginalize_over_tokenizations(stories64):
         assert state.logZ == pytest.approx(expected, abs=1e-9)
 
     run(scenario())
+
+
+@pytest.mark.parametrize(("K", "lookahead"), [(1, 1), (4, 0), (4, 1), (4, 3)])
+def test_prefill_shortcuts_keep_the_plain_beam(stories64, K, lookahead):
+    """Prefill (skipped doomed boundaries, prefetched rows) ends in the same beam as advancing."""
+
+    async def scenario():
+        data = b" Once upon a time, Lily saw a caf\xc3\xa9."
+        plain = await ByteLM(stories64, K=K).initial((1,))
+        for b in data:
+            plain = await plain.advance(b)
+        fast_lm = ByteLM(stories64, K=K, lookahead=lookahead)
+        fast = await (await fast_lm.initial((1,))).prefill(data)
+        assert fast.logZ == pytest.approx(plain.logZ, abs=1e-12)
+        assert [(c.context, c.node) for c in fast.candidates] == [
+            (c.context, c.node) for c in plain.candidates
+        ]
+
+    run(scenario())

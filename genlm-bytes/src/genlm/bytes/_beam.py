@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Nats by which a boundary's weight must fall below the ``K``-th candidate's before a step
+#: skips its LM call: the LM's float32 rows may sum to slightly more than 1, so a boundary's
+#: next-byte mass can exceed 0 by float rounding (~1e-6 nats), never by this much.
+_ROUNDING_MARGIN = 1e-4
+
 
 class UnreachableByteError(ValueError):
     """No candidate of the beam (and no healing) can produce the requested byte."""
@@ -120,15 +125,30 @@ class ByteBeamState:
             return self
         return ByteBeamState(self.byte_lm, kept, self.data, self.eos_mode)
 
-    async def boundaries(self) -> list[Candidate]:
+    async def boundaries(
+        self, above: float = -np.inf, prefetch: Sequence[tuple[int, ...]] = ()
+    ) -> list[Candidate]:
         """Candidates at a token boundary right after ``data``, with their LM masses.
 
         Every candidate whose partial token is a whole token (or several ids with those
         bytes) completes it; a new boundary whose share of the mass (beam plus new
-        boundaries) is at most the prune threshold is dropped before the LM is asked.
+        boundaries) is at most the prune threshold is dropped before the LM is asked,
+        and so is one whose weight is at most ``above`` (its weight bounds every candidate
+        it can lead to, so a caller that knows ``K`` heavier ones need not ask the LM).
+        ``prefetch``: more contexts to send in the same LM batch (for later steps).
         """
         if self._boundaries is not None:
-            return self._boundaries
+            return [b for b in self._boundaries if b.logp > above]
+        found = [(ctx, w) for ctx, w in self._boundary_contexts() if w > above]
+        nexts = await self.byte_lm.next_tokens([ctx for ctx, _ in found], self.eos_mode, prefetch)
+        root = self.byte_lm.trie.root
+        bounds = [Candidate(ctx, logp, root, nxt, logp) for (ctx, logp), nxt in zip(found, nexts)]
+        if above == -np.inf:
+            self._boundaries = bounds
+        return bounds
+
+    def _boundary_contexts(self) -> list[tuple[tuple[int, ...], float]]:
+        """``(context, log weight)`` of each token boundary after ``data`` above the threshold."""
         trie = self.byte_lm.trie
         found: list[tuple[tuple[int, ...], float]] = []
         for c in self.candidates:
@@ -144,11 +164,7 @@ class ByteBeamState:
         if threshold > -np.inf and found:
             total = np.logaddexp(self.logZ, _logsumexp(np.array([w for _, w in found])))
             found = [(ctx, w) for ctx, w in found if w - total > threshold]
-        nexts = await self.byte_lm.next_tokens([ctx for ctx, _ in found], self.eos_mode)
-        self._boundaries = [
-            Candidate(ctx, logp, trie.root, nxt, logp) for (ctx, logp), nxt in zip(found, nexts)
-        ]
-        return self._boundaries
+        return found
 
     # ---- stepping ----------------------------------------------------------------------
 
@@ -158,11 +174,30 @@ class ByteBeamState:
         Raises:
             UnreachableByteError: no candidate reaches ``byte`` and healing failed or is off.
         """
+        return await self._advance(byte, only_survivors=False)
+
+    async def _advance(
+        self, byte: int, only_survivors: bool, upcoming: bytes = b""
+    ) -> ByteBeamState:
+        """:meth:`advance`; with ``only_survivors``, leave out the new candidates that the
+        next step's :meth:`prune` surely drops, sparing their LM calls.
+
+        A boundary's weight after the byte is at most its weight before, so once ``K``
+        candidates inside their tokens are heavier (by a margin above float rounding of
+        the LM's rows), the boundary cannot reach the top ``K``. The result then has the
+        same pruned beam as :meth:`advance`'s, but not its ``logZ``: only for stepping on.
+
+        ``upcoming``: the bytes the caller will advance by next (prefill knows them). The
+        token boundaries the next ``byte_lm.lookahead`` steps will likely need are then
+        sent with this step's, so those steps usually find their LM rows cached and cost
+        no forward pass.
+        """
         if isinstance(byte, bool) or not isinstance(byte, (int, np.integer)) or not 0 <= byte < 256:
             raise ValueError(f"expected a byte value 0..255, got {byte!r}")
         byte = int(byte)
         beam = self.prune()
-        trie = self.byte_lm.trie
+        byte_lm = self.byte_lm
+        trie = byte_lm.trie
         root = trie.root
         new: list[Candidate] = []
         for c in beam.candidates:
@@ -175,7 +210,17 @@ class ByteBeamState:
                     new.append(Candidate(c.context, c.logp, child, c.next, weight))
         start = trie.child(root, byte)
         if start is not None:
-            for b in await beam.boundaries():
+            above = -np.inf
+            K = byte_lm.K
+            if only_survivors and K is not None and len(new) >= K:
+                if byte_lm.log_prune_threshold == -np.inf:
+                    kth = sorted((c.weight for c in new), reverse=True)[K - 1]
+                    above = kth - _ROUNDING_MARGIN
+            prefetch: list[tuple[int, ...]] = []
+            if K is not None and byte_lm.lookahead and upcoming:
+                ahead = upcoming[: byte_lm.lookahead - 1]
+                prefetch = _likely_boundaries(beam, new, start, above, K, ahead)
+            for b in await beam.boundaries(above, prefetch):
                 weight = b.logp + float(b.next.mass[start])
                 if weight > -np.inf:
                     new.append(Candidate(b.context, b.logp, start, b.next, weight))
@@ -200,8 +245,12 @@ class ByteBeamState:
         """Advance over ``data``; EOS tokens that are ordinary text count as text meanwhile."""
         text_mode = self.byte_lm.has_text_eos
         state = await self.with_eos_mode(False) if text_mode else self
-        for byte in bytes(data):
-            state = await state.advance(byte)
+        data = bytes(data)
+        for i, byte in enumerate(data):
+            # Only the last state is returned: the ones before it need only their survivors.
+            last = i == len(data) - 1
+            upcoming = b"" if last else data[i + 1 :]
+            state = await state._advance(byte, only_survivors=not last, upcoming=upcoming)
         return await state.with_eos_mode(True) if text_mode else state
 
     async def with_eos_mode(self, eos_mode: bool) -> ByteBeamState:
@@ -308,6 +357,57 @@ class ByteBeamState:
         if len(self.candidates) > 8:
             lines.append(f"  ... {len(self.candidates) - 8} more")
         return "\n".join(lines)
+
+
+def _likely_boundaries(
+    beam: ByteBeamState,
+    inner: list[Candidate],
+    start: int,
+    above: float,
+    K: int,
+    ahead: bytes,
+) -> list[tuple[int, ...]]:
+    """Contexts the next steps' token boundaries will probably need (a guess: prefetch only).
+
+    The next beam is the top ``K`` of the inner candidates (exact weights) and of the
+    candidates this step's boundaries start at ``start`` (weights at most the boundary's).
+    Ranking all of them by those numbers, the boundaries of the top ``K`` are the guess;
+    then the same guess is stepped over each byte of ``ahead`` (rows not fetched yet keep
+    their bound), adding the boundaries each guessed beam would need.
+    """
+    byte_lm = beam.byte_lm
+    trie = byte_lm.trie
+    root = trie.root
+    # (weight or bound, log P(context), context, node, row of the context or None)
+    guess = [(c.weight, c.logp, c.context, c.node, c.next.row) for c in inner]
+    guess += [(w, w, ctx, start, None) for ctx, w in beam._boundary_contexts() if w > above]
+    out: dict[tuple[int, ...], None] = {}
+    for step in range(len(ahead) + 1):
+        guess.sort(key=lambda g: -g[0])
+        del guess[K:]
+        bounds = []
+        for bound, logp, context, node, row in guess:
+            for token in trie.tokens_at(node).tolist():
+                if row is None:
+                    bounds.append((bound, bound, context + (token,)))
+                elif row[token] > -np.inf:
+                    lp = logp + float(row[token])
+                    bounds.append((lp, lp, context + (token,)))
+        out.update((ctx, None) for _, _, ctx in bounds)
+        if step == len(ahead):
+            break
+        byte = ahead[step]
+        moved = []
+        for bound, logp, context, node, row in guess:
+            child = trie.child(node, byte)
+            if child is not None:
+                moved.append((bound, logp, context, child, row))
+        start = trie.child(root, byte)
+        if start is not None:
+            cached = byte_lm.cached_row
+            moved += [(b, lp, ctx, start, cached(ctx, beam.eos_mode)) for b, lp, ctx in bounds]
+        guess = moved
+    return list(out)
 
 
 def _tail(data: bytes, n: int = 24) -> str:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 import numpy as np
 
-from genlm.core._trie import TokenByteTrie
+from genlm.core import TokenByteTrie
 
 if TYPE_CHECKING:
     from genlm.bytes._beam import ByteBeamState
@@ -86,6 +86,11 @@ class ByteLM:
         heal_max_backoff: most bytes moved out of the partial token (None: all of them).
         heal_max_splits: most extra tokens committed inside the moved bytes (None: no limit).
         cache_bytes: byte budget of the per-context mass cache.
+        lookahead: while prefilling with a beam width ``K``, each forward pass also
+            computes the LM rows that the next ``lookahead`` steps will probably need (a
+            guess from the beam's weights), so about every other step runs no forward
+            pass. Results never depend on it. 0 turns it off; larger values trade wasted
+            rows (costly on big models) for fewer forward passes (what small ones cost).
         close_lm: close ``lm`` in :meth:`aclose` (for a model this object loaded).
     """
 
@@ -100,12 +105,15 @@ class ByteLM:
         heal_max_backoff: int | None = None,
         heal_max_splits: int | None = 8,
         cache_bytes: int = 256 * 2**20,
+        lookahead: int = 1,
         close_lm: bool = False,
     ):
         if K is not None and K < 1:
             raise ValueError(f"K must be a positive beam width or None, got {K}")
         if not 0.0 <= prune_threshold < 1.0:
             raise ValueError(f"prune_threshold must be in [0, 1), got {prune_threshold}")
+        if lookahead < 0:
+            raise ValueError(f"lookahead must be >= 0, got {lookahead}")
         for name, value in (
             ("heal_max_backoff", heal_max_backoff),
             ("heal_max_splits", heal_max_splits),
@@ -120,6 +128,7 @@ class ByteLM:
         self.heal_max_backoff = heal_max_backoff
         self.heal_max_splits = heal_max_splits
         self.cache_bytes = cache_bytes
+        self.lookahead = lookahead
         self.close_lm = close_lm
 
         vocab = lm.vocab
@@ -206,26 +215,42 @@ class ByteLM:
     # ---- next-token masses -----------------------------------------------------------
 
     async def next_tokens(
-        self, contexts: Sequence[tuple[int, ...]], eos_mode: bool = True
+        self,
+        contexts: Sequence[tuple[int, ...]],
+        eos_mode: bool = True,
+        prefetch: Sequence[tuple[int, ...]] = (),
     ) -> list[NextTokens]:
         """:class:`NextTokens` of each context; missing ones are requested concurrently
-        (so the LM's scheduler batches them) and cached."""
+        (so the LM's scheduler batches them) and cached.
+
+        ``prefetch``: contexts a later call will probably ask for. When some context is
+        missing (so the LM runs anyway), the missing ones of these join the same batch:
+        on a small model a forward pass costs about the same for a few more rows.
+        """
         self._check_open()
         found: dict[tuple[int, ...], NextTokens] = {}
-        missing: list[tuple[int, ...]] = []
+        missing: dict[tuple[int, ...], None] = {}
         for ctx in contexts:
             hit = self._cache.get((ctx, eos_mode))
             if hit is not None:
                 self._cache.move_to_end((ctx, eos_mode))
                 found[ctx] = hit
-            elif ctx not in found and ctx not in missing:
-                missing.append(ctx)
+            elif ctx not in found:
+                missing[ctx] = None
         if missing:
+            for ctx in prefetch:
+                if (ctx, eos_mode) not in self._cache:
+                    missing[ctx] = None
             rows = await gather_all(self._row(ctx) for ctx in missing)
             self._check_open()
             for ctx, row in zip(missing, rows):
                 found[ctx] = self._store((ctx, eos_mode), self._masses(row, eos_mode))
         return [found[ctx] for ctx in contexts]
+
+    def cached_row(self, ctx: tuple[int, ...], eos_mode: bool) -> np.ndarray | None:
+        """The LM row of ``ctx`` if it is cached (no LM call), else None."""
+        hit = self._cache.get((ctx, eos_mode))
+        return None if hit is None else hit.row
 
     async def _row(self, ctx: tuple[int, ...]) -> np.ndarray:
         """The LM row of ``ctx``, reusing the other mode's cached row when there is one."""

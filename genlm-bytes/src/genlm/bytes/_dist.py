@@ -5,9 +5,11 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-#: Index of end-of-sequence in :attr:`NextByteLogprobs.logprobs` (one past the last byte;
-#: the same label as the trie's EOS edge).
-EOS = 256
+from genlm.core import EOS_EDGE
+
+#: Index of end-of-sequence in :attr:`NextByteLogprobs.logprobs` (256: one past the last
+#: byte, the same label as the trie's EOS edge).
+EOS = EOS_EDGE
 
 #: Key of the end-of-token (token boundary) probability: ``dist[EOT]``. It is not an
 #: outcome that competes with the bytes and EOS; see :class:`NextByteLogprobs`.
