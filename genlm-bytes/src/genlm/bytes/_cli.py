@@ -13,19 +13,6 @@ from genlm.bytes._dist import EOS, EOT
 logger = logging.getLogger(__name__)
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prompt", help="text to continue")
-    parser.add_argument("--model", default=None, help="model name or path (default: stories260K)")
-    parser.add_argument("--backend", default=None, help="backend name (default: best available)")
-    parser.add_argument("-K", "--beam", type=int, default=8, help="beam width")
-    parser.add_argument("--top", type=int, default=10, help="how many next bytes to show")
-    parser.add_argument(
-        "--sample", type=int, default=0, metavar="N", help="then sample N bytes, one at a time"
-    )
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    parser.add_argument("--seed", type=int, default=None, help="random seed")
-
-
 async def prompt_state(byte_lm, prompt: str):
     """The state after ``prompt``: its tokens as context, the last token re-opened.
 

@@ -1,22 +1,44 @@
-"""Adds ``genlm bytes`` to the ``genlm`` CLI. Cheap to import: only genlm.core."""
+"""Adds ``genlm bytes`` to the ``genlm`` CLI.
+
+Cheap to import, and so is registering: the command's arguments are declared here, and
+the package (numpy, the beam, the trie) is imported only when the command runs.
+"""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 
 from genlm.core.cli import Command
 from genlm.core.hookspecs import hookimpl
 
 
-@hookimpl
-def genlm_register_commands(register: Callable[[Command], None]) -> None:
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompt", help="text to continue")
+    parser.add_argument("--model", default=None, help="model name or path (default: stories260K)")
+    parser.add_argument("--backend", default=None, help="backend name (default: best available)")
+    parser.add_argument("-K", "--beam", type=int, default=8, help="beam width")
+    parser.add_argument("--top", type=int, default=10, help="how many next bytes to show")
+    parser.add_argument(
+        "--sample", type=int, default=0, metavar="N", help="then sample N bytes, one at a time"
+    )
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    parser.add_argument("--seed", type=int, default=None, help="random seed")
+
+
+def run(args: argparse.Namespace) -> int:
     from genlm.bytes import _cli
 
+    return _cli.run(args)
+
+
+@hookimpl
+def genlm_register_commands(register: Callable[[Command], None]) -> None:
     register(
         Command(
             name="bytes",
             help="show the next-byte distribution after a prompt, or sample byte by byte",
-            configure=_cli.configure,
-            run=_cli.run,
+            configure=configure,
+            run=run,
         )
     )
