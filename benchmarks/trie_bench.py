@@ -134,7 +134,7 @@ def bench_ref(repeats: int) -> dict:
 
 def table(ours: dict, ref: dict | None, note: str) -> str:
     lines = [
-        "# Token-byte trie: genlm.core vs genlm-bytes 0.2.0",
+        "## Token-byte trie: genlm.core vs genlm-bytes 0.2.0",
         "",
         "CPU only, same vocabularies and distributions; median ms per call (build: seconds).",
         "Ours: numpy, one thread, float64. Reference: genlm-bytes 0.2.0 `TokenByteTrie`",
