@@ -182,18 +182,6 @@ def test_cache_kv_too_big_for_budget_raises(loaded):
     lm.close()
 
 
-def test_portable_concat_path_matches(lm, check):
-    """The portable path (a standard DynamicCache, no in-place buffer) gives the same rows."""
-    lm._inplace = False
-    rng = np.random.default_rng(5)
-    v = len(lm.vocab)
-    prompt = random_ids(rng, v, 15)
-    lm.next_token_logprobs_sync(prompt)
-    contexts = [prompt + random_ids(rng, v, j) for j in (1, 3)] + [random_ids(rng, v, 2)]
-    for context, row in zip(contexts, gather(lm, contexts)):
-        check(lm.model, context, row)
-
-
 def test_sample_is_seeded_and_greedy_follows_full_forward(lm, reference):
     """Seeded samples repeat; greedy sampling picks the full forward's argmax at every step."""
     prompt = [1, 403, 407, 261] if len(lm.vocab) == 512 else [464, 3290, 318]

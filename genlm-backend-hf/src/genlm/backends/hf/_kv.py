@@ -39,16 +39,12 @@ import attrs
 import numpy as np
 import torch
 
+# transformers >= 4.56 (we require 4.57): caches are lists of layer objects we can subclass.
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
 from genlm.core import PrefixCache
 
 logger = logging.getLogger(__name__)
-
-try:  # transformers >= 4.56: caches are lists of layer objects we can subclass
-    from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
-except ImportError:  # pragma: no cover - older transformers: concatenate into a DynamicCache
-    from transformers.cache_utils import DynamicCache
-
-    Cache = DynamicLayer = None
 
 #: Python-side overhead charged per stored segment, on top of its tensor bytes.
 SEGMENT_OVERHEAD_BYTES = 256
@@ -235,32 +231,9 @@ class BufferedCache(DynamicCache):
         Cache.__init__(self, layers=[BufferedLayer(kv[0], kv[1], past) for kv in buffer])
 
 
-def inplace_cache_supported() -> bool:
-    """Whether this transformers has layered caches (>= 4.56) for the in-place fast path."""
-    return DynamicLayer is not None
-
-
 def layer_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The ``(keys, values)`` of every layer of a transformers cache, old or new layout."""
-    if hasattr(cache, "layers"):
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    if hasattr(cache, "key_cache"):  # pragma: no cover - transformers < 4.56
-        return list(zip(cache.key_cache, cache.value_cache))
-    return [(k, v) for k, v, *_ in cache]  # pragma: no cover - legacy tuples
-
-
-def concat_cache(buffer: torch.Tensor, past: int):
-    """A standard ``DynamicCache`` holding copies of the first ``past`` positions of ``buffer``.
-
-    The portable path: works on every transformers version, at the price of the cache
-    concatenating the past once more inside the forward.
-    """
-    if past == 0:
-        return DynamicCache()
-    pairs = [(kv[0, :, :, :past], kv[1, :, :, :past]) for kv in buffer]
-    if hasattr(DynamicCache, "from_legacy_cache"):  # pragma: no cover - transformers < 5
-        return DynamicCache.from_legacy_cache(tuple(pairs))
-    return DynamicCache(pairs)
+    """The ``(keys, values)`` of every layer of a transformers cache."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 class BatchInputs:

@@ -25,9 +25,7 @@ from genlm.backends.hf._kv import (
     KVShape,
     KVStore,
     Row,
-    concat_cache,
     group_rows,
-    inplace_cache_supported,
     layer_tensors,
 )
 from genlm.core import BatchedLM, Vocabulary, resolve_model_path
@@ -87,7 +85,6 @@ class HFLM(BatchedLM):
             "forwards": 0,
             "resident_rows": 0,
         }
-        self._inplace = inplace_cache_supported()
         self._pad_id = _pad_id(tokenizer)
         self._keeps_last_logits = _accepts_logits_to_keep(model)
         #: ``[layers, 2, rows, kv_heads, columns, head_dim]``, kept between batches: a batch
@@ -281,10 +278,7 @@ class HFLM(BatchedLM):
         batch = BatchInputs(rows, buffer, self._pad_id)
         batch.fill_past(skip=resident)
         self.kv_stats["resident_rows"] += len(resident)
-        if self._inplace:
-            cache = BufferedCache(batch.buffer, batch.past)
-        else:
-            cache = concat_cache(batch.buffer, batch.past)
+        cache = BufferedCache(batch.buffer, batch.past)
         kwargs = {"logits_to_keep": 1} if self._keeps_last_logits else {}
         output = self.model(
             input_ids=batch.input_ids,
@@ -294,10 +288,6 @@ class HFLM(BatchedLM):
             use_cache=True,
             **kwargs,
         )
-        if not self._inplace:  # copy the new positions back so storing is uniform
-            for layer, (keys, values) in enumerate(layer_tensors(output.past_key_values)):
-                batch.buffer[layer, 0, :, :, batch.past :] = keys[:, :, batch.past :]
-                batch.buffer[layer, 1, :, :, batch.past :] = values[:, :, batch.past :]
         logits = output.logits[:, -1, : len(self.vocab)]
         # Normalize in at least float32 (bf16 logits would lose small probabilities).
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
