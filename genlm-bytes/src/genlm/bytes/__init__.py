@@ -4,9 +4,9 @@ Public names load lazily (module ``__getattr__``), so the ``genlm`` CLI can impo
 package's plugin module without loading numpy or the beam machinery.
 """
 
-import importlib as _importlib
 from typing import TYPE_CHECKING as _TYPE_CHECKING
-from typing import Any as _Any
+
+from genlm.core import lazy_exports as _lazy_exports
 
 #: Public name -> the private module defining it.
 _EXPORTS = {
@@ -36,24 +36,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> _Any:
-    if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            return version("genlm-bytes")
-        except PackageNotFoundError:  # running from a source tree
-            return "0+unknown"
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'genlm.bytes' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(f"genlm.bytes.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS) | {"__version__"})
+__getattr__, __dir__ = _lazy_exports(__name__, "genlm-bytes", _EXPORTS)
 
 
 if _TYPE_CHECKING:

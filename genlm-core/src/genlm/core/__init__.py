@@ -4,9 +4,9 @@ Public names load lazily (module ``__getattr__``), so ``import genlm.core`` and 
 ``genlm`` CLI start fast; numpy and asyncio load with the first name that needs them.
 """
 
-import importlib as _importlib
 from typing import TYPE_CHECKING as _TYPE_CHECKING
-from typing import Any as _Any
+
+from genlm.core._lazy import lazy_exports as _lazy_exports
 
 #: Public name -> the private module defining it.
 _EXPORTS = {
@@ -33,6 +33,7 @@ _EXPORTS = {
     "VocabularyMismatchError": "_errors",
     "decode_vocab": "_vocab",
     "get_registry": "_registry",
+    "lazy_exports": "_lazy",
     "load_model_by_name": "_registry",
     "resolve_model_path": "_models",
 }
@@ -61,29 +62,13 @@ __all__ = [
     "VocabularyMismatchError",
     "decode_vocab",
     "get_registry",
+    "lazy_exports",
     "load_model_by_name",
     "resolve_model_path",
 ]
 
 
-def __getattr__(name: str) -> _Any:
-    if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            return version("genlm-core")
-        except PackageNotFoundError:  # running from a source tree
-            return "0+unknown"
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'genlm.core' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(f"genlm.core.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS) | {"__version__"})
+__getattr__, __dir__ = _lazy_exports(__name__, "genlm-core", _EXPORTS)
 
 
 if _TYPE_CHECKING:
@@ -97,6 +82,7 @@ if _TYPE_CHECKING:
         PluginLoadError,
         VocabularyMismatchError,
     )
+    from genlm.core._lazy import lazy_exports
     from genlm.core._model import BatchedLM
     from genlm.core._models import DEFAULT_MODEL, resolve_model_path
     from genlm.core._output_cache import OutputCache

@@ -1,0 +1,45 @@
+"""Lazy public facades: a package's names import their modules on first use.
+
+Plugin discovery imports every GenLM package's plugin module, and importing a module
+runs its package's ``__init__``; a facade that imported numpy or torch there would slow
+every ``genlm`` command. Packages build their ``__getattr__`` and ``__dir__`` here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def lazy_exports(
+    package: str, distribution: str, exports: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """The module ``__getattr__`` and ``__dir__`` of a lazy package.
+
+    Args:
+        package: the package's ``__name__``.
+        distribution: its pip distribution, for ``__version__``.
+        exports: public name -> the submodule (relative to ``package``) defining it.
+    """
+    namespace = importlib.import_module(package).__dict__
+
+    def __getattr__(name: str) -> Any:
+        if name == "__version__":
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                return version(distribution)
+            except PackageNotFoundError:  # running from a source tree
+                return "0+unknown"
+        module = exports.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{package}.{module}"), name)
+        namespace[name] = value  # later lookups skip __getattr__
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(namespace) | set(exports) | {"__version__"})
+
+    return __getattr__, __dir__
