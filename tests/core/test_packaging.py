@@ -1,9 +1,9 @@
 """Packaging promises: namespace layout, light imports, public names, embedded model."""
 
 import hashlib
-import subprocess
-import sys
 from pathlib import Path
+
+from support.imports import modules_loaded_by
 
 import genlm.core
 from genlm.core import resolve_model_path
@@ -24,9 +24,7 @@ def test_no_genlm_init_anywhere():
 
 def test_import_is_light():
     """`import genlm.core` imports no torch, transformers, vllm or mlx (nor even numpy)."""
-    code = f"import sys, genlm.core; print([m for m in {HEAVY!r} if m in sys.modules])"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert modules_loaded_by("import genlm.core", HEAVY) == []
 
 
 def test_all_lists_exactly_the_public_names():

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+
+from support.imports import modules_loaded_by  # noqa: E402
 
 from genlm.backends.hf import HFLM  # noqa: E402
 from genlm.core import get_registry, load_model_by_name, resolve_model_path  # noqa: E402
@@ -31,12 +31,8 @@ def test_entry_point_registers_hf_with_priority_10():
 
 def test_plugin_import_is_cheap():
     """Importing the plugin module does not import torch or transformers."""
-    code = (
-        "import sys, genlm.backends.hf.plugin as p; p.unavailable_reason(); "
-        "print('torch' in sys.modules, 'transformers' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False"]
+    statement = "import genlm.backends.hf.plugin as p; p.unavailable_reason()"
+    assert modules_loaded_by(statement, ("torch", "transformers")) == []
 
 
 def test_load_model_by_name_runs_offline(check):

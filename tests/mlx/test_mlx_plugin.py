@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from support.imports import modules_loaded_by
 
 from genlm.backends.mlx import plugin
 from genlm.core import BackendSpec
@@ -47,12 +46,8 @@ def test_probe_names_missing_packages(monkeypatch):
 
 def test_plugin_import_does_not_import_mlx():
     """Discovery imports the plugin module without importing mlx, mlx_lm or torch."""
-    code = (
-        "import sys; import genlm.backends.mlx.plugin; "
-        "print([m for m in ('mlx', 'mlx_lm', 'torch') if m in sys.modules])"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    heavy = ("mlx", "mlx_lm", "torch")
+    assert modules_loaded_by("import genlm.backends.mlx.plugin", heavy) == []
 
 
 def test_explicit_backend_loads_through_registry():

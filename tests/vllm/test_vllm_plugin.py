@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from support.imports import modules_loaded_by
 
 from genlm.backends.vllm import plugin
 from genlm.backends.vllm._model import MULTIPROCESSING_ENV, in_process_sampler
@@ -18,12 +17,8 @@ def registry():
 
 def test_plugin_import_pulls_in_neither_torch_nor_vllm():
     """Importing the plugin module loads no heavy library."""
-    code = (
-        "import sys, genlm.backends.vllm.plugin; "
-        "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    heavy = ("torch", "vllm", "transformers")
+    assert modules_loaded_by("import genlm.backends.vllm.plugin", heavy) == []
 
 
 def test_registered_with_priority_and_gpu_gated_auto_selection():

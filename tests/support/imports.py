@@ -1,0 +1,23 @@
+"""Which modules a statement imports, measured in a fresh interpreter.
+
+Every distribution promises that discovery and its light modules import no heavy
+library (torch, transformers, vllm, mlx, numpy where stated); each checks it this way.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterable
+
+
+def modules_loaded_by(statement: str, candidates: Iterable[str]) -> list[str]:
+    """The ``candidates`` present in ``sys.modules`` after running ``statement`` alone."""
+    names = sorted(candidates)
+    code = (
+        f"import json, sys\n{statement}\n"
+        f"print(json.dumps([m for m in {names!r} if m in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
