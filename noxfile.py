@@ -24,8 +24,14 @@ TOKENIZER_DEPS = [TRANSFORMERS, "tokenizers", "tiktoken", "sentencepiece"]
 PLUGINS = ["./tests/plugins/genlm-backend-example", "./tests/plugins/genlm-backend-broken"]
 MLX = "mlx[cpu]" if platform.system() == "Linux" else "mlx"
 
-#: Every session's tests: installed test plugins are required, never silently skipped.
-ENV = {"GENLM_REQUIRE_TEST_PLUGINS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+#: Every session's tests: installed test plugins and the trie's C kernel (built when
+#: genlm-core is installed) are required, never silently skipped.
+ENV = {
+    "GENLM_REQUIRE_TEST_PLUGINS": "1",
+    "GENLM_REQUIRE_TRIE_KERNEL": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 
 def pytest(session: nox.Session, *paths: str) -> None:

@@ -5,7 +5,9 @@ Both run on CPU on the same byte vocabularies (gpt2: 50,257 tokens; llama3.2:
 runs. The reference runs in its own venv (it needs torch), in a subprocess of
 this script: ``--ref-python /work/venvs/ref-bytes/bin/python``; without it the
 reference columns say so. The reference is used with its defaults (torch's
-default CPU threads, float32 weights); ours is single-threaded numpy, float64.
+default CPU threads, float32 weights). Ours is float64, timed with each kernel:
+C (the default where it was built) and the numpy fallback; batched calls split
+their rows over one thread per usable CPU, as by default.
 
 Usage: python benchmarks/trie_bench.py [--ref-python PATH] [--repeats N]
 Writes benchmarks/results/trie.md.
@@ -67,7 +69,7 @@ def median_ms(fn, repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def bench_ours(repeats: int) -> dict:
+def bench_ours(repeats: int, kernel: str) -> dict:
     from genlm.core._trie import TokenByteTrie
 
     res = {}
@@ -76,9 +78,9 @@ def bench_ours(repeats: int) -> dict:
         builds = []
         for _ in range(3):
             t0 = time.perf_counter()
-            trie = TokenByteTrie(vocab, eos_token_ids=[eos], atomic_ids=special)
+            trie = TokenByteTrie(vocab, eos_token_ids=[eos], atomic_ids=special, kernel=kernel)
             builds.append(time.perf_counter() - t0)
-        r = {"build_s": statistics.median(builds), "nodes": trie.num_nodes}
+        r = {"build_s": statistics.median(builds), "nodes": trie.num_nodes, "threads": trie.threads}
         for B in BATCHES:
             W = weights(len(vocab), B)
             if B == 1:
@@ -132,20 +134,24 @@ def bench_ref(repeats: int) -> dict:
     return res
 
 
-def table(ours: dict, ref: dict | None, note: str) -> str:
+def table(ours: dict, fallback: dict, ref: dict | None, note: str) -> str:
+    threads = ours[VOCABS[0]]["threads"]
     lines = [
         "## Token-byte trie: genlm.core vs genlm-bytes 0.2.0",
         "",
         "CPU only, same vocabularies and distributions; median ms per call (build: seconds).",
-        "Ours: numpy, one thread, float64. Reference: genlm-bytes 0.2.0 `TokenByteTrie`",
-        "(torch sparse CSR matmul for sums, `scatter_reduce` for maxes), default settings,",
-        f"float32. {note}",
+        "Ours: float64, default settings: the C kernel, batched rows split over",
+        f"{threads} thread(s) (one per usable CPU); the numpy fallback kernel (used where",
+        "genlm-core was installed without a C compiler) in its own column.",
+        "Reference: genlm-bytes 0.2.0 `TokenByteTrie` (torch sparse CSR matmul for sums,",
+        f"`scatter_reduce` for maxes), default settings, float32. {note}",
         "",
-        "| vocab | nodes (ours / ref) | op | batch | ours | reference | speed-up |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| vocab | nodes (ours / ref) | op | batch | ours | ours, numpy kernel | reference "
+        "| speed-up |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name in VOCABS:
-        o, r = ours[name], (ref or {}).get(name, {})
+        o, f, r = ours[name], fallback[name], (ref or {}).get(name, {})
         nodes = f"{o['nodes']:,} / {r['nodes']:,}" if r else f"{o['nodes']:,} / -"
         rows = [("build (s)", "-", "build_s")]
         for B in BATCHES:
@@ -155,10 +161,10 @@ def table(ours: dict, ref: dict | None, note: str) -> str:
                 ("log_weight_sum", B, f"logsum_{B}"),
             ]
         for op, B, key in rows:
-            ov, rv = o.get(key), r.get(key)
+            ov, fv, rv = o.get(key), f.get(key), r.get(key)
             fmt = "{:.2f}" if key == "build_s" else "{:.3g}"
             lines.append(
-                f"| {name} | {nodes} | {op} | {B} | {fmt.format(ov)} | "
+                f"| {name} | {nodes} | {op} | {B} | {fmt.format(ov)} | {fmt.format(fv)} | "
                 + (fmt.format(rv) if rv is not None else "-")
                 + " | "
                 + (f"{rv / ov:.1f}x" if rv is not None else "-")
@@ -170,13 +176,13 @@ def table(ours: dict, ref: dict | None, note: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ref-python", help="python of a venv with genlm-bytes==0.2.0")
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--ref-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.ref_worker:
         print(json.dumps(bench_ref(args.repeats)))
         return
-    ours = bench_ours(args.repeats)
+    ours, fallback = bench_ours(args.repeats, "c"), bench_ours(args.repeats, "numpy")
     ref, note = None, "Reference not run (no --ref-python given)."
     if args.ref_python and Path(args.ref_python).exists():
         with tempfile.NamedTemporaryFile(suffix=".pkl") as f:
@@ -195,7 +201,7 @@ def main() -> None:
         note = f"Reference not run ({args.ref_python} not found)."
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     note += f" Load average at the end (1/5/15 min): {load}; CPUs: {os.cpu_count()}."
-    md = table(ours, ref, note)
+    md = table(ours, fallback, ref, note)
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "trie.md").write_text(md, encoding="utf-8")
     print(md)

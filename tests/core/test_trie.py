@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,26 +21,37 @@ TOKENIZERS = next(
     REPO.parent / "shared" / "models" / "tokenizers",
 )
 
+#: Both kernels where the C one was built (the numpy one is always there).
+KERNELS = ["numpy"] if trie_module._trie_kernel is None else ["c", "numpy"]
+
 # Small alphabets make shared prefixes, prefixes of each other and duplicates likely.
 byte_strings = st.binary(min_size=0, max_size=5).map(lambda b: bytes(x % 4 for x in b))
 
 
 @st.composite
 def tries(draw, eos: bool | None = None, atomic: bool | None = None):
-    """A random vocabulary, EOS and atomic ids, and the trie built from them."""
+    """A random vocabulary, EOS and atomic ids, and the trie built from them.
+
+    Each draw also picks the kernel and how many threads batched calls use, so
+    every property below holds for both kernels, threaded or not.
+    """
     vocab = draw(st.lists(byte_strings, min_size=1, max_size=40))
     ids = st.sampled_from(range(len(vocab)))
     use_eos = draw(st.booleans()) if eos is None else eos
     use_atomic = draw(st.booleans()) if atomic is None else atomic
     eos_ids = draw(st.lists(ids, min_size=1, max_size=3)) if use_eos else []
     atomic_ids = draw(st.lists(ids, max_size=4)) if use_atomic else []
-    # The depth cut-off splits nodes between the level sweep and the direct
-    # (node, token) pairs; small tries would always get all-pairs, so force
-    # all-levels, a mix, and all-pairs.
+    kernel = draw(st.sampled_from(KERNELS))
+    threads = draw(st.sampled_from([1, 3]))
+    # The numpy kernel's depth cut-off splits nodes between the level sweep and
+    # the direct (node, token) pairs; small tries would always get all-pairs, so
+    # force all-levels, a mix, and all-pairs.
     saved = trie_module._LEVEL_COST_IN_PAIRS
     trie_module._LEVEL_COST_IN_PAIRS = draw(st.sampled_from([0, 2, 10**9]))
     try:
-        trie = TokenByteTrie(vocab, eos_token_ids=eos_ids, atomic_ids=atomic_ids)
+        trie = TokenByteTrie(
+            vocab, eos_token_ids=eos_ids, atomic_ids=atomic_ids, kernel=kernel, threads=threads
+        )
     finally:
         trie_module._LEVEL_COST_IN_PAIRS = saved
     return trie, vocab
@@ -232,6 +244,50 @@ class TestWeights:
             trie.weight_sum(np.ones(3))
         with pytest.raises(ValueError, match=r"\(B, 2\)"):
             trie.batch_weight_sum(np.ones(2))
+
+
+class TestKernels:
+    @pytest.mark.skipif(
+        not os.environ.get("GENLM_REQUIRE_TRIE_KERNEL"),
+        reason="GENLM_REQUIRE_TRIE_KERNEL unset (the nox sessions set it)",
+    )
+    def test_c_kernel_is_built_and_chosen(self):
+        """Where genlm-core was installed with a C compiler, 'auto' picks the C kernel."""
+        assert trie_module._trie_kernel is not None
+        assert TokenByteTrie([b"a"]).kernel == "c"
+
+    @pytest.mark.parametrize("kernel", KERNELS)
+    @pytest.mark.parametrize("threads", [1, 2])
+    @pytest.mark.filterwarnings("ignore:invalid value encountered")
+    def test_nan_propagates_to_ancestors_only(self, kernel, threads):
+        """A NaN weight makes its node's and its ancestors' sums and maxes NaN, as np.maximum."""
+        trie = TokenByteTrie([b"a", b"ab", b"abc", b"b"], kernel=kernel, threads=threads)
+        w = np.array([[0.1, np.nan, 0.2, 0.3], [0.1, 0.4, 0.2, 0.3]])
+        for out in (trie.batch_weight_sum(w), trie.batch_weight_max(w)):
+            nan = {trie.prefix(v) for v in np.flatnonzero(np.isnan(out[0]))}
+            assert nan == {b"", b"a", b"ab"}
+            assert not np.isnan(out[1]).any()
+        assert trie.batch_weight_max(w)[0, trie.node_of(b"b")] == 0.3
+
+    @given(tries(), st.integers(0, 2**32 - 1))
+    def test_kernels_agree(self, tv, seed):
+        """The C and numpy kernels give equal maxes and sums equal to the last bits."""
+        trie, vocab = tv
+        other = TokenByteTrie(vocab, trie.eos_token_ids, trie.atomic_ids, kernel="numpy")
+        W = weights(len(vocab), seed, 3)
+        np.testing.assert_array_equal(trie.batch_weight_max(W), other.batch_weight_max(W))
+        np.testing.assert_allclose(trie.batch_weight_sum(W), other.batch_weight_sum(W), rtol=1e-14)
+
+    def test_bad_kernel_and_threads_are_rejected(self, monkeypatch):
+        """An unknown kernel, threads < 1, or 'c' where it was not built fail with clear errors."""
+        with pytest.raises(ValueError, match="kernel must be"):
+            TokenByteTrie([b"a"], kernel="fortran")
+        with pytest.raises(ValueError, match="threads must be at least 1"):
+            TokenByteTrie([b"a"], threads=0)
+        monkeypatch.setattr(trie_module, "_trie_kernel", None)
+        with pytest.raises(RuntimeError, match="C kernel was not built"):
+            TokenByteTrie([b"a"], kernel="c")
+        assert TokenByteTrie([b"a"]).kernel == "numpy"
 
 
 class TestLogSpace:
