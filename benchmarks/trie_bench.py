@@ -80,7 +80,12 @@ def bench_ours(repeats: int, kernel: str) -> dict:
             t0 = time.perf_counter()
             trie = TokenByteTrie(vocab, eos_token_ids=[eos], atomic_ids=special, kernel=kernel)
             builds.append(time.perf_counter() - t0)
-        r = {"build_s": statistics.median(builds), "nodes": trie.num_nodes, "threads": trie.threads}
+        r = {
+            "build_s": statistics.median(builds),
+            "nodes": trie.num_nodes,
+            "vocab": trie.vocab_size,
+            "threads": trie.threads,
+        }
         for B in BATCHES:
             W = weights(len(vocab), B)
             if B == 1:
@@ -95,6 +100,33 @@ def bench_ours(repeats: int, kernel: str) -> dict:
                 r[f"logsum_{B}"] = median_ms(partial(trie.batch_log_weight_sum, LP), repeats)
         res[name] = r
     return res
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second one thread moves (read + write) copying a 64 MiB float64 array."""
+    src = np.ones(1 << 23)
+    dst = np.empty_like(src)
+    seconds = median_ms(partial(np.copyto, dst, src), 9) / 1e3
+    return 2 * src.nbytes / seconds
+
+
+def floor_note(ours: dict) -> str:
+    """How close batch-1 weight_sum gets to the memory floor: read V weights, write N masses."""
+    bandwidth = copy_bandwidth()
+    parts = []
+    for name in VOCABS:
+        o = ours[name]
+        floor_ms = 8 * (o["vocab"] + o["nodes"]) / bandwidth * 1e3
+        parts.append(
+            f"{name} {floor_ms:.2f} ms (ours {o['sum_1']:.2f} ms, {o['sum_1'] / floor_ms:.1f}x)"
+        )
+    return (
+        "Memory floor at batch 1 (reading the V float64 weights and writing the N float64 "
+        f"masses once, at the {bandwidth / 1e9:.1f} GB/s one thread copies a 64 MiB array "
+        "here, counting bytes read and written): " + "; ".join(parts) + ". The rest is the "
+        "random access: each token's weight is read in token order to a node in node order, "
+        "and each node is read again when folded into its parent."
+    )
 
 
 def bench_ref(repeats: int) -> dict:
@@ -134,7 +166,7 @@ def bench_ref(repeats: int) -> dict:
     return res
 
 
-def table(ours: dict, fallback: dict, ref: dict | None, note: str) -> str:
+def table(ours: dict, fallback: dict, ref: dict | None, note: str, command: str) -> str:
     threads = ours[VOCABS[0]]["threads"]
     lines = [
         "## Token-byte trie: genlm.core vs genlm-bytes 0.2.0",
@@ -145,6 +177,7 @@ def table(ours: dict, fallback: dict, ref: dict | None, note: str) -> str:
         "genlm-core was installed without a C compiler) in its own column.",
         "Reference: genlm-bytes 0.2.0 `TokenByteTrie` (torch sparse CSR matmul for sums,",
         f"`scatter_reduce` for maxes), default settings, float32. {note}",
+        f"Command: `{command}`.",
         "",
         "| vocab | nodes (ours / ref) | op | batch | ours | ours, numpy kernel | reference "
         "| speed-up |",
@@ -170,7 +203,7 @@ def table(ours: dict, fallback: dict, ref: dict | None, note: str) -> str:
                 + (f"{rv / ov:.1f}x" if rv is not None else "-")
                 + " |"
             )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + floor_note(ours) + "\n"
 
 
 def main() -> None:
@@ -201,7 +234,10 @@ def main() -> None:
         note = f"Reference not run ({args.ref_python} not found)."
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     note += f" Load average at the end (1/5/15 min): {load}; CPUs: {os.cpu_count()}."
-    md = table(ours, fallback, ref, note)
+    command = "python benchmarks/trie_bench.py" + (
+        " --ref-python PATH_TO_REF_VENV/bin/python" if ref else ""
+    )
+    md = table(ours, fallback, ref, note, command)
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "trie.md").write_text(md, encoding="utf-8")
     print(md)
