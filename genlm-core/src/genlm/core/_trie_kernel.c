@@ -18,6 +18,7 @@
  * Only buffer sizes are checked here.
  */
 #define PY_SSIZE_T_CLEAN
+#define Py_LIMITED_API 0x030B0000 /* the stable ABI of CPython 3.11+: one build for all */
 #include <Python.h>
 #include <stdint.h>
 
