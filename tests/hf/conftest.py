@@ -49,20 +49,23 @@ def loaded():
     return load
 
 
-def full_forward(model, context) -> np.ndarray:
-    """The independent expectation: log_softmax of a plain, uncached full forward."""
+def full_forward(model, context, width: int | None = None) -> np.ndarray:
+    """The independent expectation: log_softmax of a plain, uncached full forward.
+
+    ``width``: keep only the first logits (the tokenizer's) before normalizing. The
+    input goes to the model's device, so this also runs where the model is on a GPU.
+    """
+    device = next(model.parameters()).device
     with torch.inference_mode():
-        logits = model(torch.tensor([list(context)])).logits[0, -1]
-    return torch.log_softmax(logits, -1).double().numpy()
+        logits = model(torch.tensor([list(context)], device=device)).logits[0, -1, :width]
+    return torch.log_softmax(logits, -1).double().cpu().numpy()
 
 
 def assert_matches(model, context, row) -> None:
-    expected = full_forward(model, context)
     width = len(row)
+    expected = full_forward(model, context)
     if expected.shape[0] != width:  # rows beyond the tokenizer are dropped before normalizing
-        with torch.inference_mode():
-            logits = model(torch.tensor([list(context)])).logits[0, -1, :width]
-        expected = torch.log_softmax(logits, -1).double().numpy()
+        expected = full_forward(model, context, width)
     atol, rtol = _TOLERANCE.get(id(model), (1e-5, 0.0))
     np.testing.assert_allclose(np.asarray(row, dtype=np.float64), expected, atol=atol, rtol=rtol)
 
