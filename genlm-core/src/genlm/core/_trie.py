@@ -120,7 +120,8 @@ class TokenByteTrie:
             weight goes nowhere unless they are also EOS ids.
         kernel: ``"c"`` (the compiled kernel, ``_trie_kernel.c``), ``"numpy"``
             (the vectorised level sweep), or ``"auto"``: C where it was built
-            at install time, else numpy. Both compute the same sums.
+            at install time, else numpy. Both compute the same masses (sums
+            may differ in the last bits: the terms are added in other orders).
         threads: how many threads a batched call splits its rows over (None:
             one per CPU this process may use). Single rows use one thread.
 
@@ -424,8 +425,8 @@ class TokenByteTrie:
         The rows are split into up to :attr:`threads` contiguous chunks, one per
         thread: rows are independent, both kernels release the GIL for their
         work, and each thread also takes the page faults of its own part of the
-        freshly allocated output (at batch 32 on llama3.2, 70 MB: a third of a
-        single-threaded call).
+        freshly allocated output (at batch 32 on llama3.2 the output is 70 MB,
+        and faulting it in is about 7 ms of a 16 ms call on two threads).
         """
         w = np.asarray(weights, dtype=np.float64)
         if w.ndim != 2 or w.shape[1] != self.vocab_size:
