@@ -36,8 +36,13 @@ ENGINE_OPTS = {
 
 @pytest.fixture(scope="session")
 def tiny_path():
-    """The random-weight head-dim-64 Llama with the GPT-2 tokenizer."""
-    return cached_random_llama("tiny")
+    """The random-weight head-dim-64 Llama with the GPT-2 tokenizer (``tiny_mild``).
+
+    The mild preset keeps fp32 round-off below 1e-5, so vLLM's rows can be held to 1e-4
+    against transformers; the ill-conditioned ``tiny`` (init range 0.5) moves fp32 rows by
+    up to 9e-4 in any engine.
+    """
+    return cached_random_llama("tiny_mild")
 
 
 @pytest.fixture(scope="session")

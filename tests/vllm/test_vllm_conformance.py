@@ -8,10 +8,9 @@ from genlm.core.testing import AsyncLMConformance
 
 
 class TestVLLMConformance(AsyncLMConformance):
-    #: vLLM chunks prompts differently with different batch mates; its CPU
-    #: single-token attention path then moves rows by up to ~5e-4 (see
-    #: test_vllm_logprobs.ATOL).
-    atol = 1e-3
+    #: vLLM chunks prompts differently with different batch mates, which moves fp32 rows
+    #: slightly; on the well-conditioned test model they stay well within 1e-4.
+    atol = 1e-4
 
     @pytest.fixture(scope="class")
     def lm(self, vllm_lm):

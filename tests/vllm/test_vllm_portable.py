@@ -65,4 +65,4 @@ def test_portable_route_in_a_multiprocess_engine(tiny_path, expected, tmp_path):
     }
     rows = np.load(out)["rows"]
     for context, row in zip(contexts, rows):
-        np.testing.assert_allclose(row, expected(context), atol=1e-3)
+        np.testing.assert_allclose(row, expected(context), atol=1e-4)
