@@ -189,3 +189,107 @@ def test_model_built_on_another_thread_with_lazy_buffers(stories_dir):
     thread.start()
     thread.join()
     np.testing.assert_allclose(result["row"], result["expected"], atol=1e-5)
+
+
+def test_live_batch_follows_resampled_particles(stories):
+    """Steps that extend the last batch (rows repeated, permuted, dropped) run one token per
+    row in place, match a plain forward, and leave every context findable in the KV cache."""
+    model, tokenizer = stories
+    spy = Spy(model)
+    lm = MLXLM(spy, tokenizer, cache_bytes=0)
+    prompt = [1, 403, 407, 261, 378, 432]
+    particles = [prompt + [t] for t in (383, 322, 260, 11)]
+    lm.batch_next_token_logprobs_sync(particles)
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        # Resample: duplicates and a permutation, then one new token each.
+        parents = [particles[i] for i in rng.choice(len(particles), 5)]
+        particles = [p + [int(t)] for p, t in zip(parents, rng.integers(3, 500, 5))]
+        spy._shapes.clear()
+        rows = lm.batch_next_token_logprobs_sync(particles)
+        distinct = len(set(map(tuple, particles)))
+        assert spy._shapes == [(distinct, 1)]  # only the new tokens, one forward pass
+        for particle, row in zip(particles, rows):
+            np.testing.assert_allclose(row, plain_logprobs(model, particle), atol=1e-5)
+            assert lm.kv_cache.longest_prefix(particle).length == len(particle)
+    # Two new tokens per row also extend the live batch in place.
+    particles = [p + [7, 8] for p in particles[:3]]
+    spy._shapes.clear()
+    rows = lm.batch_next_token_logprobs_sync(particles)
+    assert sum(b * n for b, n in spy._shapes) == 3 * 2
+    for particle, row in zip(particles, rows):
+        np.testing.assert_allclose(row, plain_logprobs(model, particle), atol=1e-5)
+    lm.close()
+
+
+def test_batch_not_extending_the_live_batch_resumes_from_its_rows(stories):
+    """A batch that breaks the pattern (other lengths, other prompts) still runs only new
+    tokens over the last batch's rows (copied out to the prefix cache), and is exact."""
+    model, tokenizer = stories
+    spy = Spy(model)
+    lm = MLXLM(spy, tokenizer, cache_bytes=0)
+    prompt = [1, 403, 407, 261, 378, 432]
+    a, b = prompt + [383], prompt + [322]
+    lm.next_token_logprobs_sync(prompt)
+    lm.batch_next_token_logprobs_sync([a, b])  # live, in place
+    lm.batch_next_token_logprobs_sync([a + [5], b + [6]])  # live, in place
+    contexts = [a + [5, 9, 10], b + [6, 11], prompt + [12], [1, 9, 8]]
+    spy._shapes.clear()
+    rows = lm.batch_next_token_logprobs_sync(contexts)
+    assert sum(b * n for b, n in spy._shapes) == 2 + 1 + 1 + 3
+    for context, row in zip(contexts, rows):
+        np.testing.assert_allclose(row, plain_logprobs(model, context), atol=1e-5)
+    # The rows of the replaced live batch were copied out, and so was the batch just run.
+    assert lm.kv_cache.longest_prefix(a + [5, 0]).length == len(a) + 1
+    spy._shapes.clear()
+    rows = lm.batch_next_token_logprobs_sync([a + [5, 13], contexts[3] + [14]])
+    assert sum(b * n for b, n in spy._shapes) == 2
+    for context, row in zip([a + [5, 13], contexts[3] + [14]], rows):
+        np.testing.assert_allclose(row, plain_logprobs(model, context), atol=1e-5)
+    lm.close()
+
+
+@pytest.mark.parametrize("budget", [200_000, 3_000_000])
+def test_kv_budget_bounds_the_live_batch(stories, budget):
+    """The live batch counts towards kv_cache_bytes (3 MB keeps it, 200 kB does not: its
+    buffers grow 256 positions at a time), and the rows stay exact either way."""
+    model, tokenizer = stories
+    lm = MLXLM(model, tokenizer, cache_bytes=0, kv_cache_bytes=budget)
+    particles = [[1, 403, 407, 261, 378, t] for t in range(10, 18)]
+    for step in range(40):
+        rows = lm.batch_next_token_logprobs_sync(particles)
+        assert lm.kv_cache.nbytes <= budget
+        if lm.kv_cache.live is not None:  # charged to the budget
+            assert lm.kv_cache.live.nbytes <= lm.kv_cache.nbytes <= budget
+        assert (lm.kv_cache.live is not None and not lm.kv_cache.live.copied) == (
+            budget > 1e6 and step > 0
+        )
+        if step % 13 == 0:
+            for particle, row in zip(particles, rows):
+                np.testing.assert_allclose(row, plain_logprobs(model, particle), atol=1e-5)
+        particles = [p + [int(np.argmax(r))] for p, r in zip(particles, rows)]
+    lm.close()
+
+
+def test_failed_step_drops_the_live_batch(stories, monkeypatch):
+    """A forward that fails mid-step leaves no half-advanced live batch behind."""
+    model, tokenizer = stories
+    lm = MLXLM(model, tokenizer, cache_bytes=0)
+    particles = [[1, 403, 407, 261, 378, t] for t in (10, 11)]
+    lm.batch_next_token_logprobs_sync(particles)
+    lm.batch_next_token_logprobs_sync([p + [5] for p in particles])
+    calls = []
+
+    def fail_once(tokens, cache):
+        calls.append(1)
+        raise RuntimeError("boom")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(lm, "_last_logits", fail_once)
+        with pytest.raises(RuntimeError, match="boom"):
+            lm.batch_next_token_logprobs_sync([p + [5, 6] for p in particles])
+    assert calls and lm.kv_cache.live is None
+    contexts = [p + [5, 6] for p in particles]
+    for context, row in zip(contexts, lm.batch_next_token_logprobs_sync(contexts)):
+        np.testing.assert_allclose(row, plain_logprobs(model, context), atol=1e-5)
+    lm.close()

@@ -1,12 +1,15 @@
-"""Per-prefix KV state of mlx-lm models: which caches can resume, and batching them.
+"""Per-prefix KV state of mlx-lm models: which caches can resume, batching them, the live batch.
 
 A cached prefix is stored as one compact ``(keys, values)`` pair per layer, each of shape
 ``(1, kv_heads, length, head_dim)``, never as a live cache object: live caches grow in
 place, stored prefixes must not change. A batch of contexts with different cached lengths
 becomes one ``BatchKVCache`` per layer, laid out as mlx-lm's ``BatchKVCache.merge`` does
 (cached parts left-padded and masked out, per-row RoPE offsets); rows of one batch add
-the same number of new tokens, so the new part needs no padding. Only the public cache
-API is used: the ``BatchKVCache`` constructor and its ``state`` property.
+the same number of new tokens, so the new part needs no padding. The caches of the last
+batch stay alive as a :class:`LiveBatch`, so a next batch that extends its rows (the SMC
+step) runs in place instead of being rebuilt from stored prefixes; :class:`KVStore` keeps
+both under one byte budget. Only the public cache API is used: the ``BatchKVCache``
+constructor, its ``state`` property and ``filter``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
+
+from genlm.core import PrefixCache, PrefixHit
 
 #: One layer's cached keys and values, each ``(1, kv_heads, length, head_dim)``.
 LayerKV = tuple[mx.array, mx.array]
@@ -64,21 +69,19 @@ def merge(
     return merged
 
 
-def split(
-    caches: Sequence[BatchKVCache], prefix_lengths: Sequence[int], new_lengths: Sequence[int]
-) -> list[PrefixKV]:
-    """Each row's KV over its whole context, copied out of a batch run after :func:`merge`.
+def split(caches: Sequence[BatchKVCache]) -> list[PrefixKV]:
+    """A compact copy of the KV of each row of a batch, over the row's whole context.
 
-    Row ``i`` sits at ``[pad_i, max_prefix + new_i)`` of the batch buffers, where
-    ``pad_i = max_prefix - prefix_i`` is the left padding :func:`merge` gave it.
+    Row ``i`` holds its context at ``[left_padding[i], idx)`` of the batch buffers: left
+    padding is where :func:`merge` (or a later ``filter``) put it, and rows of one batch
+    always end together.
     """
-    max_prefix = max(prefix_lengths)
+    left_padding = caches[0].state[3].tolist()
     out = []
-    for row, (prefix, new) in enumerate(zip(prefix_lengths, new_lengths)):
-        start, stop = max_prefix - prefix, max_prefix + new
+    for row, start in enumerate(left_padding):
         layers = []
         for cache in caches:
-            keys, values = cache.state[:2]
+            keys, values, _, _, stop = cache.state
             layers.append(
                 (
                     mx.contiguous(keys[row : row + 1, :, start:stop]),
@@ -92,3 +95,141 @@ def split(
 def nbytes(entry: PrefixKV) -> int:
     """Bytes held by a stored prefix."""
     return sum(k.nbytes + v.nbytes for k, v in entry)
+
+
+class LiveBatch:
+    """The caches of the last forward pass, kept so the next batch can extend them in place.
+
+    In the SMC pattern every request of a step extends a context of the previous step by
+    one token (resampling repeats or drops particles). Rebuilding each row from stored
+    prefixes and copying each whole context back out costs O(context) copies per row per
+    step; here the rows are gathered on the batch axis (``BatchKVCache.filter``, a no-op
+    when the rows keep their order) and the new tokens are written after them.
+
+    Attributes:
+        contexts: the context held by each row.
+        caches: one ``BatchKVCache`` per layer; row ``i`` holds ``contexts[i]``.
+        copied: whether the prefix cache also holds compact copies of the rows (true for a
+            batch just rebuilt from it, false once it has advanced in place).
+    """
+
+    def __init__(self, contexts: Sequence[tuple[int, ...]], caches: list[BatchKVCache]):
+        self.caches = caches
+        self.copied = True
+        self._set_contexts(contexts)
+
+    def _set_contexts(self, contexts: Sequence[tuple[int, ...]]) -> None:
+        self.contexts = list(contexts)
+        self._rows = {c: i for i, c in enumerate(self.contexts)}
+        self._lengths = sorted({len(c) for c in self.contexts}, reverse=True)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the batch buffers (padding and growth room included)."""
+        return sum(c.state[0].nbytes + c.state[1].nbytes for c in self.caches)
+
+    def row(self, tokens: Sequence[int], max_length: int) -> int | None:
+        """The longest row whose context is ``tokens[:n]`` for some ``n <= max_length``."""
+        for length in self._lengths:
+            if length <= max_length:
+                row = self._rows.get(tuple(tokens[:length]))
+                if row is not None:
+                    return row
+        return None
+
+    def plan(self, contexts: Sequence[tuple[int, ...]]) -> tuple[list[int], int] | None:
+        """``(sources, new)`` when every context is row ``sources[i]`` plus ``new >= 1`` tokens.
+
+        The longest row that is a proper prefix of a context is its source. None when some
+        context extends no row, or when contexts add different numbers of tokens (rows of
+        one batch advance together).
+        """
+        sources, new = [], 0
+        for context in contexts:
+            row = self.row(context, len(context) - 1)
+            if row is None:
+                return None
+            added = len(context) - len(self.contexts[row])
+            if new and added != new:
+                return None
+            sources.append(row)
+            new = added
+        return sources, new
+
+    def advance(self, sources: Sequence[int], contexts: Sequence[tuple[int, ...]]) -> None:
+        """Lay the rows out as ``sources`` (repeats fork a row, omissions drop it).
+
+        The caller then runs the new tokens of ``contexts`` through :attr:`caches`.
+        """
+        if list(sources) != list(range(len(self.contexts))):
+            index = mx.array(sources)
+            for cache in self.caches:
+                cache.filter(index)
+        self._set_contexts(contexts)
+
+
+#: Where the live batch's bytes are charged in the prefix cache: token ids are never
+#: negative, so no context can reach (or be shadowed by) this entry.
+_LIVE_KEY = (-1,)
+
+
+class KVStore:
+    """All the KV a model keeps: compact prefixes, and the live batch, under one budget.
+
+    ``prefixes`` maps contexts to compact copies. The live batch's buffers are charged to
+    it as one pinned entry under a key no context has (:data:`_LIVE_KEY`), so stored
+    prefixes are evicted to make room for the live batch and the budget bounds both,
+    while a step advanced in place touches the trie once, not once per row.
+
+    Args:
+        max_bytes: the byte budget (``kv_cache_bytes``).
+    """
+
+    def __init__(self, max_bytes: int):
+        self.prefixes: PrefixCache[PrefixKV | None] = PrefixCache(max_bytes)
+        self.live: LiveBatch | None = None
+
+    @property
+    def max_bytes(self) -> int:
+        return self.prefixes.max_bytes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of stored prefixes and of the live batch."""
+        return self.prefixes.nbytes
+
+    def __len__(self) -> int:
+        """Number of contexts whose KV is kept (stored, or a live row only)."""
+        if self.live is None:
+            return len(self.prefixes)
+        return len(self.prefixes) - 1 + (0 if self.live.copied else len(self.live.contexts))
+
+    def longest_prefix(
+        self, tokens: Sequence[int], max_length: int | None = None
+    ) -> PrefixHit[PrefixKV | LiveBatch]:
+        """The longest prefix of ``tokens`` (at most ``max_length``) whose KV is kept."""
+        limit = len(tokens) if max_length is None else min(max_length, len(tokens))
+        hit = self.prefixes.longest_prefix(tokens, limit)
+        row = self.live.row(tokens, limit) if self.live is not None else None
+        if row is not None and len(self.live.contexts[row]) > hit.length:
+            return PrefixHit(len(self.live.contexts[row]), self.live)
+        return hit
+
+    def keep(self, live: LiveBatch) -> bool:
+        """Make ``live`` the live batch and charge it; False (nothing kept) if it cannot fit."""
+        self.release()
+        if not self.prefixes.insert(_LIVE_KEY, None, live.nbytes, pin=True):
+            return False
+        self.live = live
+        return True
+
+    def release(self) -> LiveBatch | None:
+        """Detach the live batch (if any) and stop charging it; return it."""
+        live, self.live = self.live, None
+        if live is not None:
+            self.prefixes.remove(_LIVE_KEY)
+        return live
+
+    def clear(self) -> None:
+        self.prefixes.clear()
+        self.live = None

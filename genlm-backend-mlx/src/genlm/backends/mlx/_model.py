@@ -23,7 +23,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from genlm.backends.mlx import _kv
-from genlm.core import BatchedLM, PrefixCache, Vocabulary, resolve_model_path
+from genlm.core import BatchedLM, Vocabulary, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +31,13 @@ logger = logging.getLogger(__name__)
 class MLXLM(BatchedLM):
     """An mlx-lm model behind GenLM's batched, cached ``AsyncLM`` interface.
 
-    A context that extends a cached prefix runs only its new tokens: the KV state of every
-    evaluated context is kept in a :class:`~genlm.core.PrefixCache` bounded by
-    ``kv_cache_bytes``, and rows with different cached lengths share one forward pass.
+    A context that extends a kept prefix runs only its new tokens, and rows with different
+    kept lengths share one forward pass. The last batch's caches stay live: a batch whose
+    contexts all extend its rows by the same number of tokens (an SMC step, resampled or
+    not) runs in place, without copying any row's past. Other batches resume from compact
+    copies in a :class:`~genlm.core.PrefixCache`: the rows of every such batch, and those
+    of a live batch when a batch breaks its pattern (contexts a live batch ran and then
+    extended are not kept). ``kv_cache_bytes`` bounds the copies and the live batch.
     Models whose caches cannot resume from a prefix (sliding-window or state-space layers)
     recompute every context in full, with one warning when the model is wrapped.
 
@@ -64,7 +68,7 @@ class MLXLM(BatchedLM):
         kwargs.setdefault("name", "mlx")
         super().__init__(vocab, hf_tokenizer, **kwargs)
         self.model = model
-        self.kv_cache: PrefixCache[_kv.PrefixKV] = PrefixCache(kv_cache_bytes)
+        self.kv_cache = _kv.KVStore(kv_cache_bytes)
         self.prefill_chunk_size = prefill_chunk_size
         self._num_layers = 0
         self.resumable = False
@@ -99,41 +103,91 @@ class MLXLM(BatchedLM):
 
     def _logprobs_batch(self, contexts: list[tuple[int, ...]], variant: Hashable) -> np.ndarray:
         if self.resumable and self.kv_cache.max_bytes > 0:
-            rows = self._resume(contexts)
+            logprobs = self._resume(contexts)
         else:
-            rows = self._recompute(contexts)
-        mx.eval(rows)
-        return np.stack([np.asarray(row) for row in rows])
+            logprobs = self._recompute(contexts)
+        mx.eval(logprobs)
+        return np.asarray(logprobs)
 
-    def _resume(self, contexts: list[tuple[int, ...]]) -> list[mx.array]:
-        """Run only what each context adds to its longest cached prefix, then cache it.
+    def _resume(self, contexts: list[tuple[int, ...]]) -> mx.array:
+        """Run only what each context adds to kept KV, then keep that KV.
+
+        When every context extends a row of the live batch (the last forward's caches) by
+        the same number of tokens, the live batch runs them in place (:meth:`_advance`).
+        Otherwise its rows are copied out to the prefix cache, and each context resumes
+        from its longest stored prefix (:meth:`_rebuild`). The live batch is detached
+        first and kept again only once a batch succeeds, so a failed step leaves none.
+        """
+        live = self.kv_cache.release()
+        plan = live.plan(contexts) if live is not None else None
+        if live is not None and plan is not None:
+            return self._advance(live, *plan, contexts)
+        if live is not None:
+            self._spill(live)
+        return self._rebuild(contexts)
+
+    def _advance(
+        self, live: _kv.LiveBatch, sources: list[int], new: int, contexts: list[tuple[int, ...]]
+    ) -> mx.array:
+        """Extend the live batch by ``new`` tokens per row, in place; keep it for the next.
+
+        Nothing is copied out per step: the new contexts stay findable as live rows (the
+        previous step's contexts, prefixes of the new rows, are not kept), and their rows
+        are copied out only when a batch breaks the pattern (:meth:`_spill`). A live batch
+        grown past the whole budget is copied out (what fits) and dropped instead.
+        """
+        live.advance(sources, contexts)
+        live.copied = False
+        tokens = mx.array([c[-new:] for c in contexts])
+        logprobs = _log_softmax(self._last_logits(tokens, live.caches))
+        mx.eval(logprobs)
+        if not self.kv_cache.keep(live):
+            self._spill(live)
+        return logprobs
+
+    def _rebuild(self, contexts: list[tuple[int, ...]]) -> mx.array:
+        """Resume each context from its longest stored prefix, and store every context.
 
         Rows adding the same number of tokens share a forward pass whatever their cached
         lengths (``_kv.merge`` left-pads the prefixes), so no new token is ever padding.
+        Every row is copied out to the prefix cache; the largest group's caches also
+        become the live batch, if they fit the budget.
         """
-        hits = [self.kv_cache.longest_prefix(c, max_length=len(c) - 1) for c in contexts]
-        rows: list[mx.array | None] = [None] * len(contexts)
-        for group in _group_by(len(c) - hit.length for c, hit in zip(contexts, hits)):
+        prefixes = self.kv_cache.prefixes
+        hits = [prefixes.longest_prefix(c, max_length=len(c) - 1) for c in contexts]
+        groups = _group_by(len(c) - hit.length for c, hit in zip(contexts, hits))
+        largest = max(groups, key=len)
+        outputs = []
+        for group in groups:
             tokens = mx.array([contexts[i][hits[i].length :] for i in group])
             caches = _kv.merge([hits[i].value for i in group], self._num_layers, tokens.shape[1])
-            for i, row in zip(group, _log_softmax(self._last_logits(tokens, caches))):
-                rows[i] = row
-            prefix_lengths = [hits[i].length for i in group]
-            entries = _kv.split(caches, prefix_lengths, [tokens.shape[1]] * len(group))
-            mx.eval(rows, entries)
+            outputs.append(_log_softmax(self._last_logits(tokens, caches)))
+            entries = _kv.split(caches)
+            mx.eval(outputs[-1], entries)
             for i, entry in zip(group, entries):
-                self.kv_cache.insert(contexts[i], entry, _kv.nbytes(entry))
-        return rows
+                prefixes.insert(contexts[i], entry, _kv.nbytes(entry))
+            if group is largest:
+                self.kv_cache.keep(_kv.LiveBatch([contexts[i] for i in group], caches))
+        return _in_order(groups, outputs)
 
-    def _recompute(self, contexts: list[tuple[int, ...]]) -> list[mx.array]:
+    def _spill(self, live: _kv.LiveBatch) -> None:
+        """Store compact copies of the rows of ``live`` (a batch being dropped), if needed."""
+        if live.copied:
+            return
+        live.copied = True
+        entries = _kv.split(live.caches)
+        mx.eval(entries)
+        for context, entry in zip(live.contexts, entries):
+            self.kv_cache.prefixes.insert(context, entry, _kv.nbytes(entry))
+
+    def _recompute(self, contexts: list[tuple[int, ...]]) -> mx.array:
         """Full forward passes, one per context length (equal lengths need no padding)."""
-        rows: list[mx.array | None] = [None] * len(contexts)
-        for group in _group_by(len(c) for c in contexts):
+        groups = _group_by(len(c) for c in contexts)
+        outputs = []
+        for group in groups:
             tokens = mx.array([contexts[i] for i in group])
-            logits = self._last_logits(tokens, make_prompt_cache(self.model))
-            for i, row in zip(group, _log_softmax(logits)):
-                rows[i] = row
-        return rows
+            outputs.append(_log_softmax(self._last_logits(tokens, make_prompt_cache(self.model))))
+        return _in_order(groups, outputs)
 
     def _last_logits(self, tokens: mx.array, cache: list[Any]) -> mx.array:
         """Logits after the last column of ``tokens``, shape ``(rows, V)``, filling ``cache``.
@@ -162,6 +216,15 @@ def _log_softmax(logits: mx.array) -> mx.array:
     """Row-wise log-softmax in float32 (bf16 logits are upcast first)."""
     logits = logits.astype(mx.float32)
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def _in_order(groups: list[list[int]], outputs: list[mx.array]) -> mx.array:
+    """Per-group outputs (``outputs[g][k]`` answers ``groups[g][k]``) as rows in request order."""
+    order = [i for group in groups for i in group]
+    rows = outputs[0] if len(outputs) == 1 else mx.concatenate(outputs)
+    if order == list(range(len(order))):
+        return rows
+    return rows[mx.array(np.argsort(order))]
 
 
 def _group_by(keys: Iterable[int]) -> list[list[int]]:
