@@ -237,6 +237,13 @@ class TestWeights:
             np.testing.assert_array_equal(ls, trie.log_weight_sum(lp[b]))
             np.testing.assert_array_equal(lm, trie.log_weight_max(lp[b]))
 
+    @pytest.mark.parametrize("kernel", KERNELS)
+    def test_empty_batch_gives_empty_rows(self, kernel):
+        """A batch of zero rows returns a (0, num_nodes) array for every batched form."""
+        trie = TokenByteTrie([b"a", b"ab"], kernel=kernel, threads=2)
+        for method in (trie.batch_weight_sum, trie.batch_weight_max, trie.batch_log_weight_sum):
+            assert method(np.ones((0, 2))).shape == (0, trie.num_nodes)
+
     def test_shape_is_checked(self):
         """Weights of the wrong shape are rejected with the expected shape in the message."""
         trie = TokenByteTrie([b"a", b"b"])

@@ -432,7 +432,7 @@ class TokenByteTrie:
         if w.ndim != 2 or w.shape[1] != self.vocab_size:
             raise ValueError(f"expected weights of shape (B, {self.vocab_size}), got {w.shape}")
         out = np.empty((w.shape[0], self.num_nodes))
-        chunks = min(self.threads, len(w))
+        chunks = max(1, min(self.threads, len(w)))  # an empty batch is one empty chunk
         bounds = [len(w) * i // chunks for i in range(chunks + 1)]
         pending = [
             _pool().submit(kernel, w[lo:hi], out[lo:hi]) for lo, hi in zip(bounds[1:-1], bounds[2:])

@@ -4,9 +4,9 @@
  *
  * Why C: the numpy kernel in _trie.py needs one call per trie level, and each
  * node costs a gather and a ufunc.at step; these loops take about half its time
- * (0.5 ms against 0.9 ms a row on llama3.2) and hold no GIL. The numpy kernel stays as the
- * fallback where this module was not built, and as the second implementation the
- * tests compare against.
+ * (0.5 ms against 0.9 ms a row on llama3.2) and hold no GIL. The numpy kernel
+ * stays as the fallback where this module was not built, and as the second
+ * implementation the tests compare against.
  *
  * Node ids are breadth-first, so every child has a larger id than its parent:
  * folding ``out[parent[v]] op= out[v]`` for v from the last node down to 1 sees
