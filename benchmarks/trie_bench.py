@@ -70,9 +70,14 @@ def median_ms(fn, repeats: int) -> float:
 
 
 def bench_ours(repeats: int, kernel: str) -> dict:
-    from genlm.core._trie import TokenByteTrie
+    """Time our trie with one kernel. The numpy kernel runs with the output pool off,
+    as where genlm-core was installed without a C compiler (no C module, no pool)."""
+    from genlm.core._trie import TokenByteTrie, set_trie_pool_limit
 
     res = {}
+    pool_limit = set_trie_pool_limit(0)
+    if kernel == "c":
+        set_trie_pool_limit(pool_limit)
     for name in VOCABS:
         vocab, special, eos = load_vocab(name)
         builds = []
@@ -98,16 +103,14 @@ def bench_ours(repeats: int, kernel: str) -> dict:
                 r[f"sum_{B}"] = median_ms(partial(trie.batch_weight_sum, W), repeats)
                 r[f"max_{B}"] = median_ms(partial(trie.batch_weight_max, W), repeats)
                 r[f"logsum_{B}"] = median_ms(partial(trie.batch_log_weight_sum, LP), repeats)
-                # What any batched call pays before computing: a fresh (B, N) float64
-                # output, faulted in by writing it once.
-                r[f"alloc_{B}"] = median_ms(partial(fresh_output, B, trie.num_nodes), repeats)
+                # As for a caller that keeps every output: no freed output to reuse,
+                # so each call's output is fresh memory from the OS.
+                previous = set_trie_pool_limit(0)
+                r[f"sumfresh_{B}"] = median_ms(partial(trie.batch_weight_sum, W), repeats)
+                set_trie_pool_limit(previous)
         res[name] = r
+    set_trie_pool_limit(pool_limit)
     return res
-
-
-def fresh_output(rows: int, nodes: int) -> None:
-    """Allocate a (rows, nodes) float64 array and write it once, as a batched call's output."""
-    np.empty((rows, nodes)).fill(0.0)
 
 
 def copy_bandwidth() -> float:
@@ -138,18 +141,24 @@ def floor_note(ours: dict) -> str:
 
 
 def batch_note(ours: dict) -> str:
-    """What a batched call spends on its output alone (allocating and faulting it in)."""
+    """Why reusing freed outputs matters at batch 32, with the measured difference."""
     B = BATCHES[-1]
     parts = [
-        f"{name} {ours[name][f'alloc_{B}']:.1f} of {ours[name][f'sum_{B}']:.1f} ms "
-        f"({B * ours[name]['nodes'] * 8 / 2**20:.0f} MiB)"
+        f"{name} {ours[name][f'sum_{B}']:.1f} ms with reuse, "
+        f"{ours[name][f'sumfresh_{B}']:.1f} ms without ({B * ours[name]['nodes'] * 8 / 2**20:.0f}"
+        " MiB)"
         for name in VOCABS
     ]
     return (
-        f"At batch {B}, a weight_sum call's fresh float64 output alone (allocated and "
-        "written once, page faults included; one thread here, a call splits it over its "
-        "threads) costs " + "; ".join(parts) + ". That cost depends on how readily the OS "
-        "hands out huge pages, so batch timings vary more between runs than single rows do."
+        f"Outputs: at batch {B}, weight_sum's float64 output is large, and glibc maps every "
+        "allocation above 32 MiB afresh, so a call whose output is new memory also pays the "
+        "OS for zeroing and faulting in each page. genlm-core keeps up to 256 MiB of freed "
+        "outputs for reuse (`set_trie_pool_limit`); the rows above reuse them, as a caller "
+        'that drops each output before the next call does. The "output not reused" rows '
+        "turn the pool off, as for a caller that keeps every output: " + "; ".join(parts) + ". "
+        "Fresh pages cost more or less depending on how readily the OS hands out huge pages, "
+        "so those rows vary more between runs. The numpy-kernel column always runs without "
+        "the pool (it is part of the C module)."
     )
 
 
@@ -210,15 +219,17 @@ def table(ours: dict, fallback: dict, ref: dict | None, note: str, command: str)
     for name in VOCABS:
         o, f, r = ours[name], fallback[name], (ref or {}).get(name, {})
         nodes = f"{o['nodes']:,} / {r['nodes']:,}" if r else f"{o['nodes']:,} / -"
-        rows = [("build (s)", "-", "build_s")]
+        rows = [("build (s)", "-", "build_s", "build_s")]
         for B in BATCHES:
             rows += [
-                ("weight_sum", B, f"sum_{B}"),
-                ("weight_max", B, f"max_{B}"),
-                ("log_weight_sum", B, f"logsum_{B}"),
+                ("weight_sum", B, f"sum_{B}", f"sum_{B}"),
+                ("weight_max", B, f"max_{B}", f"max_{B}"),
+                ("log_weight_sum", B, f"logsum_{B}", None),
             ]
-        for op, B, key in rows:
-            ov, fv, rv = o.get(key), f.get(key), r.get(key)
+            if B > 1:
+                rows.append(("weight_sum, output not reused", B, f"sumfresh_{B}", f"sum_{B}"))
+        for op, B, key, ref_key in rows:
+            ov, fv, rv = o.get(key), f.get(key), r.get(ref_key)
             fmt = "{:.2f}" if key == "build_s" else "{:.3g}"
             lines.append(
                 f"| {name} | {nodes} | {op} | {B} | {fmt.format(ov)} | {fmt.format(fv)} | "

@@ -297,6 +297,82 @@ class TestKernels:
         assert TokenByteTrie([b"a"]).kernel == "numpy"
 
 
+needs_c_module = pytest.mark.skipif(
+    trie_module._trie_kernel is None, reason="the C module (and its output pool) was not built"
+)
+
+
+@pytest.fixture
+def empty_pool():
+    """The output pool emptied, with room for 1 GiB; its old limit restored afterwards."""
+    previous = trie_module.set_trie_pool_limit(0)
+    trie_module.set_trie_pool_limit(1 << 30)
+    yield trie_module._trie_kernel
+    trie_module.set_trie_pool_limit(previous)
+
+
+def address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+class TestOutputPool:
+    @given(tries(), st.integers(0, 2**32 - 1))
+    def test_outputs_in_use_are_never_overwritten(self, tv, seed):
+        """Outputs (and views of them) that are still referenced keep their values while
+        later calls, whose outputs are dropped or kept, run in between."""
+        trie, vocab = tv
+        other = TokenByteTrie(vocab, trie.eos_token_ids, trie.atomic_ids, kernel="numpy")
+        W = [weights(len(vocab), seed + i, 2) for i in range(6)]
+        expect = [other.batch_weight_sum(w).copy() for w in W]
+        row = trie.batch_weight_sum(W[0])[1]  # a view; its base array is dropped
+        kept = []
+        for i, w in enumerate(W[1:], 1):
+            trie.batch_weight_sum(w)  # dropped at once: its memory may be reused
+            kept.append((i, trie.batch_weight_sum(w)))
+            trie.weight_sum(w[0])
+        np.testing.assert_allclose(row, expect[0][1], rtol=1e-14)
+        for i, out in kept:
+            np.testing.assert_allclose(out, expect[i], rtol=1e-14)
+        assert len({address(out) for _, out in kept} | {address(row)}) == len(kept) + 1
+
+    @needs_c_module
+    def test_freed_output_is_reused(self, empty_pool):
+        """A dropped output goes to the pool and the next fitting output takes its memory;
+        an output less than half its size does not."""
+        trie = TokenByteTrie([b"a", b"ab", b"b"])
+        W = weights(3, 0, 64)
+        out = trie.batch_weight_sum(W)
+        where, nbytes = address(out), out.nbytes
+        del out
+        assert empty_pool.pool_stats() == (1, nbytes)
+        small = trie.batch_weight_sum(W[:2])
+        assert address(small) != where and empty_pool.pool_stats() == (1, nbytes)
+        again = trie.batch_weight_max(W[:40])  # 40 of 64 rows: fits
+        assert address(again) == where and empty_pool.pool_stats() == (0, 0)
+        np.testing.assert_array_equal(again[:, trie.node_of(b"a")], W[:40, :2].max(axis=1))
+
+    @needs_c_module
+    def test_pool_keeps_at_most_eight_blocks_and_its_limit(self, empty_pool):
+        """At most 8 freed blocks stay pooled, never more bytes than the limit, and
+        a limit of 0 sends every freed output back to the OS."""
+        trie = TokenByteTrie([b"a", b"ab", b"b"])
+        outs = [trie.batch_weight_sum(weights(3, i, 10 + i)) for i in range(12)]
+        sizes = [o.nbytes for o in outs]
+        for i in range(12):
+            outs[i] = None  # freed in order
+        assert empty_pool.pool_stats() == (8, sum(sizes[4:]))  # the 8 freed last
+        assert trie_module.set_trie_pool_limit(sizes[-1] + sizes[-2]) == 1 << 30
+        assert empty_pool.pool_stats() == (2, sizes[-1] + sizes[-2])
+        trie_module.set_trie_pool_limit(0)
+        assert empty_pool.pool_stats() == (0, 0)
+        trie.batch_weight_sum(weights(3, 0, 5))  # dropped at once
+        assert empty_pool.pool_stats() == (0, 0)
+
+    def test_negative_limit_is_rejected(self):
+        with pytest.raises(ValueError, match="pool limit must be >= 0"):
+            trie_module.set_trie_pool_limit(-1)
+
+
 class TestLogSpace:
     @given(tries(), st.integers(0, 2**32 - 1))
     @settings(deadline=None)

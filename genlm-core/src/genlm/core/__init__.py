@@ -36,6 +36,7 @@ _EXPORTS = {
     "lazy_exports": "_lazy",
     "load_model_by_name": "_registry",
     "resolve_model_path": "_models",
+    "set_trie_pool_limit": "_trie",
 }
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "lazy_exports",
     "load_model_by_name",
     "resolve_model_path",
+    "set_trie_pool_limit",
 ]
 
 
@@ -90,6 +92,6 @@ if _TYPE_CHECKING:
     from genlm.core._protocol import AsyncLM
     from genlm.core._registry import BackendSpec, Registry, get_registry, load_model_by_name
     from genlm.core._scheduler import AutoBatcher
-    from genlm.core._trie import EOS_EDGE, TokenByteTrie
+    from genlm.core._trie import EOS_EDGE, TokenByteTrie, set_trie_pool_limit
     from genlm.core._vocab import Vocabulary, decode_vocab
     from genlm.core._worker import ModelWorker
