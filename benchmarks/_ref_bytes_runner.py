@@ -12,14 +12,16 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-async def main(model_dir: str, text: bytes, Ks: list[int], threads: int, repeats: int) -> None:
+async def main(
+    model_dir: str, text: bytes, Ks: list[int], threads: int, repeats: int, dtype: str
+) -> None:
     import torch
 
     torch.set_num_threads(threads)
     from genlm.backend.llm import AsyncTransformer
     from genlm.bytes import BeamParams, ByteBeamState
 
-    llm = AsyncTransformer.from_name(model_dir, hf_opts={"torch_dtype": "float32"})
+    llm = AsyncTransformer.from_name(model_dir, hf_opts={"torch_dtype": dtype})
     for K in Ks:
         times = []
         for _ in range(repeats):  # each run cold, as on our side
@@ -34,6 +36,6 @@ async def main(model_dir: str, text: bytes, Ks: list[int], threads: int, repeats
 
 
 if __name__ == "__main__":
-    model_dir, text_hex, ks, threads, repeats = sys.argv[1:6]
+    model_dir, text_hex, ks, threads, repeats, dtype = sys.argv[1:7]
     Ks = [int(k) for k in ks.split(",")]
-    asyncio.run(main(model_dir, bytes.fromhex(text_hex), Ks, int(threads), int(repeats)))
+    asyncio.run(main(model_dir, bytes.fromhex(text_hex), Ks, int(threads), int(repeats), dtype))

@@ -51,20 +51,20 @@ byte needs no forward at all. The rest of the time is the backend's batched forw
 cost grows with rows × context length; the byte layer's own work (beam, trie masses,
 asyncio) is a small part.
 -logP agrees with the reference within 3e-5 nats on stories260K; on bench53m (random
-weights, ~11 nats/byte) within 2e-3 nats, 7e-7 relative: float32 rows summed over 240
-steps, with batch-dependent rounding on both sides.
+weights, ~11 nats/byte) within 2e-3 nats, 7e-7 relative: float32 model round-off summed
+over 240 steps, with batch-dependent rounding on both sides (`--float64-check` measures it).
 Timings on this shared 2-core box vary by about ±30% between runs with the load (one
 single-run pass at load 1-2.5 gave stories260K K=4 4.8×, K=16 3.4×, bench53m K=4 5.8×),
-hence the fastest of 3 on stories260K and the load average below."""
+hence the fastest of 3 on stories260K and the load average above."""
 
 
-async def ours(path: str, Ks: list[int], repeats: int) -> list[dict]:
+async def ours(path: str, Ks: list[int], repeats: int, dtype: str = "float32") -> list[dict]:
     import torch
 
     from genlm.backends.hf import HFLM
 
     torch.set_num_threads(THREADS)
-    lm = HFLM.from_name(path, device="cpu", dtype="float32")
+    lm = HFLM.from_name(path, device="cpu", dtype=dtype)
     bos = lm.vocab.bos_token_id
     results = []
     async with lm:
@@ -83,10 +83,13 @@ async def ours(path: str, Ks: list[int], repeats: int) -> list[dict]:
     return results
 
 
-def reference(python: str, path: str, Ks: list[int], repeats: int) -> list[dict]:
+def reference(
+    python: str, path: str, Ks: list[int], repeats: int, dtype: str = "float32"
+) -> list[dict]:
     runner = Path(__file__).with_name("_ref_bytes_runner.py")
+    ks = ",".join(map(str, Ks))
     proc = subprocess.run(
-        [python, str(runner), path, TEXT.hex(), ",".join(map(str, Ks)), str(THREADS), str(repeats)],
+        [python, str(runner), path, TEXT.hex(), ks, str(THREADS), str(repeats), dtype],
         capture_output=True,
         text=True,
         check=True,
@@ -102,6 +105,11 @@ def main() -> None:
         help="python of a venv with genlm-bytes==0.2.0 and genlm-backend==0.3.1",
     )
     parser.add_argument("--skip-53m", action="store_true")
+    parser.add_argument(
+        "--float64-check",
+        action="store_true",
+        help="also score at K=4 with float64 models on both sides (one run each)",
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bytes.md"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -129,7 +137,8 @@ def main() -> None:
         "automatic per-row KV reuse); `ByteLM` defaults (lookahead 1).",
         "Reference: genlm-bytes 0.2.0 over genlm-backend 0.3.1 `AsyncTransformer`, own venv.",
         "",
-        "| model | K | ours bytes/s | ref bytes/s | speed-up | ours -logP | ref -logP | |Δ| nats |",
+        "| model | K | ours bytes/s | ref bytes/s | speed-up | ours -logP | ref -logP "
+        "| abs. Δ (nats) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, m, r in rows:
@@ -138,11 +147,31 @@ def main() -> None:
             f"| {name} | {m['K']} | {ob:.1f} | {rb:.1f} | {ob / rb:.1f}× | {m['neg_logp']:.6f} | "
             f"{r['neg_logp']:.6f} | {abs(m['neg_logp'] - r['neg_logp']):.2e} |"
         )
+    if args.float64_check:
+        lines += [
+            "",
+            "The same at K=4 with float64 models on both sides (one run each; the reference's",
+            "trie still sums in float32), to separate float32 model round-off from the byte",
+            "layer:",
+            "",
+            "| model | ours -logP | ref -logP | abs. Δ (nats) | ours float32 − ours float64 |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for name, path, _, _ in runs:
+            m = asyncio.run(ours(path, [4], 1, "float64"))[0]
+            r = reference(args.ref_python, path, [4], 1, "float64")[0]
+            m32 = next(m32 for n, m32, _ in rows if n == name and m32["K"] == 4)
+            lines.append(
+                f"| {name} | {m['neg_logp']:.6f} | {r['neg_logp']:.6f} | "
+                f"{abs(m['neg_logp'] - r['neg_logp']):.2e} | "
+                f"{m32['neg_logp'] - m['neg_logp']:+.2e} |"
+            )
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     lines += [
         "",
         f"Load average at the end (1/5/15 min): {load}; CPUs: {os.cpu_count()}.",
-        "Command: `python benchmarks/bytes_bench.py --ref-python PATH_TO_REF_VENV/bin/python`",
+        "Command: `python benchmarks/bytes_bench.py --ref-python PATH_TO_REF_VENV/bin/python"
+        + (" --float64-check`" if args.float64_check else "`"),
         "",
         NOTES,
     ]

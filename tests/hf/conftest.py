@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.backend_guard import missing, skip_every_module
+from support.random_llama import cached_random_llama
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from genlm.core import resolve_model_path
 
-from support.random_llama import cached_random_llama  # noqa: E402
-
-from genlm.core import resolve_model_path  # noqa: E402
+if absent := missing("torch", "transformers"):
+    pytest_pycollect_makemodule = skip_every_module(f"{absent} is not installed")
+else:
+    import torch
+    import transformers
 
 #: Tolerances against an uncached full forward, per test model. Two fp32 computations of the
 #: same logits with different batch shapes differ by float32 noise: the *plain* fp32 forward is
@@ -23,10 +26,10 @@ from genlm.core import resolve_model_path  # noqa: E402
 STORIES = lambda: resolve_model_path("stories260K")  # noqa: E731
 TINY = lambda: str(cached_random_llama("tiny"))  # noqa: E731
 MODELS = {
-    "stories260K-fp64": (STORIES, torch.float64, 1e-12, 1.2e-7),
-    "stories260K-fp32": (STORIES, torch.float32, 5e-5, 0.0),
-    "tiny-llama-fp64": (TINY, torch.float64, 1e-12, 1.2e-7),
-    "tiny-llama-fp32": (TINY, torch.float32, 1e-3, 0.0),
+    "stories260K-fp64": (STORIES, "float64", 1e-12, 1.2e-7),
+    "stories260K-fp32": (STORIES, "float32", 5e-5, 0.0),
+    "tiny-llama-fp64": (TINY, "float64", 1e-12, 1.2e-7),
+    "tiny-llama-fp32": (TINY, "float32", 1e-3, 0.0),
 }
 _TOLERANCE: dict[int, tuple[float, float]] = {}
 
@@ -41,7 +44,8 @@ def loaded():
             path, dtype, atol, rtol = MODELS[name]
             path = path()
             tok = transformers.AutoTokenizer.from_pretrained(path)
-            model = transformers.AutoModelForCausalLM.from_pretrained(path).to(dtype).eval()
+            model = transformers.AutoModelForCausalLM.from_pretrained(path)
+            model = model.to(getattr(torch, dtype)).eval()
             _TOLERANCE[id(model)] = (atol, rtol)
             cache[name] = (model, tok)
         return cache[name]

