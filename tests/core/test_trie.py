@@ -311,6 +311,10 @@ def empty_pool():
     trie_module.set_trie_pool_limit(previous)
 
 
+#: Rows of a 4-node trie's output that make 1 MiB, the smallest pooled size.
+BIG_ROWS = 2**20 // (4 * 8)
+
+
 def address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
@@ -337,26 +341,38 @@ class TestOutputPool:
 
     @needs_c_module
     def test_freed_output_is_reused(self, empty_pool):
-        """A dropped output goes to the pool and the next fitting output takes its memory;
-        an output less than half its size does not."""
-        trie = TokenByteTrie([b"a", b"ab", b"b"])
-        W = weights(3, 0, 64)
-        out = trie.batch_weight_sum(W)
+        """A dropped output of 1 MiB or more goes to the pool and the next output of 1 to 2
+        times its size takes its memory; a smaller one does not."""
+        trie = TokenByteTrie([b"a", b"ab", b"b"], threads=1)  # no worker holds a view
+        W = weights(3, 0, BIG_ROWS * 3)
+        out = trie.batch_weight_sum(W)  # 3 MiB
         where, nbytes = address(out), out.nbytes
         del out
         assert empty_pool.pool_stats() == (1, nbytes)
-        small = trie.batch_weight_sum(W[:2])
+        small = trie.batch_weight_sum(W[:BIG_ROWS])  # 1 MiB: under half the block
         assert address(small) != where and empty_pool.pool_stats() == (1, nbytes)
-        again = trie.batch_weight_max(W[:40])  # 40 of 64 rows: fits
+        again = trie.batch_weight_max(W[: BIG_ROWS * 2])  # 2 MiB: fits
         assert address(again) == where and empty_pool.pool_stats() == (0, 0)
-        np.testing.assert_array_equal(again[:, trie.node_of(b"a")], W[:40, :2].max(axis=1))
+        np.testing.assert_array_equal(again[:, trie.node_of(b"a")], W[: BIG_ROWS * 2, :2].max(1))
+
+    @needs_c_module
+    def test_small_outputs_are_not_pooled(self, empty_pool):
+        """Outputs under 1 MiB go straight back to malloc, so they never evict big blocks."""
+        trie = TokenByteTrie([b"a", b"ab", b"b"], threads=1)
+        trie.batch_weight_sum(weights(3, 0, BIG_ROWS))
+        held = empty_pool.pool_stats()
+        assert held[0] == 1
+        for i in range(10):
+            trie.weight_sum(weights(3, i))
+            trie.batch_weight_sum(weights(3, i, 100))
+        assert empty_pool.pool_stats() == held
 
     @needs_c_module
     def test_pool_keeps_at_most_eight_blocks_and_its_limit(self, empty_pool):
         """At most 8 freed blocks stay pooled, never more bytes than the limit, and
         a limit of 0 sends every freed output back to the OS."""
-        trie = TokenByteTrie([b"a", b"ab", b"b"])
-        outs = [trie.batch_weight_sum(weights(3, i, 10 + i)) for i in range(12)]
+        trie = TokenByteTrie([b"a", b"ab", b"b"], threads=1)
+        outs = [trie.batch_weight_sum(weights(3, i, BIG_ROWS + 1000 * i)) for i in range(12)]
         sizes = [o.nbytes for o in outs]
         for i in range(12):
             outs[i] = None  # freed in order
@@ -365,7 +381,7 @@ class TestOutputPool:
         assert empty_pool.pool_stats() == (2, sizes[-1] + sizes[-2])
         trie_module.set_trie_pool_limit(0)
         assert empty_pool.pool_stats() == (0, 0)
-        trie.batch_weight_sum(weights(3, 0, 5))  # dropped at once
+        trie.batch_weight_sum(weights(3, 0, BIG_ROWS))  # dropped at once
         assert empty_pool.pool_stats() == (0, 0)
 
     def test_negative_limit_is_rejected(self):

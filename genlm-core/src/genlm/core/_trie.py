@@ -48,12 +48,13 @@ Output memory
 -------------
 Where the C module is built, outputs live in its blocks (``_trie_kernel.empty``):
 when the last array that views an output is freed, its memory goes to a small
-pool (:func:`set_trie_pool_limit`, 256 MiB by default) and the next output of a
-fitting size reuses it. A 32-row llama3.2 output is 67 MiB; glibc maps every
-allocation above 32 MiB afresh and unmaps it on free, so without the pool each
-call paid for zeroing and faulting in every page again (15 ms a call instead of
-9). Callers that keep their outputs are unaffected: a block is reused only once
-nothing references it.
+pool (:func:`set_trie_pool_limit`, 256 MiB by default; outputs of 1 MiB or more,
+since malloc already recycles smaller ones) and the next output of a fitting size
+reuses it. A reused block may be up to twice the output's size. A 32-row
+llama3.2 output is 67 MiB; glibc maps every allocation above 32 MiB afresh and
+unmaps it on free, so without the pool each call paid for zeroing and faulting in
+every page again (15 ms a call instead of 9). A block is reused only once
+nothing references it, so outputs a caller keeps are never overwritten.
 
 Every sum is a sum of the node's own tokens' weights and its children's sums,
 so no difference of large numbers is ever taken: a node's sum has relative
@@ -569,8 +570,8 @@ def _empty(shape: tuple[int, ...]) -> np.ndarray:
 def set_trie_pool_limit(nbytes: int) -> int:
     """Cap the memory of freed trie outputs kept for reuse; returns the previous cap.
 
-    Every :class:`TokenByteTrie` shares one pool of at most 8 freed outputs
-    (module docstring, "Output memory"). ``0`` turns reuse off: each output
+    Every :class:`TokenByteTrie` shares one pool of at most 8 freed outputs of
+    1 MiB or more (module docstring, "Output memory"). ``0`` turns reuse off: each output
     goes back to the OS when freed. Lowering the cap frees pooled memory at
     once. Without the C module there is no pool, and this returns 0.
     """

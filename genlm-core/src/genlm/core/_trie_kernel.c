@@ -25,7 +25,13 @@
  * POOL_SLOTS blocks and ``pool_limit`` bytes) instead of to the OS, so a caller
  * that drops each output before asking for the next gets already-mapped memory.
  * A block is reused only after its Python object is deallocated, i.e. when
- * nothing can see it any more.
+ * nothing can see it any more. Blocks under POOL_MIN bytes are not pooled: malloc
+ * already recycles those, and they would only push big blocks out of the slots.
+ * A reused block may be up to twice the size asked for (pool_take).
+ *
+ * The pool is plain static state: every access (empty, a Block's dealloc,
+ * set_pool_limit) holds the GIL. A build for free-threaded CPython (which has no
+ * limited API, so none is made today) would need a lock here.
  */
 #define PY_SSIZE_T_CLEAN
 #define Py_LIMITED_API 0x030B0000 /* the stable ABI of CPython 3.11+: one build for all */
@@ -161,6 +167,7 @@ static PyObject *fold(PyObject *self, PyObject *args)
 /* ---------------------------------------------------------------- output blocks */
 
 #define POOL_SLOTS 8
+#define POOL_MIN ((Py_ssize_t)1 << 20)
 #define HUGE_PAGE ((Py_ssize_t)2 << 20)
 
 /* Freed blocks, oldest first. Only touched with the GIL held. */
@@ -230,7 +237,7 @@ static char *pool_take(Py_ssize_t len, Py_ssize_t *cap)
 
 static void pool_put(char *data, Py_ssize_t cap)
 {
-    if (cap > pool_limit) {
+    if (cap < POOL_MIN || cap > pool_limit) {
         free(data);
         return;
     }
@@ -285,8 +292,9 @@ static PyType_Spec block_spec = {
 
 PyDoc_STRVAR(empty_doc,
              "empty(nbytes)\n\n"
-             "An uninitialised writable buffer of ``nbytes`` bytes (at least 1 allocated), "
-             "taken from the pool of freed blocks where one fits, else newly allocated.");
+             "An uninitialised writable buffer of ``nbytes`` bytes (at least 1 allocated): "
+             "from 1 MiB up, a freed block of 1 to 2 times that size from the pool where "
+             "there is one, else newly allocated.");
 
 static PyObject *empty(PyObject *self, PyObject *args)
 {
@@ -303,10 +311,18 @@ static PyObject *empty(PyObject *self, PyObject *args)
         return NULL;
     }
     Py_ssize_t cap = len > 0 ? len : 1;
-    b->data = pool_take(cap, &b->cap);
+    b->data = cap >= POOL_MIN ? pool_take(cap, &b->cap) : NULL;
     if (b->data == NULL) {
         b->data = raw_alloc(cap);
         b->cap = cap;
+    }
+    if (b->data == NULL && pool_count > 0) {
+        /* Out of memory while freed blocks sit idle: give them back and retry. */
+        Py_ssize_t limit = pool_limit;
+        pool_limit = 0;
+        pool_trim();
+        pool_limit = limit;
+        b->data = raw_alloc(cap);
     }
     b->len = len;
     if (b->data == NULL) {
