@@ -153,7 +153,8 @@ def batch_note(ours: dict) -> str:
         f"Outputs: at batch {B}, weight_sum's float64 output is large, and glibc maps every "
         "allocation above 32 MiB afresh, so a call whose output is new memory also pays the "
         "OS for zeroing and faulting in each page. genlm-core keeps up to 256 MiB of freed "
-        "outputs for reuse (`set_trie_pool_limit`); the rows above reuse them, as a caller "
+        "outputs (of 1 MiB or more) for reuse (`set_trie_pool_limit`); the rows above reuse "
+        "them, as a caller "
         'that drops each output before the next call does. The "output not reused" rows '
         "turn the pool off, as for a caller that keeps every output: " + "; ".join(parts) + ". "
         "Fresh pages cost more or less depending on how readily the OS hands out huge pages, "
