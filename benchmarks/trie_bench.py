@@ -154,9 +154,10 @@ def batch_note(ours: dict) -> str:
         "allocation above 32 MiB afresh, so a call whose output is new memory also pays the "
         "OS for zeroing and faulting in each page. genlm-core keeps up to 256 MiB of freed "
         "outputs (of 1 MiB or more) for reuse (`set_trie_pool_limit`); the rows above reuse "
-        "them, as a caller "
-        'that drops each output before the next call does. The "output not reused" rows '
-        "turn the pool off, as for a caller that keeps every output: " + "; ".join(parts) + ". "
+        'them, as a caller that drops each output before the next call does. The "output not '
+        'reused" rows turn the pool off, as for a caller that keeps every output: '
+        + "; ".join(parts)
+        + ". "
         "Fresh pages cost more or less depending on how readily the OS hands out huge pages, "
         "so those rows vary more between runs. The numpy-kernel column always runs without "
         "the pool (it is part of the C module)."
