@@ -103,8 +103,8 @@ def bench_ours(repeats: int, kernel: str) -> dict:
                 r[f"sum_{B}"] = median_ms(partial(trie.batch_weight_sum, W), repeats)
                 r[f"max_{B}"] = median_ms(partial(trie.batch_weight_max, W), repeats)
                 r[f"logsum_{B}"] = median_ms(partial(trie.batch_log_weight_sum, LP), repeats)
-                # As for a caller that keeps every output: no freed output to reuse,
-                # so each call's output is fresh memory from the OS.
+                # Without the pool: above 32 MiB (llama3.2), each output is then fresh
+                # memory from the OS, as for a caller that keeps every output.
                 previous = set_trie_pool_limit(0)
                 r[f"sumfresh_{B}"] = median_ms(partial(trie.batch_weight_sum, W), repeats)
                 set_trie_pool_limit(previous)
@@ -144,7 +144,7 @@ def batch_note(ours: dict) -> str:
     """Why reusing freed outputs matters at batch 32, with the measured difference."""
     B = BATCHES[-1]
     parts = [
-        f"{name} {ours[name][f'sum_{B}']:.1f} ms with reuse, "
+        f"{name} {ours[name][f'sum_{B}']:.1f} ms with the pool, "
         f"{ours[name][f'sumfresh_{B}']:.1f} ms without ({B * ours[name]['nodes'] * 8 / 2**20:.0f}"
         " MiB)"
         for name in VOCABS
@@ -154,10 +154,10 @@ def batch_note(ours: dict) -> str:
         "allocation above 32 MiB afresh, so a call whose output is new memory also pays the "
         "OS for zeroing and faulting in each page. genlm-core keeps up to 256 MiB of freed "
         "outputs (of 1 MiB or more) for reuse (`set_trie_pool_limit`); the rows above reuse "
-        'them, as a caller that drops each output before the next call does. The "output not '
-        'reused" rows turn the pool off, as for a caller that keeps every output: '
-        + "; ".join(parts)
-        + ". "
+        "them, as a caller that drops each output before the next call does. The "
+        '"pool off" rows turn it off: glibc then still recycles outputs under 32 MiB, but '
+        "maps every larger one afresh, which is also what a caller that keeps every output "
+        "gets: " + "; ".join(parts) + ". "
         "Fresh pages cost more or less depending on how readily the OS hands out huge pages, "
         "so those rows vary more between runs. The numpy-kernel column always runs without "
         "the pool (it is part of the C module)."
@@ -229,7 +229,7 @@ def table(ours: dict, fallback: dict, ref: dict | None, note: str, command: str)
                 ("log_weight_sum", B, f"logsum_{B}", None),
             ]
             if B > 1:
-                rows.append(("weight_sum, output not reused", B, f"sumfresh_{B}", f"sum_{B}"))
+                rows.append(("weight_sum, pool off", B, f"sumfresh_{B}", f"sum_{B}"))
         for op, B, key, ref_key in rows:
             ov, fv, rv = o.get(key), f.get(key), r.get(ref_key)
             fmt = "{:.2f}" if key == "build_s" else "{:.3g}"

@@ -168,7 +168,7 @@ static PyObject *fold(PyObject *self, PyObject *args)
 
 #define POOL_SLOTS 8
 #define POOL_MIN ((Py_ssize_t)1 << 20)
-#define HUGE_PAGE ((Py_ssize_t)2 << 20)
+#define HUGE_MIN ((Py_ssize_t)4 << 20)
 
 /* Freed blocks, oldest first. Only touched with the GIL held. */
 static struct {
@@ -181,21 +181,16 @@ static Py_ssize_t pool_limit = (Py_ssize_t)256 << 20;
 
 static char *raw_alloc(Py_ssize_t cap)
 {
-#ifdef __linux__
-    /* Big blocks on 2 MiB boundaries, marked for transparent huge pages, as numpy
-     * does for its own big arrays: fewer page faults and TLB misses. */
-    if (cap >= 2 * HUGE_PAGE) {
-        void *p = NULL;
-        if (posix_memalign(&p, (size_t)HUGE_PAGE, (size_t)cap) != 0) {
-            return NULL;
-        }
-#ifdef MADV_HUGEPAGE
-        madvise(p, (size_t)cap, MADV_HUGEPAGE);
-#endif
-        return (char *)p;
+    char *p = (char *)malloc((size_t)cap);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    /* As numpy does for its own arrays of 4 MiB or more: ask for transparent huge
+     * pages from the first page boundary on (fewer page faults and TLB misses). */
+    if (p != NULL && cap >= HUGE_MIN) {
+        uintptr_t offset = 4096 - (uintptr_t)p % 4096;
+        madvise(p + offset, (size_t)cap - offset, MADV_HUGEPAGE);
     }
 #endif
-    return (char *)malloc((size_t)cap);
+    return p;
 }
 
 /* Drop the oldest pooled blocks until the pool fits its slot and byte limits. */
