@@ -28,6 +28,10 @@ _OPERATIONS: dict[str, Callable[[TokenByteTrie, np.ndarray], np.ndarray]] = {
 class AsyncTokenByteTrie:
     """Awaitable per-row trie computations, gathered into batched calls.
 
+    Each result is a row view of its batch's output, so a row that is kept keeps the
+    whole batch's memory alive (and out of the trie's output pool); ``.copy()`` rows
+    that are kept long.
+
     Args:
         trie: the trie to compute over.
         max_batch_size: most rows per batched call.
