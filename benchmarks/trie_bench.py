@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -69,15 +70,29 @@ def median_ms(fn, repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
+@contextmanager
+def pool_off():
+    """The trie's output pool turned off for the duration (its limit restored after)."""
+    from genlm.core import set_trie_pool_limit
+
+    previous = set_trie_pool_limit(0)
+    try:
+        yield
+    finally:
+        set_trie_pool_limit(previous)
+
+
 def bench_ours(repeats: int, kernel: str) -> dict:
     """Time our trie with one kernel. The numpy kernel runs with the output pool off,
     as where genlm-core was installed without a C compiler (no C module, no pool)."""
-    from genlm.core._trie import TokenByteTrie, set_trie_pool_limit
+    with pool_off() if kernel == "numpy" else nullcontext():
+        return _bench_ours(repeats, kernel)
+
+
+def _bench_ours(repeats: int, kernel: str) -> dict:
+    from genlm.core._trie import TokenByteTrie
 
     res = {}
-    pool_limit = set_trie_pool_limit(0)
-    if kernel == "c":
-        set_trie_pool_limit(pool_limit)
     for name in VOCABS:
         vocab, special, eos = load_vocab(name)
         builds = []
@@ -104,12 +119,14 @@ def bench_ours(repeats: int, kernel: str) -> dict:
                 r[f"max_{B}"] = median_ms(partial(trie.batch_weight_max, W), repeats)
                 r[f"logsum_{B}"] = median_ms(partial(trie.batch_log_weight_sum, LP), repeats)
                 # Without the pool: above 32 MiB (llama3.2), each output is then fresh
-                # memory from the OS, as for a caller that keeps every output.
-                previous = set_trie_pool_limit(0)
-                r[f"sumfresh_{B}"] = median_ms(partial(trie.batch_weight_sum, W), repeats)
-                set_trie_pool_limit(previous)
+                # memory from the OS, as for a caller that keeps every output. (The
+                # numpy kernel runs without it throughout: its sum_B is this already.)
+                if kernel == "numpy":
+                    r[f"sumfresh_{B}"] = r[f"sum_{B}"]
+                else:
+                    with pool_off():
+                        r[f"sumfresh_{B}"] = median_ms(partial(trie.batch_weight_sum, W), repeats)
         res[name] = r
-    set_trie_pool_limit(pool_limit)
     return res
 
 

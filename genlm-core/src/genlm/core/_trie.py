@@ -436,9 +436,8 @@ class TokenByteTrie:
 
         The rows are split into up to :attr:`threads` contiguous chunks, one per
         thread: rows are independent, both kernels release the GIL for their
-        work, and each thread also takes the page faults of its own part of the
-        freshly allocated output (at batch 32 on llama3.2 the output is 70 MB,
-        and faulting it in is about 7 ms of a 16 ms call on two threads).
+        work, and where the output is fresh memory (not a pooled block), each
+        thread also takes the page faults of its own part of it.
         """
         w = np.asarray(weights, dtype=np.float64)
         if w.ndim != 2 or w.shape[1] != self.vocab_size:
@@ -447,7 +446,8 @@ class TokenByteTrie:
         chunks = max(1, min(self.threads, len(w)))  # an empty batch is one empty chunk
         bounds = [len(w) * i // chunks for i in range(chunks + 1)]
         pending = [
-            _pool().submit(kernel, w[lo:hi], out[lo:hi]) for lo, hi in zip(bounds[1:-1], bounds[2:])
+            _executor().submit(kernel, w[lo:hi], out[lo:hi])
+            for lo, hi in zip(bounds[1:-1], bounds[2:])
         ]
         kernel(w[: bounds[1]], out[: bounds[1]])
         for future in pending:
@@ -571,9 +571,9 @@ def set_trie_pool_limit(nbytes: int) -> int:
     """Cap the memory of freed trie outputs kept for reuse; returns the previous cap.
 
     Every :class:`TokenByteTrie` shares one pool of at most 8 freed outputs of
-    1 MiB or more (module docstring, "Output memory"). ``0`` turns reuse off: each output
-    goes back to the OS when freed. Lowering the cap frees pooled memory at
-    once. Without the C module there is no pool, and this returns 0.
+    1 MiB or more (module docstring, "Output memory"). ``0`` turns reuse off:
+    each output goes back to malloc when freed. Lowering the cap frees pooled
+    memory at once. Without the C module there is no pool, and this returns 0.
     """
     if nbytes < 0:
         raise ValueError(f"the pool limit must be >= 0 bytes, got {nbytes}")
@@ -589,17 +589,19 @@ def _usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
+_EXECUTOR: ThreadPoolExecutor | None = None
+_EXECUTOR_LOCK = threading.Lock()
 
 
-def _pool() -> ThreadPoolExecutor:
+def _executor() -> ThreadPoolExecutor:
     """The worker threads that batched calls of every trie share, started on first use."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=_usable_cpus(), thread_name_prefix="genlm-trie")
-        return _POOL
+    global _EXECUTOR
+    with _EXECUTOR_LOCK:
+        if _EXECUTOR is None:
+            _EXECUTOR = ThreadPoolExecutor(
+                max_workers=_usable_cpus(), thread_name_prefix="genlm-trie"
+            )
+        return _EXECUTOR
 
 
 def _check_id(i: int, V: int, what: str) -> int:

@@ -193,16 +193,24 @@ static char *raw_alloc(Py_ssize_t cap)
     return p;
 }
 
-/* Drop the oldest pooled blocks until the pool fits its slot and byte limits. */
-static void pool_trim(void)
+/* Take block `i` out of the pool (keeping the others oldest first); return its data. */
+static char *pool_remove(int i)
 {
-    while (pool_count > 0 && (pool_count > POOL_SLOTS || pool_bytes > pool_limit)) {
-        free(pool[0].data);
-        pool_bytes -= pool[0].cap;
-        pool_count--;
-        for (int i = 0; i < pool_count; i++) {
-            pool[i] = pool[i + 1];
-        }
+    char *data = pool[i].data;
+    pool_bytes -= pool[i].cap;
+    pool_count--;
+    for (; i < pool_count; i++) {
+        pool[i] = pool[i + 1];
+    }
+    return data;
+}
+
+/* Free the oldest pooled blocks until the pool holds at most POOL_SLOTS blocks and
+ * `limit` bytes. */
+static void pool_trim(Py_ssize_t limit)
+{
+    while (pool_count > 0 && (pool_count > POOL_SLOTS || pool_bytes > limit)) {
+        free(pool_remove(0));
     }
 }
 
@@ -220,14 +228,8 @@ static char *pool_take(Py_ssize_t len, Py_ssize_t *cap)
     if (best < 0) {
         return NULL;
     }
-    char *data = pool[best].data;
     *cap = pool[best].cap;
-    pool_bytes -= *cap;
-    pool_count--;
-    for (int i = best; i < pool_count; i++) {
-        pool[i] = pool[i + 1];
-    }
-    return data;
+    return pool_remove(best);
 }
 
 static void pool_put(char *data, Py_ssize_t cap)
@@ -240,7 +242,7 @@ static void pool_put(char *data, Py_ssize_t cap)
     pool[pool_count].cap = cap;
     pool_count++;
     pool_bytes += cap;
-    pool_trim();
+    pool_trim(pool_limit);
 }
 
 typedef struct {
@@ -291,14 +293,23 @@ PyDoc_STRVAR(empty_doc,
              "from 1 MiB up, a freed block of 1 to 2 times that size from the pool where "
              "there is one, else newly allocated.");
 
+/* The one argument of `empty` and `set_pool_limit`: a byte count >= 0. */
+static int parse_nbytes(PyObject *args, const char *func, Py_ssize_t *nbytes)
+{
+    if (!PyArg_ParseTuple(args, "n", nbytes)) {
+        return -1;
+    }
+    if (*nbytes < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: nbytes must be >= 0", func);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *empty(PyObject *self, PyObject *args)
 {
     Py_ssize_t len;
-    if (!PyArg_ParseTuple(args, "n", &len)) {
-        return NULL;
-    }
-    if (len < 0) {
-        PyErr_SetString(PyExc_ValueError, "empty: nbytes must be >= 0");
+    if (parse_nbytes(args, "empty", &len) < 0) {
         return NULL;
     }
     Block *b = (Block *)PyType_GenericAlloc(BlockType, 0);
@@ -313,10 +324,7 @@ static PyObject *empty(PyObject *self, PyObject *args)
     }
     if (b->data == NULL && pool_count > 0) {
         /* Out of memory while freed blocks sit idle: give them back and retry. */
-        Py_ssize_t limit = pool_limit;
-        pool_limit = 0;
-        pool_trim();
-        pool_limit = limit;
+        pool_trim(0);
         b->data = raw_alloc(cap);
     }
     b->len = len;
@@ -336,16 +344,12 @@ PyDoc_STRVAR(set_pool_limit_doc,
 static PyObject *set_pool_limit(PyObject *self, PyObject *args)
 {
     Py_ssize_t limit;
-    if (!PyArg_ParseTuple(args, "n", &limit)) {
-        return NULL;
-    }
-    if (limit < 0) {
-        PyErr_SetString(PyExc_ValueError, "set_pool_limit: nbytes must be >= 0");
+    if (parse_nbytes(args, "set_pool_limit", &limit) < 0) {
         return NULL;
     }
     Py_ssize_t previous = pool_limit;
     pool_limit = limit;
-    pool_trim();
+    pool_trim(pool_limit);
     return PyLong_FromSsize_t(previous);
 }
 
@@ -368,7 +372,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     "genlm.core._trie_kernel",
-    "The token-byte trie's weight kernel in C (see _trie_kernel.c).",
+    "The token-byte trie's weight kernel and pooled output blocks in C (see _trie_kernel.c).",
     -1,
     methods,
 };
