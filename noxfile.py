@@ -19,7 +19,7 @@ nox.options.reuse_existing_virtualenvs = False
 PYTHON = "3.11"
 TORCH = "torch==2.13.0"
 TRANSFORMERS = "transformers>=4.57,<6"
-TEST_DEPS = ["pytest>=8", "hypothesis>=6.100"]
+TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"]
 TOKENIZER_DEPS = [TRANSFORMERS, "tokenizers", "tiktoken", "sentencepiece"]
 PLUGINS = ["./tests/plugins/genlm-backend-example", "./tests/plugins/genlm-backend-broken"]
 MLX = "mlx[cpu]" if platform.system() == "Linux" else "mlx"
