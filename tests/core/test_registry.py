@@ -121,12 +121,17 @@ class TestIsolation:
         assert list(reg.backends) == ["g"]
         assert "registrar" in str(reg.errors[0])
 
-    def test_name_collision_keeps_the_first(self):
-        """Two plugins claiming one backend name: the second is reported, not silently used."""
+    def test_name_collision_goes_to_the_owner_in_either_order(self):
+        """Two plugins claiming one backend name: its owner keeps it, the other is reported."""
         other = BackendSpec(name="x", loader="a.b:c", distribution="genlm-backend-other")
-        reg = registry(plugin("first", spec("x")), plugin("second", other))
-        assert reg.backends["x"].distribution == "genlm-backend-x"
-        assert "already provided by genlm-backend-x" in str(reg.errors[0])
+        owner = ("first", "genlm-backend-x", plugin("first", spec("x")))
+        intruder = ("second", "genlm-backend-other", plugin("second", other))
+        for order in ([owner, intruder], [intruder, owner]):
+            reg = Registry()
+            reg.register_plugins(order)
+            assert reg.backends["x"].distribution == "genlm-backend-x"
+            [error] = reg.errors
+            assert error.plugin == "second" and "belongs to genlm-backend-x" in str(error)
 
     def test_spec_validates_names(self):
         """A malformed backend name or loader path is rejected when the spec is made."""

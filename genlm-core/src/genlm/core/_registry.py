@@ -7,15 +7,26 @@ entry point in ``genlm.backends`` (or ``genlm.plugins``) is imported — one mod
 that fails to import, validate or register is recorded as broken while the others keep
 working. The environment variable ``GENLM_BACKENDS`` (comma-separated entry point
 names) restricts which plugins load.
+
+Everything a plugin runs (its import, its hooks, its probe) is isolated: any exception,
+``SystemExit`` included, makes it a :class:`PluginLoadError` (or an "unavailable" reason)
+instead of stopping discovery. Only ``KeyboardInterrupt`` propagates: the user asked to stop.
+
+Who gets a backend name does not depend on discovery order: the distribution a name
+belongs to (``genlm-backend-NAME`` owns ``NAME``; genlm-core owns ``mock``) wins, and any
+other claim on it is reported as an error on the intruder. A name claimed by several
+distributions none of which owns it goes to none of them: each claim is reported.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import logging
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -36,6 +47,26 @@ ALLOWLIST_ENV = "GENLM_BACKENDS"
 
 _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 _TARGET = re.compile(r"^[\w.]+:[\w.]+$")
+
+#: Backend names owned by a distribution other than ``genlm-backend-NAME``.
+_OWNERS = {"mock": "genlm-core"}
+
+
+def owner_of(name: str) -> str:
+    """The distribution a backend name belongs to: ``genlm-backend-NAME``, or genlm-core for mock.
+
+    Args:
+        name: a backend name (``"hf"``).
+
+    Returns:
+        The owning distribution's normalized name (``"genlm-backend-hf"``).
+    """
+    return _OWNERS.get(name, _normalize(f"genlm-backend-{name}"))
+
+
+def _normalize(distribution: str) -> str:
+    """A distribution name in PEP 503 form (``Genlm_Backend.HF`` -> ``genlm-backend-hf``)."""
+    return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
 def _resolve(target: str) -> Any:
@@ -82,93 +113,239 @@ class BackendSpec:
             raise ValueError(f"loader {value!r} must look like 'package.module:callable'")
 
     def unavailable_reason(self) -> str | None:
-        """None when this backend can run on this machine, else why it cannot."""
+        """Why this backend cannot run on this machine, or None when it can.
+
+        Checks what is cheap to check without importing the backend: that the loader's
+        module exists (``importlib.util.find_spec``, which imports its parent packages
+        only), then the plugin's own probe. A probe that raises (``SystemExit``
+        included) makes the backend unavailable rather than breaking the caller.
+
+        Returns:
+            None, or a short reason such as ``"missing torch: pip install ..."``.
+
+        Raises:
+            KeyboardInterrupt: only that propagates.
+        """
+        module_name = self.loader.partition(":")[0]
+        try:
+            found = importlib.util.find_spec(module_name) is not None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a parent package that fails to import
+            return f"loader module {module_name!r} cannot be found: {exc!r}"
+        if not found:
+            return (
+                f"loader module {module_name!r} is not installed "
+                f"(is {self.distribution} installed completely?)"
+            )
         if self.probe is None:
             return None
         try:
             probe = _resolve(self.probe) if isinstance(self.probe, str) else self.probe
             return probe()
-        except Exception as exc:  # a broken probe must not break discovery
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a broken probe must not break discovery
             return f"availability probe failed: {exc!r}"
 
+    def import_loader(self) -> Callable[..., Any]:
+        """Import the loader's module (the backend's heavy imports happen here).
+
+        Returns:
+            The loader callable named by :attr:`loader`.
+
+        Raises:
+            ImportError: the module (or one it imports) is missing.
+            AttributeError: the module has no such callable.
+        """
+        return _resolve(self.loader)
+
     def load(self, model: str, **opts: Any) -> Any:
-        """Import the loader and build a model."""
-        return _resolve(self.loader)(model, **opts)
+        """Import the loader and build a model.
+
+        Args:
+            model: a hub id, a local path or an embedded model's name.
+            **opts: passed to the loader unchanged.
+
+        Returns:
+            The backend's model (an :class:`~genlm.core.AsyncLM`).
+
+        Raises:
+            ImportError: the loader cannot be imported.
+            Exception: whatever the loader raises for this model.
+        """
+        return self.import_loader()(model, **opts)
+
+
+@attrs.frozen
+class _Claim:
+    """One plugin's registration of one backend name, with the distribution it came from."""
+
+    spec: BackendSpec
+    plugin: str
+    distribution: str | None
+
+    @property
+    def owns(self) -> bool:
+        """Whether the claiming distribution is the one the name belongs to."""
+        return self.distribution is not None and _normalize(self.distribution) == owner_of(
+            self.spec.name
+        )
+
+
+def _arbitrate(name: str, claims: list[_Claim]) -> tuple[_Claim | None, list[tuple[_Claim, str]]]:
+    """Decide who gets ``name``; the result depends only on the set of claims, not their order.
+
+    Returns:
+        The winning claim (None when the name is ambiguous) and each rejected claim with
+        the reason reported on it.
+    """
+    distinct: dict[tuple[BackendSpec, str | None], _Claim] = {}
+    for claim in claims:  # the same spec from the same distribution counts once
+        key = (claim.spec, claim.distribution and _normalize(claim.distribution))
+        distinct.setdefault(key, claim)
+    unique = list(distinct.values())
+    owner = owner_of(name)
+    owners = [c for c in unique if c.owns]
+    if len(owners) == 1:
+        winner = owners[0]
+        return winner, [
+            (
+                c,
+                f"backend name {name!r} belongs to {owner}; this claim on it is ignored "
+                f"(rename the backend, or uninstall {c.distribution or 'this plugin'})",
+            )
+            for c in unique
+            if c is not winner
+        ]
+    if len(unique) == 1:
+        return unique[0], []
+    claimants = ", ".join(sorted({c.distribution or "unknown distribution" for c in unique}))
+    reason = (
+        f"backend name {name!r} is claimed {len(unique)} times ({claimants}) and its owner "
+        f"{owner} does not hold it alone, so none is used; uninstall all but one"
+    )
+    return None, [(c, reason) for c in unique]
 
 
 @attrs.define
 class Registry:
     """The backends (and CLI commands) contributed by installed plugins.
 
-    Build with :meth:`discover`; tests build one from explicit plugin modules.
+    Build with :meth:`discover`; tests build one with :meth:`register_plugins` from plugin
+    modules made in memory. Precedence between plugins never depends on the order in
+    which they are found (see the module docstring).
+
+    Attributes:
+        backends: backend name -> the spec that won it.
+        commands: CLI command name -> its ``genlm.core.cli.Command``.
+        errors: one :class:`PluginLoadError` per broken plugin or rejected claim.
+        plugins: ``(entry point name, distribution)`` of every plugin that loaded.
     """
 
     backends: dict[str, BackendSpec] = attrs.field(factory=dict)
     commands: dict[str, Any] = attrs.field(factory=dict)
     errors: list[PluginLoadError] = attrs.field(factory=list)
-    #: entry point name -> distribution name, for every plugin that loaded.
-    plugins: dict[str, str | None] = attrs.field(factory=dict)
+    plugins: list[tuple[str, str | None]] = attrs.field(factory=list)
+    _claims: dict[str, list[_Claim]] = attrs.field(factory=dict, init=False, repr=False)
+    _rejected: set[_Claim] = attrs.field(factory=set, init=False, repr=False)
 
     @classmethod
     def discover(cls, allowlist: Iterable[str] | None = None) -> Registry:
-        """Load every plugin declared by installed distributions."""
+        """Load every plugin declared by installed distributions.
+
+        Entry points are taken in a sorted order, so discovery is reproducible. A plugin
+        whose import raises anything (``SystemExit`` included) is recorded in
+        :attr:`errors`; only ``KeyboardInterrupt`` propagates.
+
+        Args:
+            allowlist: entry point names to load; None reads ``GENLM_BACKENDS``
+                (comma-separated), and loads every plugin when it is unset.
+
+        Returns:
+            A new registry.
+        """
         if allowlist is None:
             env = os.environ.get(ALLOWLIST_ENV, "").strip()
             allowlist = [n.strip() for n in env.split(",") if n.strip()] if env else None
         allowed = None if allowlist is None else set(allowlist)
-        registry = cls()
-        modules: list[tuple[str, str | None, Any]] = []
-        seen: set[tuple[str, str]] = set()
+        found = []
         for group in ENTRY_POINT_GROUPS:
             for ep in importlib.metadata.entry_points(group=group):
                 if allowed is not None and ep.name not in allowed:
                     continue
-                if (ep.name, ep.value) in seen:  # the same distribution seen twice on sys.path
-                    continue
-                seen.add((ep.name, ep.value))
                 dist = ep.dist.name if ep.dist is not None else None
-                try:
-                    modules.append((ep.name, dist, ep.load()))
-                except Exception as exc:
-                    registry._broken(ep.name, dist, f"failed to import {ep.value}: {exc!r}", exc)
+                found.append((ep.name, ep.value, _normalize(dist or ""), dist, ep))
+        registry = cls()
+        modules: list[tuple[str, str | None, Any]] = []
+        seen: set[tuple[str, str]] = set()
+        for name, value, _, dist, ep in sorted(found, key=lambda f: f[:3]):
+            if (name, value) in seen:  # the same distribution seen twice on sys.path
+                continue
+            seen.add((name, value))
+            try:
+                modules.append((name, dist, ep.load()))
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # SystemExit too: a plugin never stops discovery
+                registry._broken(name, dist, f"failed to import {value}: {exc!r}", exc)
         registry.register_plugins(modules)
         return registry
 
     def register_plugins(self, modules: Iterable[tuple[str, str | None, Any]]) -> None:
-        """Validate plugin modules with pluggy, then call each one's hooks in isolation."""
+        """Validate plugin modules with pluggy, then call each one's hooks in isolation.
+
+        Args:
+            modules: ``(entry point name, distribution or None, module)`` triples. The
+                distribution decides who owns a backend name; None owns nothing.
+        """
         pm = pluggy.PluginManager(hookspecs.PROJECT)
         pm.add_hookspecs(hookspecs)
-        for name, dist, module in modules:
+        for index, (name, dist, module) in enumerate(modules):
+            key = f"{index}:{name}"  # two distributions may use one entry point name
             try:
-                pm.register(module, name=name)
-            except Exception as exc:  # pluggy.PluginValidationError and friends
+                pm.register(module, name=key)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # pluggy.PluginValidationError and friends
                 self._broken(name, dist, f"invalid plugin: {exc}", exc)
                 continue
-            self.plugins[name] = dist
+            self.plugins.append((name, dist))
             for hook_name, register in (
-                ("genlm_register_backends", self._register_backend),
+                ("genlm_register_backends", self._claim_backend),
                 ("genlm_register_commands", self._register_command),
             ):
                 for impl in getattr(pm.hook, hook_name).get_hookimpls():
-                    if impl.plugin_name != name:
+                    if impl.plugin_name != key:
                         continue
                     try:
                         impl.function(register=_from(register, name, dist))
-                    except Exception as exc:
+                    except KeyboardInterrupt:
+                        raise
+                    except BaseException as exc:
                         self._broken(name, dist, f"{hook_name} raised {exc!r}", exc)
+        self._settle()
 
-    def _register_backend(self, spec: BackendSpec, plugin: str, dist: str | None) -> None:
+    def _claim_backend(self, spec: BackendSpec, plugin: str, dist: str | None) -> None:
         if not isinstance(spec, BackendSpec):
             raise TypeError(f"register() takes a BackendSpec, got {type(spec).__name__}")
-        other = self.backends.get(spec.name)
-        if other is not None and other != spec:
-            self._broken(
-                plugin,
-                dist,
-                f"backend name {spec.name!r} is already provided by {other.distribution}",
-            )
-            return
-        self.backends[spec.name] = spec
+        claims = self._claims.setdefault(spec.name, [])
+        claim = _Claim(spec, plugin, dist)
+        if claim not in claims:
+            claims.append(claim)
+
+    def _settle(self) -> None:
+        """Give each claimed name to its winner; report every rejected claim once."""
+        for name in sorted(self._claims):
+            winner, rejected = _arbitrate(name, self._claims[name])
+            if winner is None:
+                self.backends.pop(name, None)
+            else:
+                self.backends[name] = winner.spec
+            for claim, reason in rejected:
+                if claim not in self._rejected:
+                    self._rejected.add(claim)
+                    self._broken(claim.plugin, claim.distribution, reason)
 
     def _register_command(self, command: Any, plugin: str, dist: str | None) -> None:
         if command.name in self.commands:
@@ -177,7 +354,7 @@ class Registry:
         self.commands[command.name] = command
 
     def _broken(
-        self, plugin: str, dist: str | None, message: str, cause: Exception | None = None
+        self, plugin: str, dist: str | None, message: str, cause: BaseException | None = None
     ) -> None:
         error = PluginLoadError(
             f"plugin {plugin!r} ({dist or 'unknown distribution'}): {message}",
@@ -191,7 +368,19 @@ class Registry:
     # ---- choosing and loading ----------------------------------------------------------
 
     def select(self, backend: str | None = None) -> BackendSpec:
-        """The spec for ``backend``, or the best available one when None."""
+        """The spec for ``backend``, or the best usable one when None.
+
+        Args:
+            backend: a backend name, or None for auto-selection: the auto-selectable
+                backend that can run here with the highest priority (ties by name).
+
+        Returns:
+            The chosen spec; nothing is imported.
+
+        Raises:
+            BackendNotFoundError: no backend has that name, or (None) none can run here.
+            BackendUnavailableError: the named backend is installed but cannot run here.
+        """
         if backend is not None:
             spec = self.backends.get(backend)
             if spec is None:
@@ -200,17 +389,62 @@ class Registry:
             if reason is not None:
                 raise BackendUnavailableError(f"backend {backend!r} cannot run here: {reason}")
             return spec
-        candidates = sorted(
-            (s for s in self.backends.values() if s.auto_select),
-            key=lambda s: -s.priority,
-        )
-        reasons = []
-        for spec in candidates:
+        usable, reasons = self._auto_candidates()
+        if not usable:
+            raise self._no_usable_backend(reasons)
+        return usable[0]
+
+    def load_model(self, model: str, backend: str | None = None, **opts: Any) -> Any:
+        """Load ``model`` with ``backend``; see :func:`load_model_by_name`.
+
+        With ``backend=None``, a chosen backend whose loader fails to import (a broken
+        install) is skipped with a ``RuntimeWarning`` and the next usable one is tried.
+        Errors from the loader itself (a bad model name, out of memory) propagate.
+
+        Raises:
+            BackendNotFoundError: unknown backend, or no usable backend at all.
+            BackendUnavailableError: the named backend cannot run here.
+            ImportError: the named backend's loader cannot be imported.
+        """
+        if backend is not None:
+            spec = self.select(backend)
+            logger.info("loading %s with backend %s", model, spec.name)
+            return spec.load(model, **opts)
+        usable, reasons = self._auto_candidates()
+        for spec in usable:
+            try:
+                loader = spec.import_loader()
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:
+                reason = f"importing its loader {spec.loader} failed: {exc!r}"
+                warnings.warn(
+                    f"backend {spec.name!r} was chosen but {reason}; trying the next usable "
+                    "backend",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                reasons.append(f"{spec.name}: {reason}")
+                continue
+            logger.info("loading %s with backend %s", model, spec.name)
+            return loader(model, **opts)
+        raise self._no_usable_backend(reasons)
+
+    def _auto_candidates(self) -> tuple[list[BackendSpec], list[str]]:
+        """Auto-selectable backends that can run here, best first; and why the others cannot."""
+        usable, reasons = [], []
+        auto = (s for s in self.backends.values() if s.auto_select)
+        ranked = sorted(auto, key=lambda s: (-s.priority, s.name))
+        for spec in ranked:
             reason = spec.unavailable_reason()
             if reason is None:
-                return spec
-            reasons.append(f"{spec.name}: {reason}")
-        raise BackendNotFoundError(
+                usable.append(spec)
+            else:
+                reasons.append(f"{spec.name}: {reason}")
+        return usable, reasons
+
+    def _no_usable_backend(self, reasons: list[str]) -> BackendNotFoundError:
+        return BackendNotFoundError(
             "no usable backend is installed"
             + (f" ({'; '.join(reasons)})" if reasons else "")
             + self._installed_hint()
@@ -228,7 +462,7 @@ class Registry:
         names = ", ".join(sorted(self.backends)) or "none"
         hint = f"; installed backends: {names}"
         if self.errors:
-            hint += "; broken plugins: " + ", ".join(e.plugin for e in self.errors)
+            hint += "; broken plugins: " + ", ".join(sorted({e.plugin for e in self.errors}))
         return hint
 
 
@@ -245,7 +479,14 @@ _registry: Registry | None = None
 
 
 def get_registry(refresh: bool = False) -> Registry:
-    """The process-wide registry, discovered on first use."""
+    """The process-wide registry, discovered on first use.
+
+    Args:
+        refresh: discover again (after installing a plugin, or in tests).
+
+    Returns:
+        The shared :class:`Registry`.
+    """
     global _registry
     if _registry is None or refresh:
         _registry = Registry.discover()
@@ -255,14 +496,25 @@ def get_registry(refresh: bool = False) -> Registry:
 def load_model_by_name(name: str, backend: str | None = None, **opts: Any) -> Any:
     """Load model ``name`` (a hub id, a local path, or ``"stories260K"``) with a backend.
 
-    ``backend=None`` picks the best available installed backend: vllm with a CUDA GPU,
-    mlx on Apple silicon, else hf. Options go to the backend's loader unchanged.
+    ``backend=None`` picks the best usable installed backend: vllm with a CUDA GPU,
+    mlx on Apple silicon, else hf. If the chosen backend's code fails to import (a
+    broken install), a ``RuntimeWarning`` says so and the next usable backend is used.
+
+    Args:
+        name: the model: a Hugging Face hub id, a local directory, or an embedded
+            model's name (``"stories260K"`` loads offline).
+        backend: a backend name (``"hf"``, ``"vllm"``, ``"mlx"``, ``"mock"`` or a
+            third-party one), or None to choose automatically.
+        **opts: passed to the backend's loader unchanged (e.g. ``max_batch_size``).
+
+    Returns:
+        The loaded model, an :class:`~genlm.core.AsyncLM` (a :class:`~genlm.core.BatchedLM`
+        for every bundled backend).
 
     Raises:
-        BackendNotFoundError: the backend is not installed; the message lists the
-            installed ones and the ``pip install`` to run.
+        BackendNotFoundError: the backend is not installed (the message lists the
+            installed ones and the ``pip install`` to run), or no backend can run here.
         BackendUnavailableError: it is installed but cannot run on this machine.
+        ImportError: the named backend's code cannot be imported.
     """
-    spec = get_registry().select(backend)
-    logger.info("loading %s with backend %s", name, spec.name)
-    return spec.load(name, **opts)
+    return get_registry().load_model(name, backend, **opts)

@@ -1,0 +1,391 @@
+"""Discovery through installed entry points, faked inline: precedence, availability, isolation.
+
+Each test writes real plugin modules into a temporary directory on ``sys.path`` and
+replaces ``importlib.metadata.entry_points`` with entry points naming them, so discovery
+runs exactly as for installed distributions (as pluggy's own tests fake importlib.metadata).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import json
+import sys
+import textwrap
+import uuid
+
+import attrs
+import pytest
+
+from genlm.core import (
+    BackendNotFoundError,
+    BackendSpec,
+    BackendUnavailableError,
+    Registry,
+    _registry,
+    load_model_by_name,
+)
+from genlm.core.cli import main
+from genlm.core.mock import MockLM
+
+MOCK_LOADER = "genlm.core.mock:MockLM.from_name"
+
+
+@attrs.frozen
+class FakeDistribution:
+    name: str
+
+
+@attrs.frozen
+class FakeEntryPoint:
+    """What discovery reads from an ``importlib.metadata.EntryPoint``."""
+
+    name: str
+    value: str
+    dist: FakeDistribution | None
+    group: str = "genlm.backends"
+
+    def load(self):
+        module, _, attr = self.value.partition(":")
+        obj = importlib.import_module(module)
+        return getattr(obj, attr) if attr else obj
+
+
+@pytest.fixture
+def make_module(tmp_path, monkeypatch):
+    """Write a module with a unique name onto sys.path; returns its import name."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    written = []
+
+    def write(source: str) -> str:
+        name = f"genlm_test_plugin_{uuid.uuid4().hex[:12]}"
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        importlib.invalidate_caches()
+        written.append(name)
+        return name
+
+    yield write
+    for name in written:
+        sys.modules.pop(name, None)
+
+
+def backend_plugin(make_module, name, distribution, description="", loader=MOCK_LOADER, **kw):
+    """A plugin module registering one backend; returns its module name."""
+    extra = "".join(f", {k}={v!r}" for k, v in kw.items())
+    return make_module(
+        f"""
+        from genlm.core import BackendSpec
+        from genlm.core.hookspecs import hookimpl
+
+        @hookimpl
+        def genlm_register_backends(register):
+            register(BackendSpec(name={name!r}, loader={loader!r},
+                                 distribution={distribution!r},
+                                 description={description!r}{extra}))
+        """
+    )
+
+
+@pytest.fixture
+def installed(monkeypatch):
+    """Install fake entry points: ``installed([(ep name, module, dist name), ...])``."""
+
+    def install(entries):
+        eps = [FakeEntryPoint(n, v, FakeDistribution(d) if d else None) for n, v, d in entries]
+        monkeypatch.setattr(
+            importlib.metadata,
+            "entry_points",
+            lambda group: [ep for ep in eps if ep.group == group],
+        )
+
+    return install
+
+
+@pytest.fixture
+def process_registry(monkeypatch):
+    """Let ``get_registry()`` rediscover in this test; forget it afterwards."""
+    monkeypatch.setattr(_registry, "_registry", None)
+    monkeypatch.delenv("GENLM_BACKENDS", raising=False)
+
+
+class TestPrecedence:
+    """Issue 12 item 15: the distribution a name belongs to wins, whatever the order."""
+
+    @pytest.mark.parametrize("intruder_first", [True, False])
+    def test_owner_wins_and_the_intruder_is_reported(self, make_module, installed, intruder_first):
+        """genlm-backend-hf keeps `hf` against a third party also claiming it (same ep name)."""
+        real = backend_plugin(make_module, "hf", "genlm-backend-hf", "real")
+        # The intruder even declares itself as genlm-backend-hf: only installed metadata counts.
+        fake = backend_plugin(make_module, "hf", "genlm-backend-hf", "intruder")
+        entries = [("hf", fake, "genlm-fast-hf"), ("hf", real, "genlm-backend-hf")]
+        installed(entries if intruder_first else entries[::-1])
+        reg = Registry.discover()
+        assert reg.backends["hf"].description == "real"
+        [error] = reg.errors
+        assert (error.plugin, error.distribution) == ("hf", "genlm-fast-hf")
+        assert "belongs to genlm-backend-hf" in str(error)
+
+    def test_core_owns_mock(self, make_module, installed):
+        """A plugin registering `mock` from another distribution does not replace core's."""
+        fake = backend_plugin(make_module, "mock", "genlm-backend-mock", "fake mock")
+        installed(
+            [("aaa", fake, "genlm-backend-mock"), ("mock", "genlm.core.mock_plugin", "genlm-core")]
+        )
+        reg = Registry.discover()
+        assert reg.backends["mock"].distribution == "genlm-core"
+        assert [e.distribution for e in reg.errors] == ["genlm-backend-mock"]
+
+    @pytest.mark.parametrize("order", [0, 1])
+    def test_claims_without_the_owner_give_the_name_to_nobody(self, make_module, installed, order):
+        """Two third parties claim `foo`, neither is genlm-backend-foo: both reported, none used."""
+        a = backend_plugin(make_module, "foo", "x", "a")
+        b = backend_plugin(make_module, "foo", "y", "b")
+        entries = [("a", a, "genlm-a"), ("b", b, "genlm-b")]
+        installed(entries if order == 0 else entries[::-1])
+        reg = Registry.discover()
+        assert "foo" not in reg.backends
+        assert sorted(e.distribution for e in reg.errors) == ["genlm-a", "genlm-b"]
+        with pytest.raises(BackendNotFoundError, match="broken plugins: a, b"):
+            reg.select("foo")
+
+    def test_a_single_third_party_claim_is_used(self, make_module, installed):
+        """An unowned name claimed once is simply that plugin's backend."""
+        mod = backend_plugin(make_module, "foo", "genlm-a", "a")
+        installed([("a", mod, "genlm-a")])
+        reg = Registry.discover()
+        assert reg.backends["foo"].description == "a" and reg.errors == []
+
+    def test_owner_name_is_normalized(self, make_module, installed):
+        """`Genlm_Backend.HF` is genlm-backend-hf (PEP 503 names)."""
+        real = backend_plugin(make_module, "hf", "genlm-backend-hf", "real")
+        fake = backend_plugin(make_module, "hf", "x", "intruder")
+        installed([("hf", real, "Genlm_Backend.HF"), ("a", fake, "aaa")])
+        assert Registry.discover().backends["hf"].description == "real"
+
+    def test_cli_reports_the_intruder(self, make_module, installed, process_registry, capsys):
+        """`genlm backends --json` shows the owner's backend and the intruder as broken."""
+        real = backend_plugin(make_module, "hf", "genlm-backend-hf", "real")
+        fake = backend_plugin(make_module, "hf", "genlm-fast-hf", "intruder")
+        installed([("hf", fake, "genlm-fast-hf"), ("hf", real, "genlm-backend-hf")])
+        assert main(["backends", "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert [b["description"] for b in report["backends"]] == ["real"]
+        assert [b["distribution"] for b in report["broken"]] == ["genlm-fast-hf"]
+
+
+class TestAvailability:
+    """Issue 12 item 16: a missing loader module is unavailable; auto-selection falls back."""
+
+    def test_missing_loader_module_is_unavailable(self, make_module, installed):
+        """A loader naming a module that does not exist is unavailable and never auto-selected."""
+        ghost = backend_plugin(
+            make_module,
+            "ghost",
+            "genlm-backend-ghost",
+            loader="genlm_no_such_module_5f3a:load",
+            priority=50,
+        )
+        good = backend_plugin(make_module, "good", "genlm-backend-good", priority=1)
+        installed([("ghost", ghost, "genlm-backend-ghost"), ("good", good, "genlm-backend-good")])
+        reg = Registry.discover()
+        reason = reg.backends["ghost"].unavailable_reason()
+        assert reason is not None and "genlm_no_such_module_5f3a" in reason
+        assert reg.select().name == "good"
+        with pytest.raises(BackendUnavailableError, match="genlm_no_such_module_5f3a"):
+            reg.select("ghost")
+
+    def test_missing_loader_parent_package_is_unavailable(self):
+        """find_spec of a submodule of a missing package is a reason, not an exception."""
+        spec = BackendSpec(name="g", loader="genlm_no_pkg_9c1e.sub.mod:load", distribution="d")
+        assert "genlm_no_pkg_9c1e" in spec.unavailable_reason()
+
+    def test_availability_check_does_not_import_the_loader(self, make_module):
+        """Checking availability finds the loader module without running it."""
+        loader = make_module("import sys\nsys.modules['genlm_probe_ran_marker'] = True\n")
+        spec = BackendSpec(name="g", loader=f"{loader}:load", distribution="d")
+        assert spec.unavailable_reason() is None
+        assert loader not in sys.modules and "genlm_probe_ran_marker" not in sys.modules
+
+    def test_auto_selection_falls_back_when_the_chosen_backend_fails_to_import(
+        self, make_module, monkeypatch
+    ):
+        """The best backend's module exists but raises ImportError: warn, load the next one."""
+        broken = make_module("raise ImportError('libcuda.so.1: cannot open shared object file')\n")
+        reg = Registry()
+        reg.register_plugins(
+            [
+                (
+                    "top",
+                    "genlm-backend-top",
+                    _in_memory_plugin(
+                        BackendSpec(
+                            name="top", loader=f"{broken}:load", distribution="d", priority=9
+                        )
+                    ),
+                ),
+                (
+                    "m",
+                    "genlm-backend-m",
+                    _in_memory_plugin(
+                        BackendSpec(name="m", loader=MOCK_LOADER, distribution="d", priority=1)
+                    ),
+                ),
+            ]
+        )
+        monkeypatch.setattr(_registry, "_registry", reg)
+        with pytest.warns(RuntimeWarning, match="'top' was chosen but importing .*libcuda"):
+            lm = load_model_by_name("stories260K")
+        assert isinstance(lm, MockLM)
+        lm.close()
+
+    def test_no_fallback_when_the_backend_is_named(self, make_module, monkeypatch):
+        """backend='top' whose module fails to import raises that error; nothing else loads."""
+        broken = make_module("raise ImportError('no libcuda here')\n")
+        reg = Registry()
+        reg.register_plugins(
+            [
+                (
+                    "top",
+                    "genlm-backend-top",
+                    _in_memory_plugin(
+                        BackendSpec(name="top", loader=f"{broken}:load", distribution="d")
+                    ),
+                )
+            ]
+        )
+        monkeypatch.setattr(_registry, "_registry", reg)
+        with pytest.raises(ImportError, match="no libcuda here"):
+            load_model_by_name("stories260K", backend="top")
+
+    def test_loader_errors_are_not_masked_by_fallback(self, make_module, monkeypatch):
+        """A loader that imports fine but rejects the model raises; no other backend is tried."""
+        picky = make_module("def load(model, **opts):\n    raise ValueError(f'no model {model}')\n")
+        reg = Registry()
+        reg.register_plugins(
+            [
+                (
+                    "top",
+                    "genlm-backend-top",
+                    _in_memory_plugin(
+                        BackendSpec(
+                            name="top", loader=f"{picky}:load", distribution="d", priority=9
+                        )
+                    ),
+                ),
+                (
+                    "m",
+                    "genlm-backend-m",
+                    _in_memory_plugin(
+                        BackendSpec(name="m", loader=MOCK_LOADER, distribution="d", priority=1)
+                    ),
+                ),
+            ]
+        )
+        monkeypatch.setattr(_registry, "_registry", reg)
+        with pytest.raises(ValueError, match="no model nope"):
+            load_model_by_name("nope")
+
+    def test_every_usable_backend_failing_to_import_is_not_found(self, make_module):
+        """When each candidate fails to import, the error lists each failure."""
+        broken = make_module("raise ImportError('gone')\n")
+        reg = Registry()
+        reg.register_plugins(
+            [
+                (
+                    "top",
+                    "genlm-backend-top",
+                    _in_memory_plugin(
+                        BackendSpec(name="top", loader=f"{broken}:load", distribution="d")
+                    ),
+                )
+            ]
+        )
+        with (
+            pytest.warns(RuntimeWarning),
+            pytest.raises(BackendNotFoundError, match="top: importing"),
+        ):
+            reg.load_model("stories260K")
+
+
+class TestIsolation:
+    """Issue 12 item 17: any BaseException but KeyboardInterrupt stays in its plugin."""
+
+    def test_sys_exit_at_plugin_import_is_reported(self, make_module, installed):
+        """A plugin calling sys.exit at import is broken; discovery goes on."""
+        exiting = make_module("import sys\nsys.exit(3)\n")
+        good = backend_plugin(make_module, "good", "genlm-backend-good")
+        installed([("aaa", exiting, "genlm-backend-aaa"), ("good", good, "genlm-backend-good")])
+        reg = Registry.discover()
+        assert list(reg.backends) == ["good"]
+        [error] = reg.errors
+        assert error.plugin == "aaa" and "SystemExit(3)" in str(error)
+        assert isinstance(error.__cause__, SystemExit)
+
+    def test_sys_exit_in_a_hook_is_reported(self):
+        """A hook raising SystemExit (or GeneratorExit) is broken; the others register."""
+        reg = Registry()
+        reg.register_plugins(
+            [
+                ("exit", "d1", _in_memory_plugin(raises=SystemExit(1))),
+                ("gen", "d2", _in_memory_plugin(raises=GeneratorExit())),
+                (
+                    "ok",
+                    "d3",
+                    _in_memory_plugin(
+                        BackendSpec(name="ok", loader=MOCK_LOADER, distribution="d3")
+                    ),
+                ),
+            ]
+        )
+        assert list(reg.backends) == ["ok"]
+        assert [e.plugin for e in reg.errors] == ["exit", "gen"]
+
+    def test_probe_calling_sys_exit_makes_the_backend_unavailable(self):
+        """A probe that exits is a reason the backend is unavailable, not the end of the process."""
+
+        def probe():
+            sys.exit("no GPU driver")
+
+        spec = BackendSpec(name="p", loader=MOCK_LOADER, distribution="d", probe=probe)
+        assert "no GPU driver" in spec.unavailable_reason()
+
+    def test_keyboard_interrupt_at_import_propagates(self, make_module, installed):
+        """Ctrl-C during a slow plugin import still stops the program."""
+        interrupted = make_module("raise KeyboardInterrupt\n")
+        installed([("slow", interrupted, "genlm-backend-slow")])
+        with pytest.raises(KeyboardInterrupt):
+            Registry.discover()
+
+    def test_cli_survives_a_plugin_calling_sys_exit(
+        self, make_module, installed, process_registry, capsys
+    ):
+        """`genlm backends` lists the rest and the exiting plugin as broken, status 0."""
+        exiting = make_module("raise SystemExit('bye')\n")
+        installed(
+            [
+                ("bye", exiting, "genlm-backend-bye"),
+                ("mock", "genlm.core.mock_plugin", "genlm-core"),
+            ]
+        )
+        assert main(["backends"]) == 0
+        out = capsys.readouterr().out
+        assert "mock" in out and "broken plugin bye (genlm-backend-bye)" in out
+
+
+def _in_memory_plugin(*specs, raises=None):
+    """A plugin module object (not on disk) registering ``specs`` or raising ``raises``."""
+    import types
+
+    from genlm.core.hookspecs import hookimpl
+
+    module = types.ModuleType(f"plugin_{uuid.uuid4().hex[:8]}")
+
+    @hookimpl
+    def genlm_register_backends(register):
+        if raises is not None:
+            raise raises
+        for spec in specs:
+            register(spec)
+
+    module.genlm_register_backends = genlm_register_backends
+    return module
