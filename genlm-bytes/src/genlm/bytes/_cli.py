@@ -42,7 +42,7 @@ def _show(symbol: int) -> str:
 
 async def _main(args: argparse.Namespace) -> int:
     from genlm.bytes._bytelm import ByteLM
-    from genlm.core._models import DEFAULT_MODEL
+    from genlm.core._embedded import DEFAULT_MODEL
     from genlm.core._registry import load_model_by_name
 
     lm = load_model_by_name(args.model or DEFAULT_MODEL, backend=args.backend)

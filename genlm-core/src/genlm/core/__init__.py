@@ -16,10 +16,10 @@ _EXPORTS = {
     "TokenByteTrie": "_trie",
     "AutoBatcher": "_scheduler",
     "BackendNotFoundError": "_errors",
-    "BackendSpec": "_registry",
+    "BackendSpec": "_backend_spec",
     "BackendUnavailableError": "_errors",
     "BatchedLM": "_model",
-    "DEFAULT_MODEL": "_models",
+    "DEFAULT_MODEL": "_embedded",
     "GenLMError": "_errors",
     "InvalidContextError": "_errors",
     "ModelClosedError": "_errors",
@@ -35,7 +35,7 @@ _EXPORTS = {
     "get_registry": "_registry",
     "lazy_exports": "_lazy",
     "load_model_by_name": "_registry",
-    "resolve_model_path": "_models",
+    "resolve_model_path": "_embedded",
     "set_trie_pool_limit": "_trie",
 }
 
@@ -75,6 +75,8 @@ __getattr__, __dir__ = _lazy_exports(__name__, "genlm-core", _EXPORTS)
 
 if _TYPE_CHECKING:
     from genlm.core._async_trie import AsyncTokenByteTrie
+    from genlm.core._backend_spec import BackendSpec
+    from genlm.core._embedded import DEFAULT_MODEL, resolve_model_path
     from genlm.core._errors import (
         BackendNotFoundError,
         BackendUnavailableError,
@@ -86,11 +88,10 @@ if _TYPE_CHECKING:
     )
     from genlm.core._lazy import lazy_exports
     from genlm.core._model import BatchedLM
-    from genlm.core._models import DEFAULT_MODEL, resolve_model_path
     from genlm.core._output_cache import OutputCache
     from genlm.core._prefix_cache import PrefixCache, PrefixHit
     from genlm.core._protocol import AsyncLM
-    from genlm.core._registry import BackendSpec, Registry, get_registry, load_model_by_name
+    from genlm.core._registry import Registry, get_registry, load_model_by_name
     from genlm.core._scheduler import AutoBatcher
     from genlm.core._trie import EOS_EDGE, TokenByteTrie, set_trie_pool_limit
     from genlm.core._vocab import Vocabulary, decode_vocab

@@ -20,9 +20,7 @@ distributions none of which owns it goes to none of them: each claim is reported
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
-import importlib.util
 import logging
 import os
 import re
@@ -34,6 +32,7 @@ import attrs
 import pluggy
 
 from genlm.core import hookspecs
+from genlm.core._backend_spec import BackendSpec
 from genlm.core._errors import (
     BackendNotFoundError,
     BackendUnavailableError,
@@ -44,9 +43,6 @@ logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUPS = ("genlm.backends", "genlm.plugins")
 ALLOWLIST_ENV = "GENLM_BACKENDS"
-
-_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
-_TARGET = re.compile(r"^[\w.]+:[\w.]+$")
 
 #: Backend names owned by a distribution other than ``genlm-backend-NAME``.
 _OWNERS = {"mock": "genlm-core"}
@@ -67,114 +63,6 @@ def owner_of(name: str) -> str:
 def _normalize(distribution: str) -> str:
     """A distribution name in PEP 503 form (``Genlm_Backend.HF`` -> ``genlm-backend-hf``)."""
     return re.sub(r"[-_.]+", "-", distribution).lower()
-
-
-def _resolve(target: str) -> Any:
-    """Import ``"package.module:attr.path"`` and return the attribute."""
-    module_name, _, qualname = target.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-@attrs.frozen
-class BackendSpec:
-    """What a plugin tells core about one backend.
-
-    Attributes:
-        name: the name users pass as ``backend=`` (lowercase).
-        loader: ``"module:callable"`` building a model, called as ``loader(model, **opts)``;
-            imported only when the backend is loaded.
-        distribution: the pip distribution providing it (for ``pip install`` hints).
-        probe: a callable (or its ``"module:callable"`` path) returning None when the
-            backend can run here, or a short reason why not. Must be cheap: no heavy imports.
-        priority: auto-selection rank; the available backend with the highest wins.
-        auto_select: whether ``backend=None`` may pick it at all.
-        description: one line for ``genlm backends``.
-    """
-
-    name: str = attrs.field()
-    loader: str = attrs.field()
-    distribution: str
-    probe: str | Callable[[], str | None] | None = None
-    priority: int = 0
-    auto_select: bool = True
-    description: str = ""
-
-    @name.validator
-    def _check_name(self, attribute, value):
-        if not _NAME.match(value):
-            raise ValueError(f"backend name {value!r} must match {_NAME.pattern}")
-
-    @loader.validator
-    def _check_loader(self, attribute, value):
-        if not _TARGET.match(value):
-            raise ValueError(f"loader {value!r} must look like 'package.module:callable'")
-
-    def unavailable_reason(self) -> str | None:
-        """Why this backend cannot run on this machine, or None when it can.
-
-        Checks what is cheap to check without importing the backend: that the loader's
-        module exists (``importlib.util.find_spec``, which imports its parent packages
-        only), then the plugin's own probe. A probe that raises (``SystemExit``
-        included) makes the backend unavailable rather than breaking the caller.
-
-        Returns:
-            None, or a short reason such as ``"missing torch: pip install ..."``.
-
-        Raises:
-            KeyboardInterrupt: only that propagates.
-        """
-        module_name = self.loader.partition(":")[0]
-        try:
-            found = importlib.util.find_spec(module_name) is not None
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # a parent package that fails to import
-            return f"loader module {module_name!r} cannot be found: {exc!r}"
-        if not found:
-            return (
-                f"loader module {module_name!r} is not installed "
-                f"(is {self.distribution} installed completely?)"
-            )
-        if self.probe is None:
-            return None
-        try:
-            probe = _resolve(self.probe) if isinstance(self.probe, str) else self.probe
-            return probe()
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # a broken probe must not break discovery
-            return f"availability probe failed: {exc!r}"
-
-    def import_loader(self) -> Callable[..., Any]:
-        """Import the loader's module (the backend's heavy imports happen here).
-
-        Returns:
-            The loader callable named by :attr:`loader`.
-
-        Raises:
-            ImportError: the module (or one it imports) is missing.
-            AttributeError: the module has no such callable.
-        """
-        return _resolve(self.loader)
-
-    def load(self, model: str, **opts: Any) -> Any:
-        """Import the loader and build a model.
-
-        Args:
-            model: a hub id, a local path or an embedded model's name.
-            **opts: passed to the loader unchanged.
-
-        Returns:
-            The backend's model (an :class:`~genlm.core.AsyncLM`).
-
-        Raises:
-            ImportError: the loader cannot be imported.
-            Exception: whatever the loader raises for this model.
-        """
-        return self.import_loader()(model, **opts)
 
 
 @attrs.frozen

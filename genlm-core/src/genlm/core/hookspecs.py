@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from genlm.core._registry import BackendSpec
-    from genlm.core.cli import Command
+    from genlm.core._backend_spec import BackendSpec
+    from genlm.core._command import Command
 
 PROJECT = "genlm"
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from genlm.core._embedded import resolve_model_path
 from genlm.core._model import BatchedLM
-from genlm.core._models import resolve_model_path
 from genlm.core._vocab import Vocabulary
 
 

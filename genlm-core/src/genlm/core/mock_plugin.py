@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from genlm.core._registry import BackendSpec
+from genlm.core._backend_spec import BackendSpec
 from genlm.core.hookspecs import hookimpl
 
 

@@ -10,26 +10,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-import attrs
-
-
-@attrs.frozen
-class Command:
-    """One ``genlm`` subcommand.
-
-    Attributes:
-        name: the subcommand (``genlm NAME``).
-        help: one line for ``genlm --help``.
-        configure: adds the command's arguments to its ``argparse`` parser.
-        run: runs the command with the parsed arguments; returns the exit status.
-    """
-
-    name: str
-    help: str
-    configure: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
+from genlm.core._command import Command
 
 
 def _core_commands() -> list[Command]:

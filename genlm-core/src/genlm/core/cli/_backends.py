@@ -6,7 +6,7 @@ import argparse
 import importlib.metadata
 import json
 
-from genlm.core.cli import Command
+from genlm.core._command import Command
 
 
 def _version(distribution: str | None) -> str:

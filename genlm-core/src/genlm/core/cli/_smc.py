@@ -6,7 +6,7 @@ import argparse
 import logging
 from collections import defaultdict
 
-from genlm.core.cli import Command
+from genlm.core._command import Command
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def decode(lm, tokens: list[int]) -> str:
 async def _main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from genlm.core._models import DEFAULT_MODEL
+    from genlm.core._embedded import DEFAULT_MODEL
     from genlm.core._registry import load_model_by_name
     from genlm.core.smc import smc
 
