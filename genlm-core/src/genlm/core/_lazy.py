@@ -21,6 +21,11 @@ def lazy_exports(
         package: the package's ``__name__``.
         distribution: its pip distribution, for ``__version__``.
         exports: public name -> the submodule (relative to ``package``) defining it.
+
+    Returns:
+        ``(__getattr__, __dir__)``, to assign at the package's top level:
+        ``__getattr__, __dir__ = lazy_exports(__name__, "my-dist", _EXPORTS)``.
+        ``__getattr__`` raises ``AttributeError`` for names not in ``exports``.
     """
     namespace = importlib.import_module(package).__dict__
 

@@ -21,6 +21,9 @@ class OutputCache:
 
     Args:
         max_bytes: total ``nbytes`` of stored arrays; 0 disables caching.
+
+    Raises:
+        ValueError: ``max_bytes`` is negative.
     """
 
     def __init__(self, max_bytes: int = 256 * 2**20):
@@ -42,7 +45,14 @@ class OutputCache:
         return self._bytes
 
     def get(self, key: Hashable) -> np.ndarray | None:
-        """The cached array for ``key``, marked most recently used, or None."""
+        """The cached array for ``key``, marked most recently used.
+
+        Args:
+            key: what identifies the result (context and variant).
+
+        Returns:
+            The read-only array, or None on a miss.
+        """
         with self._lock:
             value = self._data.get(key)
             if value is None:
@@ -55,7 +65,13 @@ class OutputCache:
     def put(self, key: Hashable, value: np.ndarray) -> np.ndarray:
         """Store ``value`` (made read-only) and evict the least recently used to fit.
 
-        Returns the stored array. A value larger than the whole budget is not stored.
+        Args:
+            key: what identifies the result.
+            value: the array; its ``writeable`` flag is cleared in place.
+
+        Returns:
+            ``value``, now read-only. A value larger than the whole budget is returned
+            without being stored.
         """
         if value.flags.writeable:
             value.setflags(write=False)
@@ -74,6 +90,7 @@ class OutputCache:
         return value
 
     def clear(self) -> None:
+        """Drop every entry (the hit and miss counters are kept)."""
         with self._lock:
             self._data.clear()
             self._bytes = 0

@@ -33,7 +33,12 @@ class _Node:
 
 @attrs.frozen
 class PrefixHit(Generic[V]):
-    """The result of a lookup: how many leading tokens are cached, and their state."""
+    """The result of a lookup: how many leading tokens are cached, and their state.
+
+    Attributes:
+        length: the number of leading tokens of the query the entry covers (0 on a miss).
+        value: the state stored for those tokens, or None on a miss.
+    """
 
     length: int
     value: V | None
@@ -42,9 +47,16 @@ class PrefixHit(Generic[V]):
 class PrefixCache(Generic[V]):
     """Token-prefix trie with LRU eviction bounded in bytes.
 
+    Backends keep per-prefix state here (the hf backend's KV, each entry holding only
+    what its tokens added over its parent's), so a request resumes from its longest
+    cached prefix. Sizes are whatever the caller says an entry costs.
+
     Args:
         max_bytes: budget for the sizes given to :meth:`insert`; pinned entries count
             towards it but are never evicted.
+
+    Raises:
+        ValueError: ``max_bytes`` is negative.
 
     Thread-safe; in practice only the model's worker thread touches it.
     """
@@ -65,6 +77,7 @@ class PrefixCache(Generic[V]):
 
     @property
     def nbytes(self) -> int:
+        """The sum of the sizes of the stored entries, pinned ones included."""
         return self._bytes
 
     def _find(self, tokens: Sequence[int]) -> _Node | None:
@@ -78,7 +91,15 @@ class PrefixCache(Generic[V]):
     def longest_prefix(self, tokens: Sequence[int], max_length: int | None = None) -> PrefixHit[V]:
         """The deepest stored entry whose prefix is ``tokens[:n]``, ``n <= max_length``.
 
-        Marks the entry most recently used. Returns ``PrefixHit(0, None)`` on a miss.
+        Marks the entry most recently used.
+
+        Args:
+            tokens: the query context.
+            max_length: consider prefixes of at most this many tokens (e.g.
+                ``len(tokens) - 1`` to keep one token to run); None for all.
+
+        Returns:
+            The hit, or ``PrefixHit(0, None)`` when no prefix is stored.
         """
         limit = len(tokens) if max_length is None else min(max_length, len(tokens))
         with self._lock:
@@ -96,7 +117,14 @@ class PrefixCache(Generic[V]):
             return PrefixHit(best.depth, best.value)
 
     def get(self, tokens: Sequence[int]) -> V | None:
-        """The entry stored for exactly ``tokens``, or None."""
+        """The entry stored for exactly ``tokens``, marked most recently used.
+
+        Args:
+            tokens: the prefix.
+
+        Returns:
+            Its value, or None when nothing is stored for exactly these tokens.
+        """
         with self._lock:
             node = self._find(tokens)
             if node is None or not node.has_value:
@@ -112,8 +140,21 @@ class PrefixCache(Generic[V]):
     def insert(self, tokens: Sequence[int], value: V, nbytes: int, pin: bool = False) -> bool:
         """Store ``value`` (of size ``nbytes``) for prefix ``tokens``; evict to fit.
 
-        Replaces an existing entry. Returns False, storing nothing, when the entry
-        alone exceeds the budget.
+        Replaces an existing entry; least recently used unpinned entries are evicted
+        until the total fits ``max_bytes``.
+
+        Args:
+            tokens: the prefix (non-empty).
+            value: the state to keep for it.
+            nbytes: what the entry costs against the budget.
+            pin: also :meth:`pin` it (protect it from eviction).
+
+        Returns:
+            True when stored; False, storing nothing, when the entry alone exceeds the
+            budget.
+
+        Raises:
+            ValueError: ``tokens`` is empty.
         """
         if not tokens:
             raise ValueError("cannot cache the empty prefix")
@@ -143,7 +184,14 @@ class PrefixCache(Generic[V]):
             return node.has_value
 
     def pin(self, tokens: Sequence[int]) -> None:
-        """Protect the entry for ``tokens`` from eviction (counted: pin twice, unpin twice)."""
+        """Protect the entry for ``tokens`` from eviction (counted: pin twice, unpin twice).
+
+        Args:
+            tokens: the prefix of a stored entry.
+
+        Raises:
+            KeyError: nothing is stored for exactly these tokens.
+        """
         with self._lock:
             node = self._find(tokens)
             if node is None or not node.has_value:
@@ -152,7 +200,14 @@ class PrefixCache(Generic[V]):
             self._lru.pop(node, None)
 
     def unpin(self, tokens: Sequence[int]) -> None:
-        """Undo one :meth:`pin`; the entry becomes evictable when no pins remain."""
+        """Undo one :meth:`pin`; the entry becomes evictable when no pins remain.
+
+        Args:
+            tokens: the prefix of a pinned entry.
+
+        Raises:
+            KeyError: no pinned entry is stored for exactly these tokens.
+        """
         with self._lock:
             node = self._find(tokens)
             if node is None or not node.has_value or node.pins == 0:
@@ -163,7 +218,14 @@ class PrefixCache(Generic[V]):
             self._evict()
 
     def remove(self, tokens: Sequence[int]) -> bool:
-        """Drop the entry for exactly ``tokens`` (pinned or not). Returns whether one existed."""
+        """Drop the entry for exactly ``tokens``, pinned or not.
+
+        Args:
+            tokens: the prefix.
+
+        Returns:
+            Whether an entry existed.
+        """
         with self._lock:
             node = self._find(tokens)
             if node is None or not node.has_value:
@@ -172,7 +234,11 @@ class PrefixCache(Generic[V]):
             return True
 
     def clear(self, keep_pinned: bool = False) -> None:
-        """Drop every entry (unpinned ones only with ``keep_pinned``)."""
+        """Drop every entry.
+
+        Args:
+            keep_pinned: drop only the unpinned entries.
+        """
         with self._lock:
             if keep_pinned:
                 while self._lru:

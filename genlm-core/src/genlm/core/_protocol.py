@@ -15,33 +15,84 @@ class AsyncLM(Protocol):
     """A token-level language model answering "log-probabilities of every next token".
 
     Log-probabilities are numpy ``float32`` arrays of shape ``(len(vocab),)``, normalized
-    (``logsumexp == 0``), one entry per vocabulary token id. Arrays may be read-only
-    (they can be shared with a cache): copy before modifying.
+    (``logsumexp == 0`` up to float32 rounding; byte-level models built on top rely on
+    it), one entry per vocabulary token id. Arrays may be read-only (they can be shared
+    with a cache): copy before modifying.
+
+    Every GenLM backend (a :class:`~genlm.core.BatchedLM`) satisfies this protocol, and
+    ``isinstance(lm, AsyncLM)`` checks it at run time. Concurrent calls are batched:
+    awaiting many requests at once is the fast path, never a hazard.
     """
 
     @property
     def vocab(self) -> Vocabulary:
-        """The byte string of every token id."""
+        """The exact bytes of every token id, special tokens flagged."""
 
     @property
     def byte_vocab(self) -> list[bytes]:
-        """``list(vocab.tokens)``, for convenience."""
+        """``list(vocab.tokens)``: the bytes of each token id, for code expecting a list."""
 
     @property
     def tokenizer(self) -> Any:
         """The model's tokenizer, or None when it has none."""
 
     async def next_token_logprobs(self, token_ids: Sequence[int]) -> np.ndarray:
-        """Log-probabilities of the next token after ``token_ids``."""
+        """Log-probabilities of the next token after ``token_ids``.
+
+        Args:
+            token_ids: the context, a non-empty sequence of token ids (ints in
+                ``range(len(vocab))``; raw text is refused).
+
+        Returns:
+            A read-only float32 row of shape ``(len(vocab),)``, normalized.
+
+        Raises:
+            InvalidContextError: the context is empty, not integers, or out of range.
+            ModelClosedError: the model was closed.
+        """
 
     def next_token_logprobs_sync(self, token_ids: Sequence[int]) -> np.ndarray:
-        """The blocking twin of :meth:`next_token_logprobs`."""
+        """The blocking twin of :meth:`next_token_logprobs`, for code without an event loop.
+
+        Args:
+            token_ids: the context, as for :meth:`next_token_logprobs`.
+
+        Returns:
+            The same row :meth:`next_token_logprobs` returns.
+
+        Raises:
+            InvalidContextError: the context is unusable.
+            ModelClosedError: the model was closed.
+        """
 
     async def batch_next_token_logprobs(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
-        """One row per context: shape ``(len(contexts), len(vocab))``."""
+        """Log-probabilities after each of several contexts, in one call.
+
+        Args:
+            contexts: token-id contexts, each as for :meth:`next_token_logprobs`.
+
+        Returns:
+            A float32 array of shape ``(len(contexts), len(vocab))``, row ``i`` for
+            ``contexts[i]``.
+
+        Raises:
+            InvalidContextError: one of the contexts is unusable (nothing is computed).
+            ModelClosedError: the model was closed.
+        """
 
     def batch_next_token_logprobs_sync(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
-        """The blocking twin of :meth:`batch_next_token_logprobs`."""
+        """The blocking twin of :meth:`batch_next_token_logprobs`.
+
+        Args:
+            contexts: token-id contexts, each as for :meth:`next_token_logprobs`.
+
+        Returns:
+            The same array :meth:`batch_next_token_logprobs` returns.
+
+        Raises:
+            InvalidContextError: one of the contexts is unusable.
+            ModelClosedError: the model was closed.
+        """
 
     async def sample(
         self,
@@ -51,7 +102,24 @@ class AsyncLM(Protocol):
         temperature: float = 1.0,
         seed: int | None = None,
     ) -> list[int]:
-        """Sample a continuation of at most ``max_tokens`` tokens, ending at an EOS token."""
+        """Sample a continuation token by token (ancestral sampling).
+
+        Args:
+            prompt_token_ids: the prompt, as for :meth:`next_token_logprobs`.
+            max_tokens: the most tokens to generate (``>= 0``).
+            eos_token_ids: tokens that end the continuation (included in the result),
+                or None to always generate ``max_tokens`` tokens.
+            temperature: divides the log-probabilities before drawing; 0 is greedy.
+            seed: makes the draw reproducible; None draws from fresh entropy.
+
+        Returns:
+            The generated token ids, without the prompt.
+
+        Raises:
+            InvalidContextError: the prompt is unusable.
+            ValueError: ``max_tokens`` or ``temperature`` is out of range.
+            ModelClosedError: the model was closed.
+        """
 
     async def batch_sample(
         self,
@@ -61,13 +129,32 @@ class AsyncLM(Protocol):
         temperature: float = 1.0,
         seed: int | None = None,
     ) -> list[list[int]]:
-        """:meth:`sample` for several prompts at once."""
+        """:meth:`sample` for several prompts at once; their steps are batched together.
+
+        Args:
+            prompts: one prompt per continuation.
+            max_tokens: as for :meth:`sample`.
+            eos_token_ids: as for :meth:`sample`.
+            temperature: as for :meth:`sample`.
+            seed: seeds the whole batch reproducibly; None draws from fresh entropy.
+
+        Returns:
+            One list of generated token ids per prompt, in order.
+
+        Raises:
+            InvalidContextError: a prompt is unusable.
+            ValueError: ``max_tokens`` or ``temperature`` is out of range.
+            ModelClosedError: the model was closed.
+        """
 
     def clear_cache(self) -> None:
-        """Forget every cached result and backend state (KV)."""
+        """Forget every cached result and backend state (KV); results are unchanged."""
 
     async def aclose(self) -> None:
-        """Release the model's resources; later requests raise ``ModelClosedError``."""
+        """Release the model's resources; later requests raise ``ModelClosedError``.
+
+        Queued requests fail with ``ModelClosedError``; calling it again does nothing.
+        """
 
     async def __aenter__(self) -> AsyncLM: ...
 

@@ -289,6 +289,14 @@ class Registry:
         install) is skipped with a ``RuntimeWarning`` and the next usable one is tried.
         Errors from the loader itself (a bad model name, out of memory) propagate.
 
+        Args:
+            model: the model name, as for :func:`load_model_by_name`.
+            backend: a backend name, or None to choose automatically.
+            **opts: passed to the backend's loader unchanged.
+
+        Returns:
+            The loaded model.
+
         Raises:
             BackendNotFoundError: unknown backend, or no usable backend at all.
             BackendUnavailableError: the named backend cannot run here.

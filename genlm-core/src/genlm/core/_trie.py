@@ -103,9 +103,9 @@ except ImportError:  # built without a C compiler: the numpy kernel does the wor
 
 __all__ = ["EOS_EDGE", "TokenByteTrie", "set_trie_pool_limit"]
 
-#: Edge label of the root's EOS child in :meth:`TokenByteTrie.children`; one past
-#: the largest byte so that it sorts after every byte edge.
 EOS_EDGE = 256
+"""Edge label of the root's EOS child in :meth:`TokenByteTrie.children`; one past
+the largest byte so that it sorts after every byte edge."""
 
 # A shifted node mass below this may have lost bits to float64 underflow
 # (terms below ~2.2e-308 become subnormal or zero); such nodes are recomputed
@@ -342,12 +342,27 @@ class TokenByteTrie:
     # ------------------------------------------------------------------ navigation
 
     def children(self, node: int) -> dict[int, int]:
-        """Map edge label (a byte, or :data:`EOS_EDGE` at the root) to child id."""
+        """Map edge label (a byte, or :data:`EOS_EDGE` at the root) to child id.
+
+        Args:
+            node: a node id.
+
+        Returns:
+            ``{edge label: child id}`` in increasing edge order.
+        """
         lo, hi = int(self.child_start[node]), int(self.child_stop[node])
         return dict(zip(self.edge[lo:hi].tolist(), range(lo, hi)))
 
     def child(self, node: int, byte: int) -> int | None:
-        """The child of ``node`` along edge ``byte``, or None if there is none."""
+        """The child of ``node`` along edge ``byte``.
+
+        Args:
+            node: a node id.
+            byte: an edge label, 0..255 (or :data:`EOS_EDGE` from the root).
+
+        Returns:
+            The child's id, or None if there is none.
+        """
         return self._transitions.get(node * 257 + byte)
 
     @cached_property
@@ -358,7 +373,14 @@ class TokenByteTrie:
         return dict(zip(keys.tolist(), ids.tolist()))
 
     def node_of(self, prefix: bytes) -> int | None:
-        """The node whose prefix is ``prefix``, or None if no token starts with it."""
+        """The node whose prefix is ``prefix``.
+
+        Args:
+            prefix: a byte string.
+
+        Returns:
+            The node's id, or None if no token starts with ``prefix``.
+        """
         node: int | None = self.root
         for b in prefix:
             node = self.child(node, b)
@@ -367,7 +389,14 @@ class TokenByteTrie:
         return node
 
     def prefix(self, node: int) -> bytes:
-        """The byte prefix of ``node`` (empty for the root and the EOS node)."""
+        """The byte prefix of ``node``.
+
+        Args:
+            node: a node id.
+
+        Returns:
+            The bytes on the path from the root (empty for the root and the EOS node).
+        """
         out = []
         while node > 0:
             e = int(self.edge[node])
@@ -378,37 +407,114 @@ class TokenByteTrie:
         return bytes(reversed(out))
 
     def tokens_at(self, node: int) -> np.ndarray:
-        """Ids of the tokens that end exactly at ``node`` (all EOS ids at the EOS node)."""
+        """Ids of the tokens that end exactly at ``node``.
+
+        Args:
+            node: a node id.
+
+        Returns:
+            A sorted int array (all EOS ids at the EOS node); a view, do not modify.
+        """
         return self._tokens_by_node[self._tokens_ptr[node] : self._tokens_ptr[node + 1]]
 
     def tokens_below(self, node: int) -> np.ndarray:
-        """Ids of all tokens whose weight counts towards ``node`` (its subtree's tokens)."""
+        """Ids of all tokens whose weight counts towards ``node`` (its subtree's tokens).
+
+        Args:
+            node: a node id.
+
+        Returns:
+            An int array of token ids; a view, do not modify.
+        """
         return self._pre_tokens[self._sub_lo[node] : self._sub_hi[node]]
 
     # ------------------------------------------------------------------ kernels
 
     def weight_sum(self, weights: np.ndarray) -> np.ndarray:
-        """Total weight of the tokens below each node, in float64; shape (num_nodes,)."""
+        """Total weight of the tokens below each node, accumulated in float64.
+
+        Args:
+            weights: one weight per token id, shape ``(vocab_size,)``.
+
+        Returns:
+            A float64 array of shape ``(num_nodes,)``, indexed by node id.
+
+        Raises:
+            ValueError: ``weights`` has the wrong shape.
+        """
         return self._reduce(self._row(weights), np.add, 0.0)
 
     def weight_max(self, weights: np.ndarray) -> np.ndarray:
-        """Largest weight of the tokens below each node (-inf where none); (num_nodes,)."""
+        """Largest weight of the tokens below each node (-inf where there is none).
+
+        Args:
+            weights: one weight per token id, shape ``(vocab_size,)``.
+
+        Returns:
+            A float64 array of shape ``(num_nodes,)``, indexed by node id.
+
+        Raises:
+            ValueError: ``weights`` has the wrong shape.
+        """
         return self._reduce(self._row(weights), np.maximum, -np.inf)
 
     def batch_weight_sum(self, weights: np.ndarray) -> np.ndarray:
-        """Row-wise :meth:`weight_sum`: (B, vocab_size) -> (B, num_nodes), float64."""
+        """Row-wise :meth:`weight_sum`, rows split over :attr:`threads` threads.
+
+        Args:
+            weights: one row of token weights per item, shape ``(B, vocab_size)``.
+
+        Returns:
+            A float64 array of shape ``(B, num_nodes)``; rows may be views of one
+            pooled output block.
+
+        Raises:
+            ValueError: ``weights`` has the wrong shape.
+        """
         return self._batch(weights, lambda w, out: self._reduce(w, np.add, 0.0, out))
 
     def batch_weight_max(self, weights: np.ndarray) -> np.ndarray:
-        """Row-wise :meth:`weight_max`: (B, vocab_size) -> (B, num_nodes), float64."""
+        """Row-wise :meth:`weight_max`, rows split over :attr:`threads` threads.
+
+        Args:
+            weights: one row of token weights per item, shape ``(B, vocab_size)``.
+
+        Returns:
+            A float64 array of shape ``(B, num_nodes)``; rows may be views of one
+            pooled output block.
+
+        Raises:
+            ValueError: ``weights`` has the wrong shape.
+        """
         return self._batch(weights, lambda w, out: self._reduce(w, np.maximum, -np.inf, out))
 
     def log_weight_max(self, logprobs: np.ndarray) -> np.ndarray:
-        """Largest logprob below each node; the same as :meth:`weight_max`."""
+        """Largest log-probability below each node; the same as :meth:`weight_max`.
+
+        Args:
+            logprobs: one log-probability per token id, shape ``(vocab_size,)``.
+
+        Returns:
+            A float64 array of shape ``(num_nodes,)``, indexed by node id.
+
+        Raises:
+            ValueError: ``logprobs`` has the wrong shape.
+        """
         return self.weight_max(logprobs)
 
     def batch_log_weight_max(self, logprobs: np.ndarray) -> np.ndarray:
-        """Row-wise :meth:`log_weight_max`: (B, vocab_size) -> (B, num_nodes)."""
+        """Row-wise :meth:`log_weight_max`.
+
+        Args:
+            logprobs: one row of token log-probabilities per item, shape ``(B, vocab_size)``.
+
+        Returns:
+            A float64 array of shape ``(B, num_nodes)``; rows may be views of one
+            pooled output block.
+
+        Raises:
+            ValueError: ``logprobs`` has the wrong shape.
+        """
         return self.batch_weight_max(logprobs)
 
     def log_weight_sum(self, logprobs: np.ndarray) -> np.ndarray:
@@ -418,11 +524,31 @@ class TokenByteTrie:
         correct for masses far below float64's range (e.g. a node at -800 nats
         when another token is at 0), and -inf only where every token below the
         node is -inf.
+
+        Args:
+            logprobs: one log-probability per token id, shape ``(vocab_size,)``.
+
+        Returns:
+            A float64 array of shape ``(num_nodes,)``, indexed by node id.
+
+        Raises:
+            ValueError: ``logprobs`` has the wrong shape.
         """
         return self._log_sum(self._row(logprobs), _empty((self.num_nodes,)))
 
     def batch_log_weight_sum(self, logprobs: np.ndarray) -> np.ndarray:
-        """Row-wise :meth:`log_weight_sum`: (B, vocab_size) -> (B, num_nodes)."""
+        """Row-wise :meth:`log_weight_sum`, rows split over :attr:`threads` threads.
+
+        Args:
+            logprobs: one row of token log-probabilities per item, shape ``(B, vocab_size)``.
+
+        Returns:
+            A float64 array of shape ``(B, num_nodes)``; rows may be views of one
+            pooled output block.
+
+        Raises:
+            ValueError: ``logprobs`` has the wrong shape.
+        """
         return self._batch(logprobs, self._log_sum)
 
     def _row(self, weights: np.ndarray) -> np.ndarray:
@@ -574,6 +700,15 @@ def set_trie_pool_limit(nbytes: int) -> int:
     1 MiB or more (module docstring, "Output memory"). ``0`` turns reuse off:
     each output goes back to malloc when freed. Lowering the cap frees pooled
     memory at once. Without the C module there is no pool, and this returns 0.
+
+    Args:
+        nbytes: the new cap in bytes (the default is 256 MiB).
+
+    Returns:
+        The previous cap, in bytes.
+
+    Raises:
+        ValueError: ``nbytes`` is negative.
     """
     if nbytes < 0:
         raise ValueError(f"the pool limit must be >= 0 bytes, got {nbytes}")

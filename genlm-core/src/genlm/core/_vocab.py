@@ -349,6 +349,18 @@ class Vocabulary:
     flagged special are ordinary text whose bytes are their content. ``unused_ids`` are holes
     in the id space and padding rows of a model whose logits are wider than the tokenizer;
     their bytes are b"".
+
+    Attributes:
+        tokens: the bytes of each token id.
+        special_ids: ids of special tokens (never ordinary text).
+        unused_ids: ids that are holes or padding rows; their bytes are b"".
+        bos_token_id: the beginning-of-sequence id, if the tokenizer has one.
+        eos_token_ids: the end-of-sequence ids (possibly several, possibly none).
+
+    Raises:
+        ValueError: a named id is out of range, both special and unused, or an unused id
+            has bytes.
+        TypeError: a token is not ``bytes``.
     """
 
     tokens: tuple[bytes, ...] = attrs.field(converter=tuple)
@@ -391,6 +403,14 @@ class Vocabulary:
         return self.tokens[i]
 
     def is_special(self, i: int) -> bool:
+        """Whether token ``i`` is special (never ordinary text).
+
+        Args:
+            i: a token id.
+
+        Returns:
+            True for special ids, False otherwise (also for ids out of range).
+        """
         return int(i) in self.special_ids
 
     @property
@@ -408,7 +428,18 @@ class Vocabulary:
         return np.flatnonzero(mask)
 
     def decode(self, ids: Iterable[int], *, keep_special: bool = False) -> bytes:
-        """Join the bytes of ``ids``; special ids are skipped unless ``keep_special``."""
+        """Join the bytes of ``ids``.
+
+        Args:
+            ids: token ids.
+            keep_special: include the literals of special tokens (skipped by default).
+
+        Returns:
+            The concatenated bytes (not necessarily valid UTF-8).
+
+        Raises:
+            ValueError: an id is out of range.
+        """
         n = len(self.tokens)
         out = []
         for raw in ids:
@@ -423,7 +454,16 @@ class Vocabulary:
     def from_tokenizer(cls, tokenizer: Any, size: int | None = None) -> Vocabulary:
         """Read a transformers tokenizer, a ``tokenizers.Tokenizer`` or a tiktoken ``Encoding``.
 
-        ``size`` is the model's logit width; ids from the tokenizer's size up to it are unused.
+        Args:
+            tokenizer: the tokenizer object.
+            size: the model's logit width when it is wider than the tokenizer; ids from
+                the tokenizer's size up to it are unused. None: the tokenizer's size.
+
+        Returns:
+            The vocabulary.
+
+        Raises:
+            TypeError: the object is none of the supported tokenizer kinds.
         """
         module = type(tokenizer).__module__
         if module.startswith("tiktoken") or hasattr(tokenizer, "decode_single_token_bytes"):
@@ -446,6 +486,16 @@ class Vocabulary:
 
         BOS and EOS come from tokenizer_config.json or special_tokens_map.json beside it; without
         them BOS is the special token the post-processor template puts first and EOS is unknown.
+
+        Args:
+            path: a ``tokenizer.json`` file or the directory holding it.
+            size: the model's logit width, as for :meth:`from_tokenizer`.
+
+        Returns:
+            The vocabulary.
+
+        Raises:
+            FileNotFoundError: there is no tokenizer.json there.
         """
         path = Path(path)
         directory, file = (path, path / "tokenizer.json") if path.is_dir() else (path.parent, path)
@@ -480,5 +530,17 @@ class Vocabulary:
 
 
 def decode_vocab(tokenizer: Any, size: int | None = None) -> Vocabulary:
-    """Read a tokenizer's byte vocabulary; the same as :meth:`Vocabulary.from_tokenizer`."""
+    """Read a tokenizer's byte vocabulary; the same as :meth:`Vocabulary.from_tokenizer`.
+
+    Args:
+        tokenizer: a transformers tokenizer, a ``tokenizers.Tokenizer`` or a tiktoken
+            ``Encoding``.
+        size: the model's logit width, if wider than the tokenizer.
+
+    Returns:
+        The vocabulary.
+
+    Raises:
+        TypeError: the object is none of the supported tokenizer kinds.
+    """
     return Vocabulary.from_tokenizer(tokenizer, size)

@@ -3,6 +3,12 @@
 A plugin is a module named by an entry point in the group ``genlm.backends`` (a
 backend) or ``genlm.plugins`` (anything else, e.g. CLI commands). It must be cheap to
 import: heavy libraries (torch, vllm, mlx) are imported by the loader, on load.
+
+Core imports every plugin module once per discovery (``genlm.core.get_registry()``, the
+first ``load_model_by_name`` or any ``genlm`` command), registers it with pluggy, which
+checks each hook's arguments against the specs below, then calls each plugin's hooks on
+their own. Whatever a plugin raises there, ``SystemExit`` included, is reported in
+``registry.errors`` and ``genlm backends``; the other plugins are unaffected.
 """
 
 from __future__ import annotations
@@ -16,21 +22,55 @@ if TYPE_CHECKING:
     from genlm.core._backend_spec import BackendSpec
     from genlm.core._command import Command
 
+__all__ = [
+    "PROJECT",
+    "genlm_register_backends",
+    "genlm_register_commands",
+    "hookimpl",
+    "hookspec",
+]
+
 PROJECT = "genlm"
+"""The pluggy project name shared by the markers and core's plugin manager."""
 
 hookspec = pluggy.HookspecMarker(PROJECT)
+"""Marks the hook specifications below (core's side of the contract)."""
+
 hookimpl = pluggy.HookimplMarker(PROJECT)
+"""Decorate a plugin's hook functions with ``@hookimpl`` so pluggy finds them."""
 
 
 @hookspec
 def genlm_register_backends(register: Callable[[BackendSpec], None]) -> None:
-    """Call ``register(BackendSpec(...))`` once for each backend the plugin provides.
+    """Declare the backends this plugin provides.
 
-    Core owns naming, collisions, lazy loading and isolation: a plugin that raises
-    here is reported and skipped, the others keep working.
+    Called once per discovery, right after the plugin module is imported and validated,
+    before any model is loaded. Call ``register(BackendSpec(...))`` once per backend.
+
+    A plugin may: register any number of backends, decide a spec's fields from cheap
+    facts (``auto_select=cuda_gpu_present()``, say). It must not: import heavy libraries
+    or load a model (the spec's ``loader`` does that, on demand), keep or call
+    ``register`` after returning, or rely on the order plugins are called in. Core owns
+    naming and collisions: a name belongs to the distribution ``genlm-backend-NAME``
+    (``mock`` to genlm-core); another distribution's claim on it is reported and ignored.
+    A hook that raises is reported as a broken plugin; its other backends may be lost.
+
+    Args:
+        register: the callback taking one :class:`~genlm.core.BackendSpec`; it raises
+            ``TypeError`` for anything else.
     """
 
 
 @hookspec
 def genlm_register_commands(register: Callable[[Command], None]) -> None:
-    """Call ``register(Command(...))`` for each ``genlm`` CLI command the plugin adds."""
+    """Declare the ``genlm`` CLI subcommands this plugin adds.
+
+    Called once per discovery, like :func:`genlm_register_backends`; the ``genlm`` script
+    discovers plugins before parsing its arguments. Call ``register(Command(...))`` per
+    subcommand. The command's ``configure`` and ``run`` are called only when the user runs
+    it, so import heavy modules inside them, not here. A command name that core
+    (``backends``, ``smc``) or an earlier plugin already uses is reported and ignored.
+
+    Args:
+        register: the callback taking one ``genlm.core.cli.Command``.
+    """
