@@ -1,7 +1,7 @@
 """The test matrix: one session per distribution, plus lint and benchmarks.
 
-`nox` runs the default sessions (lint, core, hf, bytes, mlx, vllm): the README's test
-command and what CI runs. Benchmark sessions (`bench_*`) run only when named.
+`nox` runs the default sessions (lint, core, hf, bytes, mlx, vllm, docs): the README's
+test command and what CI runs. Benchmark sessions (`bench_*`) run only when named.
 Sessions that need torch install `torch==2.13.0` first, so pip takes the CPU build
 instead of resolving a multi-GB CUDA one.
 """
@@ -12,7 +12,7 @@ import platform
 
 import nox
 
-nox.options.sessions = ["lint", "core", "hf", "bytes", "mlx", "vllm"]
+nox.options.sessions = ["lint", "core", "hf", "bytes", "mlx", "vllm", "docs"]
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
 
@@ -22,6 +22,15 @@ TRANSFORMERS = "transformers>=4.57,<6"
 TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"]
 TOKENIZER_DEPS = [TRANSFORMERS, "tokenizers", "tiktoken", "sentencepiece"]
 PLUGINS = ["./tests/plugins/genlm-backend-example", "./tests/plugins/genlm-backend-broken"]
+DOCS_DEPS = [
+    "mkdocs==1.6.1",
+    "mkdocs-material==9.8.1",
+    "mkdocs-autorefs==1.4.5",
+    "mkdocstrings==1.0.8",
+    "mkdocstrings-python==2.0.11",
+    "griffelib==2.4.1",
+    "pymdown-extensions==13.1",
+]
 MLX = "mlx[cpu]" if platform.system() == "Linux" else "mlx"
 
 #: Every session's tests: installed test plugins and the trie's C kernel (built when
@@ -98,6 +107,20 @@ def vllm(session: nox.Session) -> None:
         env=env,
         success_codes=[0, 5],
     )
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """The documentation site: built with --strict, its examples run, public names documented.
+
+    The API reference is read statically from every distribution's sources (no torch,
+    vllm or mlx needed); genlm-bytes is installed for `genlm bytes --help` on the CLI page.
+    """
+    session.install(*DOCS_DEPS)
+    install_core(session, "./genlm-bytes")
+    session.run("mkdocs", "build", "--strict", env={**ENV, "NO_MKDOCS_2_WARNING": "1"})
+    pytest(session, "tests/docs")
+    session.run("python", "docs/check_docstrings.py")
 
 
 def reference_venv(session: nox.Session, *packages: str) -> str:

@@ -1,0 +1,187 @@
+"""Fail when a public name of a GenLM distribution is not documented.
+
+Run by ``nox -s docs`` (``python docs/check_docstrings.py``). The sources are read
+statically with griffe, the library mkdocstrings renders the reference with, so no
+backend library (torch, vllm, mlx) needs to be installed. A public name is one listed in a
+package's ``__all__`` (every name defined at the top level, for modules without one).
+For each, the check demands:
+
+* a docstring, for every public name and every public method or property of a public class;
+* for functions and methods: each parameter named in an ``Args:`` section (the class
+  docstring's ``Args:`` or ``Attributes:`` counts for ``__init__``), and a ``Returns:``
+  (or ``Yields:``) section when the annotated return type is not ``None``.
+
+Raised exceptions cannot be checked statically; reviewers check ``Raises:`` sections.
+Exit status 1 lists every problem, one per line.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import griffe
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Folder of each distribution's sources -> the public modules it ships.
+PUBLIC_MODULES = {
+    "genlm-core/src": [
+        "genlm.core",
+        "genlm.core.hookspecs",
+        "genlm.core.mock",
+        "genlm.core.smc",
+        "genlm.core.testing",
+        "genlm.core.cli",
+    ],
+    "genlm-bytes/src": ["genlm.bytes"],
+    "genlm-backend-hf/src": ["genlm.backends.hf"],
+    "genlm-backend-vllm/src": ["genlm.backends.vllm"],
+    "genlm-backend-mlx/src": ["genlm.backends.mlx"],
+    # The seed-API facade; checked as soon as its folder exists.
+    "genlm-backend/src": ["genlm.backend"],
+}
+
+DOCSTRING_OPTIONS = {"returns_multiple_items": False, "warn_unknown_params": False}
+
+_PARAMETER_SECTIONS = {
+    griffe.DocstringSectionKind.parameters,
+    griffe.DocstringSectionKind.other_parameters,
+}
+_CLASS_PARAMETER_SECTIONS = _PARAMETER_SECTIONS | {griffe.DocstringSectionKind.attributes}
+_RETURN_SECTIONS = {griffe.DocstringSectionKind.returns, griffe.DocstringSectionKind.yields}
+
+
+def documented_names(docstring: griffe.Docstring | None, kinds: set) -> set[str]:
+    """The names listed in a docstring's sections of the given kinds (stars stripped)."""
+    if docstring is None:
+        return set()
+    parsed = docstring.parse("google", **DOCSTRING_OPTIONS)
+    return {
+        item.name.lstrip("*")
+        for section in parsed
+        if section.kind in kinds
+        for item in section.value
+    }
+
+
+def has_section(docstring: griffe.Docstring | None, kinds: set) -> bool:
+    """Whether the docstring has a section of one of the given kinds."""
+    if docstring is None:
+        return False
+    return any(s.kind in kinds for s in docstring.parse("google", **DOCSTRING_OPTIONS))
+
+
+def returns_something(function: griffe.Function) -> bool:
+    """Whether the function's annotated return type is anything but None."""
+    returns = function.returns
+    if returns is None:  # not annotated: nothing to check against
+        return False
+    return str(returns) not in {"None", "NoReturn", "Never"}
+
+
+def check_function(
+    path: str, function: griffe.Function, also: griffe.Docstring | None = None
+) -> list[str]:
+    """Problems of one public function or method (``also``: the class docstring, for __init__)."""
+    if function.docstring is None and also is None:
+        return [f"{path}: no docstring"]
+    if function.name.startswith("test_") or any(
+        "fixture" in str(d.value) for d in function.decorators
+    ):  # a conformance test or fixture: pytest passes the arguments, the docstring is the contract
+        return []
+    problems = []
+    names = documented_names(function.docstring, _PARAMETER_SECTIONS)
+    names |= documented_names(also, _CLASS_PARAMETER_SECTIONS)
+    params = [p.name for p in function.parameters if p.name not in {"self", "cls"}]
+    missing = [p for p in params if p not in names]
+    if missing:
+        problems.append(f"{path}: parameters not in Args: {', '.join(missing)}")
+    is_property = "property" in function.labels
+    if (
+        function.name != "__init__"
+        and not is_property
+        and returns_something(function)
+        and not has_section(function.docstring, _RETURN_SECTIONS)
+    ):
+        problems.append(f"{path}: no Returns section (returns {function.returns})")
+    return problems
+
+
+def check_class(path: str, cls: griffe.Class) -> list[str]:
+    """Problems of one public class and the public methods it defines itself."""
+    problems = [] if cls.docstring else [f"{path}: no docstring"]
+    for name, member in cls.members.items():
+        if member.is_alias or member.inherited:
+            continue
+        if name == "__init__" and member.is_function:
+            problems += check_function(f"{path}.__init__", member, also=cls.docstring)
+        elif name.startswith("_"):
+            continue
+        elif member.is_function:
+            problems += check_function(f"{path}.{name}", member)
+        elif member.is_attribute and "property" in member.labels and not member.docstring:
+            problems.append(f"{path}.{name}: no docstring")
+    return problems
+
+
+def check_object(path: str, obj: griffe.Object) -> list[str]:
+    """Problems of one public name, whatever its kind."""
+    if obj.is_class:
+        return check_class(path, obj)
+    if obj.is_function:
+        return check_function(path, obj)
+    if obj.is_module:
+        return [] if obj.docstring else [f"{path}: no docstring"]
+    return [] if obj.docstring else [f"{path}: no docstring (add a string literal after it)"]
+
+
+def public_names(module: griffe.Module) -> list[str]:
+    """``__all__``, or every non-underscore name the module defines itself."""
+    if module.exports is not None:
+        return [str(name) for name in module.exports]
+    return [n for n, m in module.members.items() if not n.startswith("_") and not m.is_alias]
+
+
+def check_module(module: griffe.Module) -> list[str]:
+    """Problems of a public module and of each of its public names."""
+    problems = [] if module.docstring else [f"{module.path}: no module docstring"]
+    for name in public_names(module):
+        path = f"{module.path}.{name}"
+        try:
+            obj = module[name]
+            target = obj.final_target if obj.is_alias else obj
+        except (KeyError, griffe.AliasResolutionError, griffe.CyclicAliasError) as exc:
+            problems.append(
+                f"{path}: not found statically ({exc!r}); a lazily exported name needs an "
+                "`if TYPE_CHECKING:` import in the package so tools (and this reference) see it"
+            )
+            continue
+        problems += check_object(path, target)
+    return problems
+
+
+def main() -> int:
+    """Check every public module whose distribution folder exists; print the problems."""
+    logging.getLogger("griffe").setLevel(logging.ERROR)  # its own parse warnings are noise here
+    search_paths = [str(ROOT / folder) for folder in PUBLIC_MODULES if (ROOT / folder).is_dir()]
+    loader = griffe.GriffeLoader(search_paths=search_paths, docstring_parser="google")
+    problems: list[str] = []
+    checked = 0
+    for folder, modules in PUBLIC_MODULES.items():
+        if not (ROOT / folder).is_dir():
+            continue
+        for name in modules:
+            module = loader.load(name)
+            loader.resolve_aliases(implicit=True, external=False)
+            problems += check_module(module)
+            checked += 1
+    for problem in problems:
+        print(problem)
+    print(f"{len(problems)} documentation problem(s) in {checked} public modules", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""docs/check_docstrings.py flags exactly the undocumented public names of a package."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+from pathlib import Path
+
+import pytest
+
+griffe = pytest.importorskip("griffe", reason="the docs tools are installed by `nox -s docs`")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "docs" / "check_docstrings.py"
+
+
+def checker():
+    spec = importlib.util.spec_from_file_location("check_docstrings", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SOURCE = '''
+"""A package."""
+
+__all__ = ["good", "bare", "no_args", "no_returns", "Thing", "LIMIT", "_private_ok"]
+
+LIMIT = 3
+"""A documented constant."""
+
+
+def good(x: int, *rest: int, **opts: str) -> int:
+    """Documented.
+
+    Args:
+        x: a number.
+        *rest: more numbers.
+        **opts: options.
+
+    Returns:
+        A number.
+    """
+
+
+def bare(x: int) -> None:
+    pass
+
+
+def no_args(x: int, y: int) -> None:
+    """Only the summary.
+
+    Args:
+        x: documented; y is not.
+    """
+
+
+def no_returns() -> int:
+    """Says nothing of its result."""
+
+
+def _private_ok():
+    pass
+
+
+class Thing:
+    """A class.
+
+    Args:
+        size: documented in the class docstring.
+    """
+
+    def __init__(self, size: int, colour: str) -> None:
+        pass
+
+    def method(self) -> None:
+        pass
+
+    @property
+    def value(self) -> int:
+        """A property needs no Returns section."""
+
+    def _hidden(self):
+        pass
+'''
+
+
+def test_flags_each_kind_of_gap(tmp_path):
+    """Missing docstrings, parameters and Returns sections are reported; nothing else is."""
+    (tmp_path / "pkg_under_check").mkdir()
+    (tmp_path / "pkg_under_check" / "__init__.py").write_text(textwrap.dedent(SOURCE))
+    module = griffe.load("pkg_under_check", search_paths=[str(tmp_path)])
+    problems = checker().check_module(module)
+    assert sorted(problems) == sorted(
+        [
+            "pkg_under_check.bare: no docstring",
+            "pkg_under_check.no_args: parameters not in Args: y",
+            "pkg_under_check.no_returns: no Returns section (returns int)",
+            "pkg_under_check.Thing.__init__: parameters not in Args: colour",
+            "pkg_under_check.Thing.method: no docstring",
+            "pkg_under_check._private_ok: no docstring",
+        ]
+    )
