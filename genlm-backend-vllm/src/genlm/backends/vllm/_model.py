@@ -87,11 +87,11 @@ def _empty_cuda_cache() -> None:
 def in_process_sampler(engine_opts: dict[str, Any], multiprocessing: bool) -> str | None:
     """None when vLLM's sampler will run in this process, else why not.
 
+    Reasons the user cannot lift by an environment variable come first.
+
     ``multiprocessing`` is vLLM's reading of ``VLLM_ENABLE_V1_MULTIPROCESSING``
     (``vllm.envs``, which vLLM caches once an engine has started).
     """
-    if multiprocessing:
-        return f"{MULTIPROCESSING_ENV} is not 0 (the engine core runs in a child process)"
     world = int(engine_opts.get("tensor_parallel_size", 1)) * int(
         engine_opts.get("pipeline_parallel_size", 1)
     )
@@ -99,6 +99,8 @@ def in_process_sampler(engine_opts: dict[str, Any], multiprocessing: bool) -> st
         return "tensor/pipeline/data parallelism runs the model in worker processes"
     if engine_opts.get("distributed_executor_backend") not in (None, "uni"):
         return "a non-'uni' distributed_executor_backend runs the model in worker processes"
+    if multiprocessing:
+        return f"{MULTIPROCESSING_ENV} is not 0 (the engine core runs in a child process)"
     return None
 
 
