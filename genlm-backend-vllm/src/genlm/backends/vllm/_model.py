@@ -335,7 +335,7 @@ class VLLMLM(BatchedLM):
         """Sample; returns the new tokens, the EOS token included if one ended it.
 
         Unseeded, vLLM's own sampler runs the whole generation in the engine. Seeded, core's
-        exact sampler draws from this backend's rows (see :meth:`_seeded`): the same seed
+        exact sampler draws from this backend's rows: the same seed
         gives the same tokens on every platform. ``temperature=0`` is greedy.
         """
         if seed is not None:
