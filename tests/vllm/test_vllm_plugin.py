@@ -44,3 +44,29 @@ def test_fast_route_conditions_name_what_prevents_them():
     assert "parallel" in in_process_sampler({"tensor_parallel_size": 2}, multiprocessing=False)
     ray = {"distributed_executor_backend": "ray"}
     assert "uni" in in_process_sampler(ray, multiprocessing=False)
+
+
+def test_the_chosen_route_is_logged_with_its_reason(monkeypatch, caplog):
+    """At load, 'auto' logs the route it takes; the slow route is a warning, naming the
+    variable, when vLLM's default multiprocessing is all that blocks the fast one."""
+    import logging
+
+    import vllm.envs
+
+    from genlm.backends.vllm._model import VLLMLM
+
+    caplog.set_level(logging.INFO, logger="genlm.backends.vllm")
+    monkeypatch.setattr(vllm.envs, "VLLM_ENABLE_V1_MULTIPROCESSING", True, raising=False)
+    assert VLLMLM._choose_row_source("auto", {}) == "logprobs"
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING and f"{MULTIPROCESSING_ENV}=0" in record.message
+    caplog.clear()
+    assert VLLMLM._choose_row_source("auto", {"tensor_parallel_size": 2}) == "logprobs"
+    (record,) = caplog.records
+    assert record.levelno == logging.INFO and "parallel" in record.message
+    assert MULTIPROCESSING_ENV not in record.message  # setting it would not help
+    caplog.clear()
+    monkeypatch.setattr(vllm.envs, "VLLM_ENABLE_V1_MULTIPROCESSING", False, raising=False)
+    assert VLLMLM._choose_row_source("auto", {}) == "processor"
+    (record,) = caplog.records
+    assert record.levelno == logging.INFO and "fast" in record.message

@@ -79,6 +79,10 @@ class BatchedLM(abc.ABC):
         max_wait_s: longest time a request waits for others to batch with.
         cache_bytes: byte budget of the output cache (0 disables it).
         name: names the worker thread and log messages.
+        max_context_length: the longest context the model accepts (its maximum
+            positions), or None for no limit. Longer contexts raise
+            ``InvalidContextError`` when requested, before they reach a batch; backends
+            set it from the model's configuration.
     """
 
     def __init__(
@@ -90,9 +94,14 @@ class BatchedLM(abc.ABC):
         max_wait_s: float = 0.001,
         cache_bytes: int = 256 * 2**20,
         name: str | None = None,
+        max_context_length: int | None = None,
     ):
         if len(vocab) == 0:
             raise ValueError("a model needs a non-empty vocabulary")
+        if max_context_length is not None and max_context_length < 1:
+            raise ValueError(f"max_context_length must be >= 1 or None, got {max_context_length}")
+        #: The longest context accepted (None: no limit); checked by every request.
+        self.max_context_length = max_context_length
         self._vocab = vocab
         self._tokenizer = tokenizer
         self.name = name or type(self).__name__
@@ -151,7 +160,13 @@ class BatchedLM(abc.ABC):
     def _request(self, token_ids: Sequence[int]) -> Request:
         if self._closed:
             raise ModelClosedError(f"{self.name} is closed")
-        return (self._variant(), validate_context(token_ids, len(self._vocab)))
+        ids = validate_context(token_ids, len(self._vocab))
+        if self.max_context_length is not None and len(ids) > self.max_context_length:
+            raise InvalidContextError(
+                f"context of {len(ids)} tokens is longer than {self.name}'s maximum of "
+                f"{self.max_context_length} tokens (max_context_length)"
+            )
+        return (self._variant(), ids)
 
     async def next_token_logprobs(self, token_ids: Sequence[int]) -> np.ndarray:
         request = self._request(token_ids)

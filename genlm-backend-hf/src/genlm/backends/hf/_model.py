@@ -49,7 +49,9 @@ class HFLM(BatchedLM):
             tokenizer's, logit rows the model pads beyond it are dropped.
         kv_cache_bytes: byte budget of the KV cache (LRU-evicted; pinned prompts stay).
         max_forward_tokens: most padded new tokens in one forward pass.
-        **kwargs: scheduler and output-cache options of :class:`genlm.core.BatchedLM`.
+        **kwargs: scheduler and output-cache options of :class:`genlm.core.BatchedLM`;
+            ``max_context_length`` defaults to the model's ``max_position_embeddings``
+            (None where its configuration names no limit; pass None to lift it).
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class HFLM(BatchedLM):
             )
         _check_full_attention(model.config)
         kwargs.setdefault("name", getattr(model, "name_or_path", None) or type(model).__name__)
+        kwargs.setdefault("max_context_length", _max_positions(model.config))
         super().__init__(vocab, tokenizer, **kwargs)
         self.model = model.eval()
         self.max_forward_tokens = max_forward_tokens
@@ -382,6 +385,18 @@ def _check_full_attention(config: Any) -> None:
             "the hf backend reuses KV for full-attention layers only; "
             f"this model has {sorted(kinds)}"
         )
+
+
+def _max_positions(config: Any) -> int | None:
+    """The model's maximum positions, or None where its configuration names none.
+
+    ``max_position_embeddings`` is the transformers name for it (configs with another
+    name, such as GPT-2's ``n_positions``, map it through their ``attribute_map``);
+    models without position limits (state-space models, say) have none.
+    """
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text, "max_position_embeddings", None)
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _pad_id(tokenizer: Any) -> int:

@@ -47,7 +47,9 @@ class MLXLM(BatchedLM):
         kv_cache_bytes: byte budget of the prefix KV cache (0 disables reuse).
         prefill_chunk_size: longest run of new tokens fed to the model in one call; long
             prompts are prefilled in chunks so the lazy graph and activations stay small.
-        **kwargs: scheduler and output-cache options of :class:`~genlm.core.BatchedLM`.
+        **kwargs: scheduler and output-cache options of :class:`~genlm.core.BatchedLM`;
+            ``max_context_length`` defaults to the model's maximum positions (see
+            :func:`_max_positions`; None where its arguments name none, or to lift it).
     """
 
     def __init__(
@@ -66,6 +68,7 @@ class MLXLM(BatchedLM):
         width = getattr(getattr(model, "args", None), "vocab_size", None)
         vocab = Vocabulary.from_tokenizer(hf_tokenizer, size=width)
         kwargs.setdefault("name", "mlx")
+        kwargs.setdefault("max_context_length", _max_positions(getattr(model, "args", None)))
         super().__init__(vocab, hf_tokenizer, **kwargs)
         self.model = model
         self.kv_cache = _kv.KVStore(kv_cache_bytes)
@@ -247,6 +250,19 @@ def _materialize(model: nn.Module) -> None:
             "the MLX model holds lazy arrays built on another thread; construct MLXLM "
             "on the thread that loaded the model (or load it with lazy=False there)"
         ) from exc
+
+
+def _max_positions(args: Any) -> int | None:
+    """The maximum positions in an mlx-lm model's arguments, or None where they name none.
+
+    Most mlx-lm models call it ``max_position_embeddings``; GPT-2 style models
+    (learned position embeddings) ``n_positions``.
+    """
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(args, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def _unwrap(tokenizer: Any) -> Any:

@@ -18,8 +18,14 @@ Rows come back by one of two routes (``row_source``):
   worker processes, tensor/pipeline parallelism and Ray, at the cost of a full-vocab
   top-k and Python float lists per request.
 
-``"auto"`` picks ``"processor"`` when its conditions hold, else ``"logprobs"``. We
-never change the user's environment variables; we read them.
+``"auto"`` picks ``"processor"`` when its conditions hold, else ``"logprobs"``, and
+logs which route it took and why (a warning when only vLLM's default multiprocessing
+stands in the way of the fast route). We never change the user's environment
+variables; we read them.
+
+Sampling: unseeded requests run vLLM's own sampler; seeded ones run core's exact
+sampler over this backend's rows, on every platform, so a seed gives the same tokens on
+CPU and GPU (and the same as the other backends given equal rows).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import threading
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -46,14 +53,45 @@ DEFAULT_ENGINE_OPTS: dict[str, Any] = {"enable_prefix_caching": True, "max_logpr
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
+def release_engine_memory() -> None:
+    """Free what a shut-down engine left in this process, each step on its own.
+
+    vLLM's model-parallel groups and distributed environment are process globals: left
+    in place, a second engine in this process cannot set up its own. Then a garbage
+    collection frees the engine's tensors and ``torch.cuda.empty_cache`` hands the
+    cached blocks back to the driver (it is skipped where CUDA never started). A step
+    that fails is logged and the next still runs: closing must finish.
+    """
+    from vllm.distributed import parallel_state
+
+    steps = (
+        ("destroy_model_parallel", parallel_state.destroy_model_parallel),
+        ("destroy_distributed_environment", parallel_state.destroy_distributed_environment),
+        ("gc.collect", gc.collect),
+        ("torch.cuda.empty_cache", _empty_cuda_cache),
+    )
+    for name, step in steps:
+        try:
+            step()
+        except Exception:
+            logger.warning("vllm: %s failed while closing the engine", name, exc_info=True)
+
+
+def _empty_cuda_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def in_process_sampler(engine_opts: dict[str, Any], multiprocessing: bool) -> str | None:
     """None when vLLM's sampler will run in this process, else why not.
+
+    Reasons the user cannot lift by an environment variable come first.
 
     ``multiprocessing`` is vLLM's reading of ``VLLM_ENABLE_V1_MULTIPROCESSING``
     (``vllm.envs``, which vLLM caches once an engine has started).
     """
-    if multiprocessing:
-        return f"{MULTIPROCESSING_ENV} is not 0 (the engine core runs in a child process)"
     world = int(engine_opts.get("tensor_parallel_size", 1)) * int(
         engine_opts.get("pipeline_parallel_size", 1)
     )
@@ -61,6 +99,8 @@ def in_process_sampler(engine_opts: dict[str, Any], multiprocessing: bool) -> st
         return "tensor/pipeline/data parallelism runs the model in worker processes"
     if engine_opts.get("distributed_executor_backend") not in (None, "uni"):
         return "a non-'uni' distributed_executor_backend runs the model in worker processes"
+    if multiprocessing:
+        return f"{MULTIPROCESSING_ENV} is not 0 (the engine core runs in a child process)"
     return None
 
 
@@ -97,8 +137,13 @@ class VLLMLM(BatchedLM):
         try:
             self.llm = self.worker.call(self._start_engine, model_path, opts)
         except BaseException:
+            self.worker.call(release_engine_memory)  # what a half-started engine left
             self.worker.close()
             raise
+        # vLLM accepts a prompt only if it leaves room for one output token.
+        limit = self.llm.llm_engine.model_config.max_model_len - 1
+        if self.max_context_length is None or self.max_context_length > limit:
+            self.max_context_length = limit
 
     @classmethod
     def from_name(
@@ -113,7 +158,10 @@ class VLLMLM(BatchedLM):
                 ``enable_lora``, ...), passed through unchanged; prefix caching is on
                 unless they say otherwise.
             **kwargs: ``row_source`` and :class:`~genlm.core.BatchedLM` options
-                (``max_batch_size``, ``max_wait_s``, ``cache_bytes``, ``name``).
+                (``max_batch_size``, ``max_wait_s``, ``cache_bytes``, ``name``,
+                ``max_context_length``). Contexts longer than the engine's
+                ``max_model_len - 1`` (room for one output token) are rejected when
+                requested, with ``InvalidContextError``.
         """
         return cls(resolve_model_path(name), engine_opts, **kwargs)
 
@@ -124,19 +172,27 @@ class VLLMLM(BatchedLM):
                 f"row_source must be 'auto', 'processor' or 'logprobs', got {row_source!r}"
             )
         if row_source == "logprobs":
+            logger.info("vllm: reading rows through vLLM's logprobs output, as asked")
             return row_source
         import vllm.envs
 
-        reason = in_process_sampler(opts, bool(vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING))
+        multiprocessing = bool(vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING)
+        reason = in_process_sampler(opts, multiprocessing)
         if reason is None:
+            logger.info("vllm: reading rows through the in-process logits processor (fast)")
             return "processor"
         if row_source == "processor":
             raise ValueError(f"row_source='processor' cannot work here: {reason}")
-        logger.info(
-            "vllm: reading rows through vLLM's logprobs output (slower) because %s; "
-            "set %s=0 before starting Python for the fast in-process route",
+        # Only vLLM's default multiprocessing is in the way: the user can fix it, say so loudly.
+        fixable = in_process_sampler(opts, multiprocessing=False) is None
+        logger.log(
+            logging.WARNING if fixable else logging.INFO,
+            "vllm: reading rows through vLLM's logprobs output (slower: a full-vocabulary "
+            "top-k and Python lists per request) because %s%s",
             reason,
-            MULTIPROCESSING_ENV,
+            f"; set {MULTIPROCESSING_ENV}=0 before starting Python for the fast in-process route"
+            if fixable
+            else "",
         )
         return "logprobs"
 
@@ -163,12 +219,23 @@ class VLLMLM(BatchedLM):
             self._sink.clear()
 
     def _close_backend(self) -> None:
+        """Shut the engine down and free what it held, so another can start in this process.
+
+        The engine core's shutdown stops its executor (and child processes); then the
+        last references go (the engine, rows captured on the device) before
+        :func:`release_engine_memory` tears down the model-parallel state and returns
+        the freed CUDA memory.
+        """
         llm, self.llm = self.llm, None
         if llm is None:
             return
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        finally:
+            del llm
+            if self._sink is not None:
+                self._sink.clear()
+            release_engine_memory()
 
     # ---- log-probabilities (worker thread) ---------------------------------------
 
@@ -220,16 +287,28 @@ class VLLMLM(BatchedLM):
         row[np.asarray(flat.token_ids[start:end])] = flat.logprobs[start:end]
         return row
 
-    def _run(self, requests: list[tuple[str, list[int], Any]], lora: Any) -> dict[str, Any]:
-        """Add every request, step until all have finished; outputs by request key."""
+    def _run(
+        self,
+        requests: list[tuple[str, list[int], Any]],
+        lora: Any,
+        abandoned: threading.Event | None = None,
+    ) -> dict[str, Any]:
+        """Add every request, step until all have finished; outputs by request key.
+
+        Once ``abandoned`` is set (its caller was cancelled), it stops between engine
+        steps and aborts the unfinished requests, so the worker is free again; what it
+        returns then is incomplete, and nobody reads it.
+        """
         engine = self.llm.llm_engine
         pending = set()
+        done: dict[str, Any] = {}
         try:
             for key, prompt, params in requests:
                 engine.add_request(key, {"prompt_token_ids": prompt}, params, lora_request=lora)
                 pending.add(key)
-            done: dict[str, Any] = {}
             while pending:
+                if abandoned is not None and abandoned.is_set():
+                    return done
                 for output in engine.step():
                     if output.finished and output.request_id in pending:
                         pending.discard(output.request_id)
@@ -253,15 +332,18 @@ class VLLMLM(BatchedLM):
         temperature: float = 1.0,
         seed: int | None = None,
     ) -> list[int]:
-        """Sample with vLLM's own sampler; returns the new tokens, the EOS token included
-        if one ended it. ``temperature=0`` is greedy; the same seed gives the same tokens.
+        """Sample; returns the new tokens, the EOS token included if one ended it.
+
+        Unseeded, vLLM's own sampler runs the whole generation in the engine. Seeded, core's
+        exact sampler draws from this backend's rows: the same seed
+        gives the same tokens on every platform. ``temperature=0`` is greedy.
         """
-        if seed is not None and self._cpu_seed_bug():
+        if seed is not None:
             return await super().sample(
                 prompt_token_ids, max_tokens, eos_token_ids, temperature, seed
             )
         outputs = await self._native_sample(
-            [prompt_token_ids], max_tokens, eos_token_ids, temperature, [seed]
+            [prompt_token_ids], max_tokens, eos_token_ids, temperature
         )
         return outputs[0]
 
@@ -273,27 +355,11 @@ class VLLMLM(BatchedLM):
         temperature: float = 1.0,
         seed: int | None = None,
     ) -> list[list[int]]:
-        """:meth:`sample` for each prompt in one engine run; prompt ``i`` gets its own seed."""
-        if seed is None:
-            seeds: list[int | None] = [None] * len(prompts)
-        elif self._cpu_seed_bug():
+        """:meth:`sample` for each prompt; unseeded, in one engine run; seeded, prompt ``i``
+        gets its own seed stream (as core's ``batch_sample``)."""
+        if seed is not None:
             return await super().batch_sample(prompts, max_tokens, eos_token_ids, temperature, seed)
-        else:
-            streams = np.random.SeedSequence(seed).spawn(len(prompts))
-            seeds = [int(s.generate_state(1)[0]) for s in streams]
-        return await self._native_sample(prompts, max_tokens, eos_token_ids, temperature, seeds)
-
-    def _cpu_seed_bug(self) -> bool:
-        """Whether seeded requests would crash vLLM here.
-
-        vLLM 0.32's CPU build fails a seeded request whose prompt is prefilled in
-        chunks ("CPU Generator does not use offset", in the model runner's bookkeeping
-        for discarded samples), so on CPU seeded sampling runs through core's sampler
-        over this backend's rows instead: same distribution, reproducible.
-        """
-        from vllm.platforms import current_platform
-
-        return current_platform.is_cpu()
+        return await self._native_sample(prompts, max_tokens, eos_token_ids, temperature)
 
     async def _native_sample(
         self,
@@ -301,8 +367,15 @@ class VLLMLM(BatchedLM):
         max_tokens: int,
         eos_token_ids: Sequence[int] | None,
         temperature: float,
-        seeds: Sequence[int | None],
     ) -> list[list[int]]:
+        """Unseeded generation by vLLM's sampler, in one engine run on the worker.
+
+        Seeds stay with core's sampler: vLLM's seeded draws differ between its CPU and
+        GPU samplers, and vLLM 0.32's CPU build fails a seeded request whose prompt is
+        prefilled in chunks ("CPU Generator does not use offset").
+        If the caller is cancelled, the run stops at the next engine step and aborts its
+        requests (see :meth:`_run`).
+        """
         from vllm import SamplingParams
 
         requests = [self._request(p) for p in prompts]
@@ -314,18 +387,23 @@ class VLLMLM(BatchedLM):
             return [[] for _ in requests]
         eos = list(self.vocab.eos_token_ids if eos_token_ids is None else eos_token_ids)
         jobs = []
-        for (_, context), seed in zip(requests, seeds):
+        for _, context in requests:
             params = SamplingParams(
                 max_tokens=max_tokens,
                 temperature=temperature,
-                seed=seed,
                 # Stop on exactly the ids asked for, not also on the tokenizer's own EOS.
                 ignore_eos=True,
                 stop_token_ids=eos,
                 detokenize=False,
             )
             jobs.append((f"genlm-sample-{next(self._keys)}", list(context), params))
-        outputs = await self.worker.run_async(self._run, jobs, self._lora_request(requests[0][0]))
+        abandoned = threading.Event()
+        try:
+            outputs = await self.worker.run_async(
+                self._run, jobs, self._lora_request(requests[0][0]), abandoned
+            )
+        finally:
+            abandoned.set()  # a no-op once the run is over; stops it if we were cancelled
         return [list(outputs[key].outputs[0].token_ids) for key, _, _ in jobs]
 
     # ---- LoRA ----------------------------------------------------------------------

@@ -1,0 +1,124 @@
+"""Closing a vLLM engine frees what a second engine in the same process needs: the engine's
+last references, vLLM's model-parallel state, and cached CUDA memory (CUDA itself is
+checked on a GPU only; here the calls and their order are)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import weakref
+from types import SimpleNamespace
+
+import pytest
+
+from genlm.backends.vllm import _model
+from genlm.backends.vllm._capture import RowSink
+
+
+class FakeLLM:
+    """Stands for ``vllm.LLM``: records its engine core's shutdown."""
+
+    def __init__(self, calls: list[str], fail: bool = False):
+        def shutdown():
+            calls.append("shutdown")
+            if fail:
+                raise RuntimeError("shutdown failed")
+
+        self.llm_engine = SimpleNamespace(engine_core=SimpleNamespace(shutdown=shutdown))
+
+
+def closing_model(llm: FakeLLM) -> _model.VLLMLM:
+    lm = object.__new__(_model.VLLMLM)  # only the state _close_backend touches
+    lm.llm, lm._sink = llm, RowSink()
+    lm._sink.put("row", object())
+    return lm
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_close_releases_memory_after_the_last_reference_goes(monkeypatch, fail):
+    """Shutdown, then the memory release with the engine already unreachable and the
+    captured rows dropped; a failing shutdown still releases, and its error propagates."""
+    calls: list[str] = []
+    llm = FakeLLM(calls, fail=fail)
+    alive = weakref.ref(llm)
+    lm = closing_model(llm)
+    del llm
+
+    def release():
+        calls.append(f"release engine_alive={alive() is not None} rows={lm._sink.pop('row')}")
+
+    monkeypatch.setattr(_model, "release_engine_memory", release)
+    if fail:
+        with pytest.raises(RuntimeError, match="shutdown failed"):
+            lm._close_backend()
+    else:
+        lm._close_backend()
+    assert calls == ["shutdown", "release engine_alive=False rows=None"]
+    assert lm.llm is None
+    lm._close_backend()  # a second close does nothing
+    assert len(calls) == 2
+
+
+def test_release_runs_every_step_in_order_even_when_one_fails(monkeypatch, caplog):
+    """Model-parallel teardown, distributed teardown, gc, CUDA cache: each runs, a failure
+    is logged and does not stop the rest."""
+    from vllm.distributed import parallel_state
+
+    calls: list[str] = []
+
+    def step(name, fail=False):
+        def run():
+            calls.append(name)
+            if fail:
+                raise RuntimeError(f"{name} broke")
+
+        return run
+
+    monkeypatch.setattr(parallel_state, "destroy_model_parallel", step("mp", fail=True))
+    monkeypatch.setattr(parallel_state, "destroy_distributed_environment", step("dist"))
+    monkeypatch.setattr(gc, "collect", step("gc"))
+    monkeypatch.setattr(_model, "_empty_cuda_cache", step("cuda"))
+    _model.release_engine_memory()
+    assert calls == ["mp", "dist", "gc", "cuda"]
+    assert "destroy_model_parallel failed" in caplog.text
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from vllm.distributed import parallel_state
+    from genlm.backends.vllm import VLLMLM
+
+    path, opts = sys.argv[1], json.loads(sys.argv[2])
+    rows, states = [], []
+    for _ in range(2):
+        lm = VLLMLM.from_name(path, engine_opts=opts, cache_bytes=0)
+        rows.append(lm.next_token_logprobs_sync([1, 2, 3]).tolist())
+        lm.close()
+        states.append(parallel_state.model_parallel_is_initialized())
+    print(json.dumps({"same_rows": rows[0] == rows[1], "parallel_state_left": states}))
+    """
+)
+
+
+def test_a_second_engine_starts_in_the_same_process_after_close(tiny_path):
+    """In-process engine: close leaves no model-parallel state, and a new engine then
+    starts and gives the same row."""
+    from .conftest import ENGINE_OPTS
+
+    opts = {k: v for k, v in ENGINE_OPTS.items() if k not in ("enable_lora", "max_lora_rank")}
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tiny_path), json.dumps(opts)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report == {"same_rows": True, "parallel_state_left": [False, False]}
