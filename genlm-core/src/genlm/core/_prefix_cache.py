@@ -46,6 +46,12 @@ class PrefixCache(Generic[V]):
         max_bytes: budget for the sizes given to :meth:`insert`; pinned entries count
             towards it but are never evicted.
 
+    What is counted: the sizes callers declare, i.e. the backend state (usually device
+    memory for KV). The trie's own nodes (about 370 bytes of host memory per token of a
+    distinct prefix on CPython 3.11) are not: they are a different memory, and a node
+    lives exactly as long as an entry at or below it, so they are bounded by the held
+    entries' tokens. A caller that wants them in the budget adds them to its sizes.
+
     Thread-safe; in practice only the model's worker thread touches it.
     """
 
