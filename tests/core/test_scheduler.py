@@ -384,6 +384,29 @@ class TestEventLoops:
             loop_b.close()
         worker.close()
 
+    def test_sync_close_fails_queued_requests_of_a_running_loop(self):
+        """reject_new() from a thread without a loop fails loop B's queued request at once."""
+        worker = ModelWorker("test")
+        batcher = AutoBatcher(Gate(), worker, max_wait_s=60.0)
+        loop_b = asyncio.new_event_loop()
+        thread_b = threading.Thread(target=loop_b.run_forever)
+        thread_b.start()
+        try:
+
+            async def wait_on_b():
+                with pytest.raises(ModelClosedError):
+                    await asyncio.wait_for(batcher.submit(1), 5)
+
+            outcome = asyncio.run_coroutine_threadsafe(wait_on_b(), loop_b)
+            blocking_until(lambda: len(batcher._states) == 1)
+            batcher.reject_new()
+            outcome.result(timeout=10)
+        finally:
+            loop_b.call_soon_threadsafe(loop_b.stop)
+            thread_b.join(5)
+            loop_b.close()
+        worker.close()
+
     def test_aclose_with_a_closed_loop_still_holding_a_batch(self):
         """A loop closed while its batch runs does not stop another loop's aclose()."""
         worker = ModelWorker("test")
