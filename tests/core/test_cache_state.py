@@ -110,7 +110,9 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     @rule(tokens=prefixes, size=st.integers(0, 40), pin=st.booleans())
     def insert(self, tokens, size, pin):
         stored = self.cache.insert(list(tokens), tokens, size, pin=pin)
-        if size <= self.cache.max_bytes:
+        if size > self.cache.max_bytes:  # refused; an entry already there stays as it was
+            assert stored is False
+        else:
             self.sizes[tokens] = size
             self.pins[tokens] = self.pins.get(tokens, 0) + pin
             if self.pins[tokens]:
@@ -119,7 +121,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
                 self.lru[tokens] = None
                 self.lru.move_to_end(tokens)
             self._evict()
-        assert stored == (tokens in self.sizes)
+            assert stored == (tokens in self.sizes)
 
     @rule(tokens=prefixes)
     def pin(self, tokens):

@@ -86,7 +86,8 @@ class OutputCache:
         """Store ``value`` (made read-only) and evict the least recently used to fit.
 
         Returns the stored array. An entry (array and key) larger than the whole budget
-        is not stored. Storing a key again replaces its entry (counted once).
+        is not stored (an entry already stored for ``key`` then stays). Storing a key
+        again replaces its entry (counted once).
         """
         if value.flags.writeable:
             value.setflags(write=False)

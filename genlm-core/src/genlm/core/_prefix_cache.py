@@ -119,7 +119,8 @@ class PrefixCache(Generic[V]):
         """Store ``value`` (of size ``nbytes``) for prefix ``tokens``; evict to fit.
 
         Replaces an existing entry. Returns False, storing nothing, when the entry
-        alone exceeds the budget.
+        alone exceeds the budget (an entry already stored for ``tokens`` then stays), or
+        when pinned entries leave no room for it.
         """
         if not tokens:
             raise ValueError("cannot cache the empty prefix")
