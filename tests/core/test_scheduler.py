@@ -449,22 +449,29 @@ class TestFairness:
         worker.close()
 
     def test_groups_fire_oldest_first(self):
-        """When the worker frees up, the group holding the oldest request goes next."""
+        """When the worker frees up, the group holding the oldest live request goes next."""
         worker = ModelWorker("test")
         gate = Gate(shut=True)
         batcher = AutoBatcher(
-            gate, worker, max_batch_size=2, max_wait_s=0.0, group=lambda item: item[0]
+            gate,
+            worker,
+            max_batch_size=3,
+            max_wait_s=0.0,
+            group=lambda item: item[0],
+            max_in_flight=1,
         )
 
         async def main():
             first = batcher.submit(("X", 0))
             await until(lambda: gate.started == 1)
-            waiters = [batcher.submit(item) for item in [("B", 0), ("A", 0), ("B", 1)]]
+            gone = batcher.submit(("A", 0))  # group A is queued first ...
+            waiters = [batcher.submit(("B", 0)), batcher.submit(("A", 1))]
+            gone.cancel()  # ... but its oldest live request is younger than B's
             gate.open()
             await asyncio.wait_for(asyncio.gather(first, *waiters), 5)
 
         run(main())
-        assert gate.batches == [[("X", 0)], [("B", 0), ("B", 1)], [("A", 0)]]
+        assert gate.batches == [[("X", 0)], [("B", 0)], [("A", 1)]]
         worker.close()
 
 
