@@ -13,22 +13,46 @@ from genlm.core import OutputCache, PrefixCache
 class TestOutputCache:
     def test_lru_eviction_respects_the_byte_budget(self):
         """The least recently used arrays go first, and the total never exceeds the budget."""
-        cache = OutputCache(max_bytes=3 * 400)
-        for i in range(3):
+        entry = 400 + sys.getsizeof(1000)  # a 400-byte row and its int key
+        cache = OutputCache(max_bytes=3 * entry)
+        for i in range(1000, 1003):
             cache.put(i, np.zeros(100, dtype=np.float32))
-        assert cache.get(0) is not None  # 0 becomes most recent
-        cache.put(3, np.zeros(100, dtype=np.float32))
-        assert cache.get(1) is None and cache.get(0) is not None and cache.get(3) is not None
-        assert cache.nbytes == 1200 and len(cache) == 3
+        assert cache.get(1000) is not None  # 1000 becomes most recent
+        cache.put(1003, np.zeros(100, dtype=np.float32))
+        assert cache.get(1001) is None and cache.get(1000) is not None
+        assert cache.get(1003) is not None
+        assert cache.nbytes == 3 * entry and len(cache) == 3
 
     def test_values_are_read_only_and_oversized_ones_skipped(self):
         """Stored arrays are read-only; an array bigger than the budget is not kept."""
-        cache = OutputCache(max_bytes=100)
+        cache = OutputCache(max_bytes=200)
         stored = cache.put("a", np.zeros(10, dtype=np.float32))
         with pytest.raises(ValueError):
             stored[0] = 1.0
         cache.put("big", np.zeros(1000, dtype=np.float32))
-        assert cache.get("big") is None and cache.nbytes == 40
+        assert cache.get("big") is None and cache.nbytes == 40 + sys.getsizeof("a")
+
+    def test_key_bytes_are_counted(self):
+        """A 300-token key counts with its row: its tuples and ints, as sys.getsizeof sums them."""
+        ids = tuple(range(1000, 1300))  # distinct int objects, as a tokenizer produces
+        key = ("adapter", ids)
+        real = sum(map(sys.getsizeof, [key, "adapter", ids, *ids]))
+        assert real > 10_000
+        cache = OutputCache(max_bytes=10**6)
+        cache.put(key, np.zeros(100, dtype=np.float32))
+        assert cache.nbytes == 400 + real
+        cache.put(key, np.zeros(50, dtype=np.float32))  # stored again: counted once
+        assert cache.nbytes == 200 + real
+
+    def test_budget_holds_for_long_keys(self):
+        """Rows with long keys are evicted by their real size: 10 of them do not fit in 20 KB."""
+        cache = OutputCache(max_bytes=20_000)
+        keys = [(None, tuple(range(1000 + i, 1300 + i))) for i in range(10)]
+        for key in keys:
+            cache.put(key, np.zeros(100, dtype=np.float32))
+        held = [k for k in keys if cache.get(k) is not None]
+        real = sum(400 + sum(map(sys.getsizeof, [k, None, k[1], *k[1]])) for k in held)
+        assert held == keys[-1:] and cache.nbytes == real <= 20_000
 
     def test_zero_budget_disables_caching(self):
         """max_bytes=0 stores nothing."""

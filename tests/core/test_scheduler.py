@@ -5,6 +5,7 @@ import gc
 import threading
 import time
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -209,8 +210,8 @@ class TestLifecycle:
             with pytest.raises(ModelClosedError):
                 await lm.next_token_logprobs([3])
             assert asyncio.all_tasks() == {asyncio.current_task()}
-            state = next(iter(lm.batcher._states.values()))
-            assert state.timer is None and not state.pending and not state.in_flight
+            for state in lm.batcher._states.values():
+                assert state.timer is None and not state.queues and not state.entries
 
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -270,3 +271,273 @@ class TestAutoBatcherDirectly:
             AutoBatcher(list, worker, max_batch_size=0)
         with pytest.raises(ValueError, match="max_wait_s"):
             AutoBatcher(list, worker, max_wait_s=-1)
+
+
+class Gate:
+    """A test backend that doubles items, records each batch, and can be held shut.
+
+    While shut, a batch waits on the worker thread until :meth:`open`; ``started`` counts
+    the batches the worker has begun.
+    """
+
+    def __init__(self, shut: bool = False):
+        self.batches: list[list] = []
+        self.started = 0
+        self._open = threading.Event()
+        if not shut:
+            self._open.set()
+
+    def __call__(self, items):
+        self.started += 1
+        self.batches.append(list(items))
+        assert self._open.wait(10), "the test never opened the gate"
+        return [("r", item) for item in items]
+
+    def open(self) -> None:
+        self._open.set()
+
+
+async def until(condition, timeout_s: float = 5.0) -> None:
+    """Yield to the loop until ``condition()`` holds; fail instead of hanging."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        await asyncio.sleep(0.001)
+
+
+def blocking_until(condition, timeout_s: float = 5.0) -> None:
+    """Block the calling thread (and its loop) until ``condition()`` holds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.001)
+
+
+class TestEventLoops:
+    def test_states_of_finished_loops_are_freed(self):
+        """300 asyncio.run calls leave no event loop alive and no per-loop state behind."""
+        worker = ModelWorker("test")
+        batcher = AutoBatcher(lambda items: [2 * x for x in items], worker, max_wait_s=0.0)
+        loops = []
+
+        async def one(i):
+            loops.append(weakref.ref(asyncio.get_running_loop()))
+            return await batcher.submit(i)
+
+        assert [run(one(i)) for i in range(300)] == [2 * i for i in range(300)]
+        worker.call(lambda: None)  # the worker thread forgets the last batch's callback
+        gc.collect()
+        assert sum(ref() is not None for ref in loops) == 0
+        assert len(batcher._states) == 0
+        worker.close()
+
+    def test_loops_that_end_with_work_queued_or_running_are_freed(self):
+        """A loop that ends with a request still queued, or its batch still running, is freed."""
+        worker = ModelWorker("test")
+        gate = Gate(shut=True)
+        batcher = AutoBatcher(gate, worker, max_batch_size=1, max_wait_s=60.0)
+        loops = []
+
+        async def abandon(item):
+            loops.append(weakref.ref(asyncio.get_running_loop()))
+            batcher.submit(item)
+            await asyncio.sleep(0)
+
+        for i in range(2):
+            run(abandon(i))  # batch size 1: each runs at once, held at the gate
+        batcher.max_batch_size = 8
+        for i in range(2, 5):
+            run(abandon(i))  # waits 60 s for company: still queued when its loop ends
+        gate.open()
+        worker.call(lambda: None)  # the worker has finished everything it was given
+        gc.collect()
+        assert sum(ref() is not None for ref in loops) == 0
+        assert len(batcher._states) == 0
+        worker.close()
+
+    def test_aclose_fails_another_loops_requests_on_that_loops_thread(self):
+        """aclose() on loop A fails loop B's queued requests from B's own thread."""
+        worker = ModelWorker("test")
+        batcher = AutoBatcher(Gate(), worker, max_wait_s=60.0)
+        loop_b = asyncio.new_event_loop()
+        loop_b.set_debug(True)  # asyncio then refuses calls from the wrong thread
+        thread_b = threading.Thread(target=loop_b.run_forever)
+        thread_b.start()
+        try:
+
+            async def wait_on_b():
+                waiter = batcher.submit(1)
+                try:
+                    await asyncio.wait_for(waiter, 5)
+                except ModelClosedError:
+                    states = batcher._states.values()
+                    return threading.current_thread(), [s.timer for s in states if s.timer]
+
+            outcome = asyncio.run_coroutine_threadsafe(wait_on_b(), loop_b)
+            blocking_until(lambda: len(batcher._states) == 1)
+            run(batcher.aclose())
+            failed_on, timers = outcome.result(timeout=5)
+            assert failed_on is thread_b and timers == []
+        finally:
+            loop_b.call_soon_threadsafe(loop_b.stop)
+            thread_b.join(5)
+            loop_b.close()
+        worker.close()
+
+    def test_sync_close_fails_queued_requests_of_a_running_loop(self):
+        """reject_new() from a thread without a loop fails loop B's queued request at once."""
+        worker = ModelWorker("test")
+        batcher = AutoBatcher(Gate(), worker, max_wait_s=60.0)
+        loop_b = asyncio.new_event_loop()
+        thread_b = threading.Thread(target=loop_b.run_forever)
+        thread_b.start()
+        try:
+
+            async def wait_on_b():
+                with pytest.raises(ModelClosedError):
+                    await asyncio.wait_for(batcher.submit(1), 5)
+
+            outcome = asyncio.run_coroutine_threadsafe(wait_on_b(), loop_b)
+            blocking_until(lambda: len(batcher._states) == 1)
+            batcher.reject_new()
+            outcome.result(timeout=10)
+        finally:
+            loop_b.call_soon_threadsafe(loop_b.stop)
+            thread_b.join(5)
+            loop_b.close()
+        worker.close()
+
+    def test_aclose_with_a_closed_loop_still_holding_a_batch(self):
+        """A loop closed while its batch runs does not stop another loop's aclose()."""
+        worker = ModelWorker("test")
+        gate = Gate(shut=True)
+        batcher = AutoBatcher(gate, worker, max_batch_size=1)
+
+        async def abandon():
+            batcher.submit(1)
+            await asyncio.sleep(0)
+
+        run(abandon())
+
+        async def close():
+            await batcher.aclose()
+            gate.open()
+
+        run(asyncio.wait_for(close(), 5))
+        worker.close()
+
+
+class TestFairness:
+    def test_a_full_group_does_not_wait_behind_another_groups_timer(self):
+        """A full batch of group B runs at once although one group-A request waits 60 s."""
+        worker = ModelWorker("test")
+        batcher = AutoBatcher(
+            Gate(), worker, max_batch_size=4, max_wait_s=60.0, group=lambda item: item[0]
+        )
+
+        async def main():
+            lonely = batcher.submit(("A", 0))
+            full = [batcher.submit(("B", i)) for i in range(4)]
+            results = await asyncio.wait_for(asyncio.gather(*full), 5)
+            assert results == [("r", ("B", i)) for i in range(4)]
+            assert not lonely.done()  # still waiting for company, as it should
+            await batcher.aclose()
+            with pytest.raises(ModelClosedError):
+                await lonely
+
+        run(main())
+        worker.close()
+
+    def test_groups_fire_oldest_first(self):
+        """When the worker frees up, the group holding the oldest live request goes next."""
+        worker = ModelWorker("test")
+        gate = Gate(shut=True)
+        batcher = AutoBatcher(
+            gate,
+            worker,
+            max_batch_size=3,
+            max_wait_s=0.0,
+            group=lambda item: item[0],
+            max_in_flight=1,
+        )
+
+        async def main():
+            first = batcher.submit(("X", 0))
+            await until(lambda: gate.started == 1)
+            gone = batcher.submit(("A", 0))  # group A is queued first ...
+            waiters = [batcher.submit(("B", 0)), batcher.submit(("A", 1))]
+            gone.cancel()  # ... but its oldest live request is younger than B's
+            gate.open()
+            await asyncio.wait_for(asyncio.gather(first, *waiters), 5)
+
+        run(main())
+        assert gate.batches == [[("X", 0)], [("B", 0)], [("A", 1)]]
+        worker.close()
+
+
+class TestBackpressure:
+    def test_batches_handed_to_the_worker_are_bounded(self):
+        """With the worker busy, at most max_in_flight batches wait for it; the rest stay queued."""
+        worker = ModelWorker("test")
+        gate = Gate(shut=True)
+        batcher = AutoBatcher(gate, worker, max_batch_size=2, max_wait_s=0.0)
+
+        async def main():
+            waiters = [batcher.submit(i) for i in range(20)]
+            await until(lambda: gate.started == 1)
+            await asyncio.sleep(0.01)
+            assert worker._queue.qsize() == batcher.max_in_flight - 1
+            for waiter in waiters[2:]:  # a timeout gives up on everything not yet running
+                waiter.cancel()
+            gate.open()
+            assert await asyncio.wait_for(asyncio.gather(*waiters[:2]), 5) == [
+                ("r", 0),
+                ("r", 1),
+            ]
+
+        run(main())
+        assert gate.batches == [[0, 1]]
+        assert batcher.stats == {"batches": 1, "items": 2}
+        worker.close()
+
+    def test_cancelled_entries_are_skipped_when_the_worker_picks_the_batch_up(self):
+        """Waiters cancelled after their batch was handed over, before it started, cost nothing."""
+        worker = ModelWorker("test")
+        gate = Gate(shut=True)
+        batcher = AutoBatcher(gate, worker, max_batch_size=2, max_wait_s=0.0, key=lambda x: x)
+
+        async def main():
+            waiters = [batcher.submit(i) for i in range(4)]
+            await until(lambda: gate.started == 1)
+            await asyncio.sleep(0.01)
+            assert worker._queue.qsize() == 1  # [2, 3] was handed over while both were wanted
+            waiters[2].cancel()
+            gate.open()
+            return await asyncio.wait_for(asyncio.gather(waiters[0], waiters[1], waiters[3]), 5)
+
+        assert run(main()) == [("r", 0), ("r", 1), ("r", 3)]
+        assert gate.batches == [[0, 1], [3]]
+        worker.close()
+
+    def test_a_request_joining_a_dropped_entry_is_computed_afresh(self):
+        """A duplicate arriving after the worker dropped its entry gets a computation of its own."""
+        worker = ModelWorker("test")
+        gate = Gate(shut=True)
+        batcher = AutoBatcher(gate, worker, max_batch_size=1, max_wait_s=0.0, key=lambda x: x)
+
+        async def main():
+            first = batcher.submit(0)
+            await until(lambda: gate.started == 1)
+            doomed = batcher.submit(1)
+            await asyncio.sleep(0.01)
+            (state,) = batcher._states.values()
+            entry = state.entries[1]
+            doomed.cancel()
+            gate.open()
+            blocking_until(lambda: entry.dropped)  # the loop cannot deliver meanwhile
+            again = batcher.submit(1)
+            return await asyncio.wait_for(asyncio.gather(first, again), 5)
+
+        assert run(main()) == [("r", 0), ("r", 1)]
+        assert gate.batches == [[0], [1]]
+        worker.close()

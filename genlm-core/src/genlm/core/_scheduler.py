@@ -7,25 +7,41 @@ Policy, in order:
 
 * **Dedup.** Items with the same key share one computation: a request whose key is
   already queued or in flight just joins its waiters.
-* **Firing.** A batch fires as soon as ``max_batch_size`` distinct items are queued, or
-  ``max_wait_s`` after the *first* queued item arrived (the timer is never pushed back
-  by later arrivals). While a batch is in flight on the worker, a partial batch waits for
-  it to finish (it could not start earlier anyway) and so grows; a full batch is handed
-  to the worker at once.
 * **Groups.** Items carry a group (e.g. the active LoRA adapter); a batch never mixes
-  groups.
-* **Fan-out.** Each waiter has its own future: a result or the batch's exception reaches
-  every waiter of that batch, and a cancelled waiter never cancels the computation the
-  others wait for. Items whose waiters have all been cancelled are dropped before firing.
-* **Event loops.** State is kept per event loop, so a model can serve successive
-  ``asyncio.run`` calls. No task is ever created; the only loop resource is one timer
-  handle, cancelled by :meth:`AutoBatcher.aclose`.
+  groups. Each group has its own queue, oldest request first.
+* **Firing.** A group with ``max_batch_size`` live requests is a full batch and fires at
+  once; a partial batch fires ``max_wait_s`` after its group's *oldest* request arrived
+  (arrivals never push that back). The rule is applied to every group, so one group's
+  lone request never holds up another group's full batch; when several batches may
+  fire, the one holding the oldest request goes first. One timer per event loop is
+  armed for the oldest request's deadline.
+* **Backpressure.** At most ``max_in_flight`` batches per event loop are handed to the
+  worker (one running, one ready, by default); the rest stay queued, where they keep
+  growing and deduplicating. A partial batch waits while a batch of its loop is in
+  flight: it could not start earlier anyway, and grows meanwhile.
+* **Cancellation.** Each waiter has its own future: a result or the batch's exception
+  reaches every waiter of that batch, and a cancelled waiter never cancels the
+  computation the others wait for. Work nobody waits for is skipped: queued requests
+  whose waiters all cancelled are dropped before firing, and when the worker picks a
+  batch up it drops the entries whose waiters all cancelled since it was handed over
+  (a batch left empty is not run). A request joining a dropped entry starts afresh.
+  Cancelling during the backend's computation does not interrupt it.
+* **Event loops.** State is kept per event loop, so a model serves successive
+  ``asyncio.run`` calls, and loops in several threads at once. A loop's state is held
+  only by its timer and its running batches, so it is freed with the loop. Closing fails
+  each loop's queued requests on that loop's own thread (``call_soon_threadsafe``).
+  No task is ever created.
+
+Threads: everything runs on the owning loop's thread except two steps of the worker's
+pick-up, done under the batcher's lock: reading whether an entry's waiters are done, and
+marking the entry dropped (a request joins an in-flight entry under the same lock).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
@@ -43,12 +59,16 @@ R = TypeVar("R")  # its result
 
 @attrs.define(eq=False)
 class _Entry:
-    """One distinct queued item and the futures of everyone waiting for it."""
+    """One distinct item and the futures of everyone waiting for it."""
 
     item: Any
     key: Hashable
     group: Hashable
+    #: Loop time at which a partial batch holding this entry fires.
+    deadline: float
     waiters: list[asyncio.Future] = attrs.field(factory=list)
+    #: Set by the worker when, at pick-up, nobody waited any more; closed to joiners.
+    dropped: bool = False
 
     def live(self) -> bool:
         return any(not w.done() for w in self.waiters)
@@ -56,13 +76,16 @@ class _Entry:
 
 @attrs.define(eq=False)
 class _LoopState:
-    """Scheduler state that belongs to one event loop."""
+    """Scheduler state that belongs to one event loop (held weakly by the batcher)."""
 
-    loop: asyncio.AbstractEventLoop
-    pending: dict[Hashable, _Entry] = attrs.field(factory=dict)
-    in_flight: dict[Hashable, _Entry] = attrs.field(factory=dict)
+    loop: weakref.ref[asyncio.AbstractEventLoop]
+    #: Every queued or in-flight entry, by key (for dedup).
+    entries: dict[Hashable, _Entry] = attrs.field(factory=dict)
+    #: Queued entries by group, each oldest first.
+    queues: dict[Hashable, dict[Hashable, _Entry]] = attrs.field(factory=dict)
+    #: Worker futures of the batches handed over and not finished.
+    running: set[asyncio.Future] = attrs.field(factory=set)
     timer: asyncio.TimerHandle | None = None
-    batches_in_flight: int = 0
 
 
 def _deliver(entry: _Entry, result: Any = None, exc: BaseException | None = None) -> None:
@@ -83,12 +106,17 @@ class AutoBatcher(Generic[I, R]):
             returns one result per item, in order.
         worker: the model's worker thread.
         max_batch_size: most distinct items in one batch.
-        max_wait_s: longest time the first queued item waits for company.
+        max_wait_s: longest time a request waits for company while the worker is idle.
         key: the dedup key of an item (items with equal keys are computed once);
             ``None`` disables dedup.
         group: the group of an item; a batch holds items of one group.
         on_result: called on the event loop with ``(item, result)`` once per computed
             item, before waiters resume (the output cache uses it).
+        max_in_flight: most batches per event loop handed to the worker at once.
+
+    Raises:
+        ValueError: ``max_batch_size`` or ``max_in_flight`` below 1, or a negative
+            ``max_wait_s``.
     """
 
     def __init__(
@@ -101,152 +129,251 @@ class AutoBatcher(Generic[I, R]):
         key: Callable[[I], Hashable] | None = None,
         group: Callable[[I], Hashable] | None = None,
         on_result: Callable[[I, R], None] | None = None,
+        max_in_flight: int = 2,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.run_batch = run_batch
         self.worker = worker
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
+        self.max_in_flight = max_in_flight
         self._key = key
         self._group = group
         self._on_result = on_result
-        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
-            weakref.WeakKeyDictionary()
-        )
+        # Keyed by id(loop): a value that is alive keeps the loop alive through its
+        # futures, so the batcher holds neither strongly (see _LoopState.loop).
+        self._states: weakref.WeakValueDictionary[int, _LoopState] = weakref.WeakValueDictionary()
+        self._lock = threading.Lock()
         self._closed = False
         #: Counters for tests and benchmarks: batches run and items computed.
         self.stats = {"batches": 0, "items": 0}
 
-    def _state(self) -> _LoopState:
-        loop = asyncio.get_running_loop()
-        state = self._states.get(loop)
-        if state is None:
-            state = self._states[loop] = _LoopState(loop)
-        return state
+    def _state(self, loop: asyncio.AbstractEventLoop) -> _LoopState:
+        with self._lock:
+            state = self._states.get(id(loop))
+            if state is None or state.loop() is not loop:  # none yet, or a dead loop's id
+                state = self._states[id(loop)] = _LoopState(weakref.ref(loop))
+            return state
 
     def submit(self, item: I) -> asyncio.Future[R]:
         """Queue ``item``; return a future of its result, owned by this caller alone.
 
         Cancelling the returned future (or the task awaiting it) withdraws only this
         caller's interest.
+
+        Raises:
+            ModelClosedError: the batcher was closed.
         """
         if self._closed:
             raise ModelClosedError("this model is closed")
-        state = self._state()
-        waiter: asyncio.Future[R] = state.loop.create_future()
+        loop = asyncio.get_running_loop()
+        state = self._state(loop)
+        waiter: asyncio.Future[R] = loop.create_future()
         key = self._key(item) if self._key is not None else object()
-        entry = state.in_flight.get(key) or state.pending.get(key)
+        entry = state.entries.get(key)
         if entry is not None:
-            entry.waiters.append(waiter)
-            return waiter
+            with self._lock:
+                if not entry.dropped:
+                    entry.waiters.append(waiter)
+                    return waiter
         group = self._group(item) if self._group is not None else None
-        entry = _Entry(item, key, group, [waiter])
-        state.pending[key] = entry
-        if len(state.pending) >= self.max_batch_size:
+        entry = _Entry(item, key, group, loop.time() + self.max_wait_s, [waiter])
+        state.entries[key] = entry
+        queue = state.queues.setdefault(group, {})
+        queue[key] = entry
+        if len(queue) >= self.max_batch_size and len(state.running) < self.max_in_flight:
             self._flush(state)
-        elif state.timer is None:
-            state.timer = state.loop.call_later(self.max_wait_s, self._on_timer, state)
+        elif state.timer is None and not state.running:
+            self._arm(state)
         return waiter
 
-    def _on_timer(self, state: _LoopState) -> None:
-        state.timer = None
-        self._flush(state, partial=True)
+    def _head(self, state: _LoopState, group: Hashable) -> list[_Entry]:
+        """The group's next batch: up to ``max_batch_size`` live entries, oldest first.
 
-    def _flush(self, state: _LoopState, partial: bool = False) -> None:
-        """Fire every full batch, and a partial one if allowed and the worker is idle."""
-        while state.pending:
-            for key in [k for k, e in state.pending.items() if not e.live()]:
-                del state.pending[key]
-            if not state.pending:
+        Entries met on the way whose waiters all cancelled are dropped from the queue.
+        """
+        queue = state.queues[group]
+        batch: list[_Entry] = []
+        dead: list[_Entry] = []
+        for entry in queue.values():
+            if not entry.live():
+                dead.append(entry)
+            elif len(batch) < self.max_batch_size:
+                batch.append(entry)
+            else:
                 break
-            first = next(iter(state.pending.values()))
-            batch = [e for e in state.pending.values() if e.group == first.group]
-            batch = batch[: self.max_batch_size]
-            full = len(batch) == self.max_batch_size
-            if not full and not (partial and state.batches_in_flight == 0):
-                break
+        for entry in dead:
+            del queue[entry.key]
+            if state.entries.get(entry.key) is entry:
+                del state.entries[entry.key]
+        if not queue:
+            del state.queues[group]
+        return batch
+
+    def _next_batch(self, state: _LoopState, now: float) -> list[_Entry] | None:
+        """The batch to fire now, or None: full ones while there is room, due partial
+        ones only when nothing of this loop is in flight, the oldest request first."""
+        best = None
+        for group in list(state.queues):
+            batch = self._head(state, group)
+            if not batch:
+                continue
+            if len(batch) == self.max_batch_size:
+                ready = len(state.running) < self.max_in_flight
+            else:
+                ready = not state.running and batch[0].deadline <= now
+            if ready and (best is None or batch[0].deadline < best[0].deadline):
+                best = batch
+        return best
+
+    def _flush(self, state: _LoopState, due: float = float("-inf")) -> None:
+        """Fire every batch the rule allows, then re-arm or cancel the timer.
+
+        ``due``: deadlines up to it count as passed (a timer may run a hair early).
+        """
+        if self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        while (batch := self._next_batch(state, max(loop.time(), due))) is not None:
             self._fire(state, batch)
-        if state.pending and state.timer is None and state.batches_in_flight == 0:
-            state.timer = state.loop.call_later(self.max_wait_s, self._on_timer, state)
-        elif not state.pending and state.timer is not None:
+        if state.queues and not state.running:
+            self._arm(state)
+        elif state.timer is not None:
             state.timer.cancel()
             state.timer = None
 
+    def _arm(self, state: _LoopState) -> None:
+        """Arm the loop's one timer for the oldest queued request's deadline."""
+        deadline = min(next(iter(q.values())).deadline for q in state.queues.values())
+        if state.timer is not None:
+            if state.timer.when() <= deadline:
+                return
+            state.timer.cancel()
+        loop = asyncio.get_running_loop()
+        state.timer = loop.call_at(deadline, self._on_timer, state, deadline)
+
+    def _on_timer(self, state: _LoopState, deadline: float) -> None:
+        state.timer = None
+        self._flush(state, due=deadline)
+
     def _fire(self, state: _LoopState, batch: list[_Entry]) -> None:
+        queue = state.queues[batch[0].group]
         for entry in batch:
-            del state.pending[entry.key]
-            state.in_flight[entry.key] = entry
-        state.batches_in_flight += 1
-        items = [e.item for e in batch]
+            del queue[entry.key]
+        if not queue:
+            del state.queues[batch[0].group]
         try:
-            future = self.worker.run_async(self._run, items)
+            future = self.worker.run_async(self._pick_up_and_run, batch)
         except BaseException as exc:  # worker closed: fail this batch, keep the loop sane
-            self._finish(state, batch, None, exc)
+            self._deliver_batch(state, batch, None, exc)
             return
-        future.add_done_callback(
-            lambda f: self._finish(state, batch, *_outcome(f)),
-        )
+        state.running.add(future)
+        future.add_done_callback(lambda f: self._finish(state, batch, f))
 
-    def _run(self, items: list[I]) -> Sequence[R]:
-        results = self.run_batch(items)
-        if len(results) != len(items):
+    def _pick_up_and_run(self, batch: list[_Entry]) -> tuple[list[_Entry], Sequence[R]]:
+        """Worker-thread side: skip entries nobody waits for any more, run the rest."""
+        with self._lock:
+            live = []
+            for entry in batch:
+                if entry.live():
+                    live.append(entry)
+                else:
+                    entry.dropped = True
+        if not live:
+            return live, []
+        results = self.run_batch([e.item for e in live])
+        if len(results) != len(live):
             raise RuntimeError(
-                f"backend returned {len(results)} results for a batch of {len(items)}"
+                f"backend returned {len(results)} results for a batch of {len(live)}"
             )
-        return results
+        return live, results
 
-    def _finish(
+    def _finish(self, state: _LoopState, batch: list[_Entry], future: asyncio.Future) -> None:
+        state.running.discard(future)
+        if future.cancelled():
+            outcome, exc = None, asyncio.CancelledError()
+        else:
+            exc = future.exception()
+            outcome = None if exc is not None else future.result()
+        self._deliver_batch(state, batch, outcome, exc)
+        self._flush(state)
+
+    def _deliver_batch(
         self,
         state: _LoopState,
         batch: list[_Entry],
-        results: Sequence[R] | None,
+        outcome: tuple[list[_Entry], Sequence[R]] | None,
         exc: BaseException | None,
     ) -> None:
-        state.batches_in_flight -= 1
-        self.stats["batches"] += 1
-        self.stats["items"] += len(batch)
-        for i, entry in enumerate(batch):
-            state.in_flight.pop(entry.key, None)
-            if exc is None:
-                result = results[i]
-                if self._on_result is not None:
-                    self._on_result(entry.item, result)
-                _deliver(entry, result)
-            else:
-                _deliver(entry, exc=exc)
+        for entry in batch:
+            if state.entries.get(entry.key) is entry:
+                del state.entries[entry.key]
         if exc is not None:
             logger.debug("batch of %d failed: %r", len(batch), exc)
-        if not self._closed:
-            self._flush(state, partial=True)
+            for entry in batch:
+                _deliver(entry, exc=exc)
+            return
+        live, results = outcome  # type: ignore[misc] - set when exc is None
+        if live:
+            self.stats["batches"] += 1
+            self.stats["items"] += len(live)
+        for entry, result in zip(live, results):
+            if self._on_result is not None:
+                try:
+                    self._on_result(entry.item, result)
+                except Exception as error:  # noqa: BLE001 - fail this entry, not the batch
+                    _deliver(entry, exc=error)
+                    continue
+            _deliver(entry, result)
+
+    def _fail_queued(self, state: _LoopState, exc: BaseException) -> None:
+        """Fail every queued request of ``state`` and cancel its timer (on its loop's thread)."""
+        if state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
+        for queue in state.queues.values():
+            for entry in queue.values():
+                if state.entries.get(entry.key) is entry:
+                    del state.entries[entry.key]
+                _deliver(entry, exc=exc)
+        state.queues.clear()
 
     def reject_new(self) -> None:
-        """Refuse further submissions (for closing outside an event loop)."""
+        """Refuse new requests and fail the queued ones with ``ModelClosedError``.
+
+        Safe from any thread: each loop's requests are failed on that loop's thread
+        (at once for the calling thread's running loop); a closed loop's are forgotten.
+        Batches already handed to the worker still run. Idempotent.
+        """
         self._closed = True
+        closed = ModelClosedError("the model was closed before this request ran")
+        try:
+            current = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        with self._lock:
+            states = list(self._states.values())
+        for state in states:
+            loop = state.loop()
+            if loop is None:
+                continue
+            if loop is current:
+                self._fail_queued(state, closed)
+                continue
+            try:
+                loop.call_soon_threadsafe(self._fail_queued, state, closed)
+            except RuntimeError:  # the loop is closed: nobody can await its futures
+                logger.debug("queued requests of a closed event loop dropped")
 
     async def aclose(self) -> None:
-        """Fail queued requests, wait for in-flight batches, cancel timers. Idempotent."""
+        """:meth:`reject_new`, then wait for this loop's in-flight batches. Idempotent."""
         self.reject_new()
-        closed = ModelClosedError("the model was closed before this request ran")
-        for state in list(self._states.values()):
-            if state.timer is not None:
-                state.timer.cancel()
-                state.timer = None
-            for entry in state.pending.values():
-                _deliver(entry, exc=closed)
-            state.pending.clear()
-        try:
-            state = self._state()
-        except RuntimeError:
-            return
-        while state.batches_in_flight:
-            await asyncio.sleep(0.001)
-
-
-def _outcome(future: asyncio.Future) -> tuple[Any, BaseException | None]:
-    if future.cancelled():
-        return None, asyncio.CancelledError()
-    exc = future.exception()
-    return (None, exc) if exc is not None else (future.result(), None)
+        loop = asyncio.get_running_loop()
+        state = self._states.get(id(loop))
+        if state is not None and state.loop() is loop and state.running:
+            await asyncio.wait(list(state.running))
