@@ -155,7 +155,7 @@ class ByteBeamState:
             if c.node == trie.root:
                 found.append((c.context, c.logp))
                 continue
-            row = c.next.row
+            row = c.next.logp
             for token in trie.tokens_at(c.node).tolist():
                 logp = c.logp + float(row[token])
                 if logp > -np.inf:
@@ -379,7 +379,7 @@ def _likely_boundaries(
     trie = byte_lm.trie
     root = trie.root
     # (weight or bound, log P(context), context, node, row of the context or None)
-    guess = [(c.weight, c.logp, c.context, c.node, c.next.row) for c in inner]
+    guess = [(c.weight, c.logp, c.context, c.node, c.next.logp) for c in inner]
     guess += [(w, w, ctx, start, None) for ctx, w in beam._boundary_contexts() if w > above]
     out: dict[tuple[int, ...], None] = {}
     for step in range(len(ahead) + 1):
@@ -404,7 +404,7 @@ def _likely_boundaries(
                 moved.append((bound, logp, context, child, row))
         start = trie.child(root, byte)
         if start is not None:
-            cached = byte_lm.cached_row
+            cached = byte_lm.cached_logp
             moved += [(b, lp, ctx, start, cached(ctx, beam.eos_mode)) for b, lp, ctx in bounds]
         guess = moved
     return list(out)

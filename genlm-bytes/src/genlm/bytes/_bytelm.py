@@ -34,15 +34,24 @@ class ByteLMClosedError(RuntimeError):
 class NextTokens:
     """What one token context predicts, in the trie's terms.
 
+    Built only by :meth:`ByteLM.next_tokens`, the one place that decides which token ids
+    are EOS (and so never spell bytes) in each mode: every consumer commits tokens with
+    :attr:`logp`, never with the LM's raw row, so a text EOS token (``b"\\n\\n"``) cannot
+    count both as EOS and as the bytes it spells.
+
     Attributes:
-        row: the LM's next-token log-probabilities (float32 or float64, as the LM gave).
-        mass: ``mass[v]`` is the log of the total probability of the tokens below trie
-            node ``v`` (float64, exact in log space).
+        lm_row: the LM's next-token log-probabilities as it gave them (float32 or float64);
+            kept only so the other EOS mode can reuse the row without an LM call.
+        logp: log-probability of committing each token id as text (float64): ``lm_row``
+            with the ids that are EOS in this mode at -inf.
+        mass: ``mass[v]`` is the log of the total probability of the text tokens below trie
+            node ``v`` (float64, exact in log space), from :attr:`logp`.
         log_eos: log-probability that the next token is an EOS token (-inf while
             prefilling, where EOS tokens spelled by bytes count as text).
     """
 
-    row: np.ndarray
+    lm_row: np.ndarray
+    logp: np.ndarray
     mass: np.ndarray
     log_eos: float
 
@@ -247,40 +256,49 @@ class ByteLM:
                 found[ctx] = self._store((ctx, eos_mode), self._masses(row, eos_mode))
         return [found[ctx] for ctx in contexts]
 
-    def cached_row(self, ctx: tuple[int, ...], eos_mode: bool) -> np.ndarray | None:
-        """The LM row of ``ctx`` if it is cached (no LM call), else None."""
+    def cached_logp(self, ctx: tuple[int, ...], eos_mode: bool) -> np.ndarray | None:
+        """:attr:`NextTokens.logp` of ``ctx`` if it is cached (no LM call), else None."""
         hit = self._cache.get((ctx, eos_mode))
-        return None if hit is None else hit.row
+        return None if hit is None else hit.logp
 
     async def _row(self, ctx: tuple[int, ...]) -> np.ndarray:
         """The LM row of ``ctx``, reusing the other mode's cached row when there is one."""
         other = self._cache.get((ctx, True)) or self._cache.get((ctx, False))
         if other is not None:
-            return other.row
+            return other.lm_row
         return await self.lm.next_token_logprobs(ctx)
+
+    def masked_ids(self, eos_mode: bool) -> np.ndarray:
+        """Token ids that the trie spells as bytes but that are EOS in this mode.
+
+        In EOS mode these are the EOS tokens that are ordinary text (``b"\\n\\n"``): they
+        end the sequence, so they never spell their bytes; while prefilling (``eos_mode``
+        False) they count as text and nothing is masked.
+        """
+        return self._text_eos if eos_mode else self._text_eos[:0]
 
     def _masses(self, row: np.ndarray, eos_mode: bool) -> NextTokens:
         lp = np.asarray(row, dtype=np.float64)
+        masked = self.masked_ids(eos_mode)
         log_eos = -np.inf
-        if eos_mode and len(self._text_eos):
-            text_eos = lp[self._text_eos]
-            log_eos = _logsumexp(text_eos)
+        if len(masked):
+            log_eos = _logsumexp(lp[masked])
             lp = lp.copy()
-            lp[self._text_eos] = -np.inf
+            lp[masked] = -np.inf
         mass = self.trie.log_weight_sum(lp)
         if eos_mode and self.trie.eos_node is not None:
             log_eos = float(np.logaddexp(log_eos, mass[self.trie.eos_node]))
-        return NextTokens(row, mass, log_eos)
+        return NextTokens(row, lp, mass, log_eos)
 
     def _store(self, key: tuple[tuple[int, ...], bool], value: NextTokens) -> NextTokens:
-        size = value.row.nbytes + value.mass.nbytes + 8 * len(key[0])
+        size = _entry_bytes(key, value)
         if size > self.cache_bytes:
             return value
         self._cache[key] = value
         self._cache_used += size
         while self._cache_used > self.cache_bytes:
-            (ctx, _), old = self._cache.popitem(last=False)
-            self._cache_used -= old.row.nbytes + old.mass.nbytes + 8 * len(ctx)
+            old_key, old = self._cache.popitem(last=False)
+            self._cache_used -= _entry_bytes(old_key, old)
         return value
 
     def clear_cache(self) -> None:
@@ -314,6 +332,12 @@ class ByteLM:
             f"<ByteLM over {self.lm!r} K={self.K} prune_threshold={self.prune_threshold} "
             f"eos_ids={list(self.eos_ids)}>"
         )
+
+
+def _entry_bytes(key: tuple[tuple[int, ...], bool], value: NextTokens) -> int:
+    """Bytes one cache entry holds: its arrays (a shared one counted once) and its key."""
+    arrays = {id(a): a.nbytes for a in (value.lm_row, value.logp, value.mass)}
+    return sum(arrays.values()) + 8 * len(key[0])
 
 
 def _eos_ids(vocab: Any, eos: Sequence[bytes] | None) -> tuple[int, ...]:

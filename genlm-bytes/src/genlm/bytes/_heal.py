@@ -47,7 +47,7 @@ async def heal(beam: ByteBeamState, byte: int) -> list[Candidate]:
             else:
                 node = trie.node_of(partial[:keep])
                 starts = [
-                    (c.context + (t,), c.logp + float(c.next.row[t]))
+                    (c.context + (t,), c.logp + float(c.next.logp[t]))
                     for t in trie.tokens_at(node).tolist()
                 ]
             for context, logp in starts:
@@ -93,7 +93,7 @@ async def _spell(
         return None
     for depth in range(min(len(path) - 1, len(data) - 1), 0, -1):
         for token in trie.tokens_at(path[depth]).tolist():
-            token_logp = float(nxt.row[token])
+            token_logp = float(nxt.logp[token])
             if token_logp == -np.inf:
                 continue
             found = await _spell(
