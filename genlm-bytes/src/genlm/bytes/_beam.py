@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from collections.abc import Coroutine
     from typing import Any
 
-    from genlm.bytes._bytelm import ByteLM, NextTokens
+    from genlm.bytes._bytelm import ByteLM
+    from genlm.bytes._types import NextTokens
 
 logger = logging.getLogger(__name__)
 

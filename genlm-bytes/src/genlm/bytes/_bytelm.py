@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import attrs
 import numpy as np
 
+from genlm.bytes._mass_cache import MassCache
+from genlm.bytes._types import NextTokens
 from genlm.core import TokenByteTrie
 
 if TYPE_CHECKING:
@@ -28,32 +28,6 @@ T = TypeVar("T")
 
 class ByteLMClosedError(RuntimeError):
     """The :class:`ByteLM` was closed; make a new one."""
-
-
-@attrs.frozen(slots=True, eq=False)
-class NextTokens:
-    """What one token context predicts, in the trie's terms.
-
-    Built only by :meth:`ByteLM.next_tokens`, the one place that decides which token ids
-    are EOS (and so never spell bytes) in each mode: every consumer commits tokens with
-    :attr:`logp`, never with the LM's raw row, so a text EOS token (``b"\\n\\n"``) cannot
-    count both as EOS and as the bytes it spells.
-
-    Attributes:
-        lm_row: the LM's next-token log-probabilities as it gave them (float32 or float64);
-            kept only so the other EOS mode can reuse the row without an LM call.
-        logp: log-probability of committing each token id as text (float64): ``lm_row``
-            with the ids that are EOS in this mode at -inf.
-        mass: ``mass[v]`` is the log of the total probability of the text tokens below trie
-            node ``v`` (float64, exact in log space), from :attr:`logp`.
-        log_eos: log-probability that the next token is an EOS token (-inf while
-            prefilling, where EOS tokens spelled by bytes count as text).
-    """
-
-    lm_row: np.ndarray
-    logp: np.ndarray
-    mass: np.ndarray
-    log_eos: float
 
 
 async def gather_all(aws: Iterable[Awaitable[T]]) -> list[T]:
@@ -158,8 +132,7 @@ class ByteLM:
         self._root_hi = self._root_lo + int(
             np.count_nonzero(self.trie.edge[self._root_lo : self.trie.child_stop[0]] < 256)
         )
-        self._cache: OrderedDict[tuple[tuple[int, ...], bool], NextTokens] = OrderedDict()
-        self._cache_used = 0
+        self.cache = MassCache(cache_bytes)
         self._closed = False
 
     # ---- states --------------------------------------------------------------------
@@ -240,32 +213,32 @@ class ByteLM:
         found: dict[tuple[int, ...], NextTokens] = {}
         missing: dict[tuple[int, ...], None] = {}
         for ctx in contexts:
-            hit = self._cache.get((ctx, eos_mode))
+            hit = self.cache.get((ctx, eos_mode))
             if hit is not None:
-                self._cache.move_to_end((ctx, eos_mode))
                 found[ctx] = hit
             elif ctx not in found:
                 missing[ctx] = None
         if missing:
             for ctx in prefetch:
-                if (ctx, eos_mode) not in self._cache:
+                if (ctx, eos_mode) not in self.cache:
                     missing[ctx] = None
             rows = await gather_all(self._row(ctx) for ctx in missing)
             self._check_open()
             for ctx, row in zip(missing, rows):
-                found[ctx] = self._store((ctx, eos_mode), self._masses(row, eos_mode))
+                found[ctx] = self.cache.put((ctx, eos_mode), self._masses(row, eos_mode))
         return [found[ctx] for ctx in contexts]
 
     def cached_logp(self, ctx: tuple[int, ...], eos_mode: bool) -> np.ndarray | None:
         """:attr:`NextTokens.logp` of ``ctx`` if it is cached (no LM call), else None."""
-        hit = self._cache.get((ctx, eos_mode))
+        hit = self.cache.get((ctx, eos_mode), touch=False)
         return None if hit is None else hit.logp
 
     async def _row(self, ctx: tuple[int, ...]) -> np.ndarray:
         """The LM row of ``ctx``, reusing the other mode's cached row when there is one."""
-        other = self._cache.get((ctx, True)) or self._cache.get((ctx, False))
-        if other is not None:
-            return other.lm_row
+        for eos_mode in (True, False):
+            other = self.cache.get((ctx, eos_mode), touch=False)
+            if other is not None:
+                return other.lm_row
         return await self.lm.next_token_logprobs(ctx)
 
     def masked_ids(self, eos_mode: bool) -> np.ndarray:
@@ -290,21 +263,9 @@ class ByteLM:
             log_eos = float(np.logaddexp(log_eos, mass[self.trie.eos_node]))
         return NextTokens(row, lp, mass, log_eos)
 
-    def _store(self, key: tuple[tuple[int, ...], bool], value: NextTokens) -> NextTokens:
-        size = _entry_bytes(key, value)
-        if size > self.cache_bytes:
-            return value
-        self._cache[key] = value
-        self._cache_used += size
-        while self._cache_used > self.cache_bytes:
-            old_key, old = self._cache.popitem(last=False)
-            self._cache_used -= _entry_bytes(old_key, old)
-        return value
-
     def clear_cache(self) -> None:
         """Forget every cached context's masses."""
-        self._cache.clear()
-        self._cache_used = 0
+        self.cache.clear()
 
     # ---- lifetime ----------------------------------------------------------------------
 
@@ -332,12 +293,6 @@ class ByteLM:
             f"<ByteLM over {self.lm!r} K={self.K} prune_threshold={self.prune_threshold} "
             f"eos_ids={list(self.eos_ids)}>"
         )
-
-
-def _entry_bytes(key: tuple[tuple[int, ...], bool], value: NextTokens) -> int:
-    """Bytes one cache entry holds: its arrays (a shared one counted once) and its key."""
-    arrays = {id(a): a.nbytes for a in (value.lm_row, value.logp, value.mass)}
-    return sum(arrays.values()) + 8 * len(key[0])
 
 
 def _eos_ids(vocab: Any, eos: Sequence[bytes] | None) -> tuple[int, ...]:
