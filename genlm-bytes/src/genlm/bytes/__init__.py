@@ -14,11 +14,11 @@ _EXPORTS = {
     "EOT": "_dist",
     "ByteBeamState": "_beam",
     "ByteLM": "_bytelm",
-    "ByteLMClosedError": "_bytelm",
-    "Candidate": "_beam",
+    "ByteLMClosedError": "_model",
+    "Candidate": "_types",
     "GeneratedBytes": "_beam",
     "NextByteLogprobs": "_dist",
-    "NextTokens": "_bytelm",
+    "NextTokens": "_types",
     "UnreachableByteError": "_beam",
 }
 
@@ -40,6 +40,8 @@ __getattr__, __dir__ = _lazy_exports(__name__, "genlm-bytes", _EXPORTS)
 
 
 if _TYPE_CHECKING:
-    from genlm.bytes._beam import ByteBeamState, Candidate, GeneratedBytes, UnreachableByteError
-    from genlm.bytes._bytelm import ByteLM, ByteLMClosedError, NextTokens
+    from genlm.bytes._beam import ByteBeamState, GeneratedBytes, UnreachableByteError
+    from genlm.bytes._bytelm import ByteLM
     from genlm.bytes._dist import EOS, EOT, NextByteLogprobs
+    from genlm.bytes._model import ByteLMClosedError
+    from genlm.bytes._types import Candidate, NextTokens

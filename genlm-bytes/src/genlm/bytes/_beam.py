@@ -23,13 +23,14 @@ import attrs
 import numpy as np
 
 from genlm.bytes._dist import EOS, NextByteLogprobs
+from genlm.bytes._heal import heal
+from genlm.bytes._types import Candidate
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
     from typing import Any
 
-    from genlm.bytes._bytelm import ByteLM
-    from genlm.bytes._types import NextTokens
+    from genlm.bytes._model import ByteModel
 
 logger = logging.getLogger(__name__)
 
@@ -41,25 +42,6 @@ _ROUNDING_MARGIN = 1e-4
 
 class UnreachableByteError(ValueError):
     """No candidate of the beam (and no healing) can produce the requested byte."""
-
-
-@attrs.frozen(slots=True, eq=False)
-class Candidate:
-    """One tokenization hypothesis of the bytes consumed so far.
-
-    Attributes:
-        context: prompt token ids plus the committed tokens.
-        logp: log-probability of the committed tokens given the prompt.
-        node: trie node of the partial token (the root: at a token boundary).
-        next: the context's next-token masses (None until fetched; root only).
-        weight: ``logp + next.mass[node]``, or ``logp`` at the root.
-    """
-
-    context: tuple[int, ...]
-    logp: float
-    node: int
-    next: NextTokens | None
-    weight: float
 
 
 @attrs.frozen(slots=True)
@@ -92,7 +74,7 @@ class ByteBeamState:
 
     def __init__(
         self,
-        byte_lm: ByteLM,
+        byte_lm: ByteModel,
         candidates: Sequence[Candidate],
         data: bytes = b"",
         eos_mode: bool = True,
@@ -110,7 +92,7 @@ class ByteBeamState:
         self._boundaries: list[Candidate] | None = None
 
     @classmethod
-    def at_context(cls, byte_lm: ByteLM, context: tuple[int, ...]) -> ByteBeamState:
+    def at_context(cls, byte_lm: ByteModel, context: tuple[int, ...]) -> ByteBeamState:
         """The state at a token boundary right after ``context`` (no bytes yet)."""
         return cls(byte_lm, [Candidate(context, 0.0, byte_lm.trie.root, None, 0.0)])
 
@@ -227,9 +209,7 @@ class ByteBeamState:
                     new.append(Candidate(b.context, b.logp, start, b.next, weight))
         if not new:
             if self.byte_lm.heal:
-                from genlm.bytes._heal import heal
-
-                new = await heal(beam, byte)
+                new = await heal(byte_lm, beam.candidates, self.eos_mode, byte)
             if not new:
                 raise UnreachableByteError(
                     f"no candidate of the beam can produce byte {bytes([byte])!r} after "

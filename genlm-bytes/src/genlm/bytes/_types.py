@@ -36,3 +36,22 @@ class NextTokens:
     logp: np.ndarray
     mass: np.ndarray
     log_eos: float
+
+
+@attrs.frozen(slots=True, eq=False)
+class Candidate:
+    """One tokenization hypothesis of the bytes consumed so far.
+
+    Attributes:
+        context: prompt token ids plus the committed tokens.
+        logp: log-probability of the committed tokens given the prompt.
+        node: trie node of the partial token (the root: at a token boundary).
+        next: the context's next-token masses (None until fetched; root only).
+        weight: ``logp + next.mass[node]``, or ``logp`` at the root.
+    """
+
+    context: tuple[int, ...]
+    logp: float
+    node: int
+    next: NextTokens | None
+    weight: float
