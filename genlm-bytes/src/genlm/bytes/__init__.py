@@ -12,27 +12,37 @@ from genlm.core import lazy_exports as _lazy_exports
 _EXPORTS = {
     "EOS": "_dist",
     "EOT": "_dist",
+    "BeamParams": "_params",
     "ByteBeamState": "_beam",
     "ByteLM": "_bytelm",
     "ByteLMClosedError": "_model",
     "Candidate": "_types",
     "GeneratedBytes": "_beam",
+    "LazyTrieState": "_trie_state",
     "NextByteLogprobs": "_dist",
     "NextTokens": "_types",
+    "StatefulTokenizedLM": "_lm_state",
+    "TrieMode": "_params",
     "UnreachableByteError": "_beam",
+    "core_lm_of": "_lm_state",
 }
 
 __all__ = [
     "EOS",
     "EOT",
+    "BeamParams",
     "ByteBeamState",
     "ByteLM",
     "ByteLMClosedError",
     "Candidate",
     "GeneratedBytes",
+    "LazyTrieState",
     "NextByteLogprobs",
     "NextTokens",
+    "StatefulTokenizedLM",
+    "TrieMode",
     "UnreachableByteError",
+    "core_lm_of",
 ]
 
 
@@ -43,5 +53,8 @@ if _TYPE_CHECKING:
     from genlm.bytes._beam import ByteBeamState, GeneratedBytes, UnreachableByteError
     from genlm.bytes._bytelm import ByteLM
     from genlm.bytes._dist import EOS, EOT, NextByteLogprobs
+    from genlm.bytes._lm_state import StatefulTokenizedLM, core_lm_of
     from genlm.bytes._model import ByteLMClosedError
+    from genlm.bytes._params import BeamParams, TrieMode
+    from genlm.bytes._trie_state import LazyTrieState
     from genlm.bytes._types import Candidate, NextTokens

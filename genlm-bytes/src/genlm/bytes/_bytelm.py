@@ -39,6 +39,7 @@ class ByteLM(ByteModel):
             pass. Results never depend on it. 0 turns it off; larger values trade wasted
             rows (costly on big models) for fewer forward passes (what small ones cost).
         close_lm: close ``lm`` in :meth:`aclose` (for a model this object loaded).
+        verbose: log each new beam (logger ``genlm.bytes._beam``, level INFO).
     """
 
     async def initial(self, prompt: Sequence[int] | bytes | str = b"") -> ByteBeamState:

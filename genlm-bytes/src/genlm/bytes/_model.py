@@ -16,6 +16,7 @@ from typing import Any, Self, TypeVar
 
 import numpy as np
 
+from genlm.bytes._dist import logsumexp
 from genlm.bytes._mass_cache import MassCache
 from genlm.bytes._types import NextTokens
 from genlm.core import TokenByteTrie
@@ -61,6 +62,7 @@ class ByteModel:
         cache_bytes: int = 256 * 2**20,
         lookahead: int = 1,
         close_lm: bool = False,
+        verbose: bool = False,
     ):
         if K is not None and K < 1:
             raise ValueError(f"K must be a positive beam width or None, got {K}")
@@ -84,6 +86,7 @@ class ByteModel:
         self.cache_bytes = cache_bytes
         self.lookahead = lookahead
         self.close_lm = close_lm
+        self.verbose = verbose
 
         vocab = lm.vocab
         tokens = vocab.tokens
@@ -189,13 +192,21 @@ class ByteModel:
         masked = self.masked_ids(eos_mode)
         log_eos = -np.inf
         if len(masked):
-            log_eos = _logsumexp(lp[masked])
+            log_eos = logsumexp(lp[masked])
             lp = lp.copy()
             lp[masked] = -np.inf
         mass = self.trie.log_weight_sum(lp)
         if eos_mode and self.trie.eos_node is not None:
             log_eos = float(np.logaddexp(log_eos, mass[self.trie.eos_node]))
         return NextTokens(row, lp, mass, log_eos)
+
+    def in_mode(self, ctx: tuple[int, ...], nxt: NextTokens, eos_mode: bool) -> NextTokens:
+        """``ctx``'s :class:`NextTokens` for ``eos_mode``, from ``nxt`` (the same context's,
+        in either mode): no LM call, so switching modes needs no ``await``."""
+        hit = self.cache.get((ctx, eos_mode))
+        if hit is not None:
+            return hit
+        return self.cache.put((ctx, eos_mode), self._masses(nxt.lm_row, eos_mode))
 
     def clear_cache(self) -> None:
         """Forget every cached context's masses."""
@@ -244,12 +255,3 @@ def _eos_ids(vocab: Any, eos: Sequence[bytes] | None) -> tuple[int, ...]:
             "an EOS byte string must be the exact bytes of a token"
         )
     return tuple(ids)
-
-
-def _logsumexp(x: np.ndarray) -> float:
-    if not len(x):
-        return -np.inf
-    m = float(np.max(x))
-    if not np.isfinite(m):
-        return m
-    return m + float(np.log(np.exp(x - m).sum()))
