@@ -10,6 +10,7 @@ from genlm.core import lazy_exports as _lazy_exports
 
 #: Public name -> the private module defining it.
 _EXPORTS = {
+    "AsyncTokenByteTrie": "trie",
     "EOS": "_dist",
     "EOT": "_dist",
     "BeamParams": "_params",
@@ -22,12 +23,14 @@ _EXPORTS = {
     "NextByteLogprobs": "_dist",
     "NextTokens": "_types",
     "StatefulTokenizedLM": "_lm_state",
+    "TokenByteTrie": "trie",
     "TrieMode": "_params",
     "UnreachableByteError": "_beam",
     "core_lm_of": "_lm_state",
 }
 
 __all__ = [
+    "AsyncTokenByteTrie",
     "EOS",
     "EOT",
     "BeamParams",
@@ -40,6 +43,7 @@ __all__ = [
     "NextByteLogprobs",
     "NextTokens",
     "StatefulTokenizedLM",
+    "TokenByteTrie",
     "TrieMode",
     "UnreachableByteError",
     "core_lm_of",
@@ -58,3 +62,4 @@ if _TYPE_CHECKING:
     from genlm.bytes._params import BeamParams, TrieMode
     from genlm.bytes._trie_state import LazyTrieState
     from genlm.bytes._types import Candidate, NextTokens
+    from genlm.bytes.trie import AsyncTokenByteTrie, TokenByteTrie
