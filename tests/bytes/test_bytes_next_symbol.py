@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.bytes_lms import brute_force_next_symbol, run
+from support.bytes_lms import FixedLM, brute_force_next_symbol, run
 
 from genlm.bytes import ByteLM
 from genlm.core import Vocabulary
@@ -92,5 +92,27 @@ def test_next_symbol_matches_brute_force_on_random_vocabularies(problem):
     async def scenario():
         async with MockLM(vocab, seed=seed) as lm:
             await _check_states(lm, eos, (1,), data)
+
+    run(scenario())
+
+
+def test_healing_never_commits_a_text_eos_token():
+    """Issue 12.1 in healing: re-splitting the partial b'\\n\\na' must not commit the EOS
+    token b'\\n\\n' as text (it ends the sequence); it splits b'\\n' + b'\\n' + b'a'."""
+    tokens = (b"<s>", b"\n", b"\n\n", b"a", b"b", b"\n\nax")
+    vocab = Vocabulary(tokens, special_ids={0}, bos_token_id=0)
+    # The same distribution after every context; b"\n\nax" is likely enough that a beam
+    # of width 1 keeps the partial b"\n\na", which cannot take b"b": healing runs.
+    lm = FixedLM(vocab, [0.0, 0.1, 0.1, 0.1, 0.1, 0.5])
+
+    async def scenario():
+        state = await ByteLM(lm, K=1, eos=[b"\n\n"]).initial((0,))
+        for b in b"\n\na":
+            state = await state.advance(b)
+        assert [c.context for c in state.candidates] == [(0,)]  # inside b"\n\nax"
+        healed = await state.advance(ord("b"))
+        assert [c.context for c in healed.candidates] == [(0, 1, 1, 3)]
+        p = 0.1 / 0.9  # FixedLM normalizes the weights
+        assert healed.logZ == pytest.approx(4 * np.log(p), abs=1e-12)  # \n, \n, a, then b
 
     run(scenario())

@@ -203,6 +203,7 @@ class ByteModel:
     def in_mode(self, ctx: tuple[int, ...], nxt: NextTokens, eos_mode: bool) -> NextTokens:
         """``ctx``'s :class:`NextTokens` for ``eos_mode``, from ``nxt`` (the same context's,
         in either mode): no LM call, so switching modes needs no ``await``."""
+        self._check_open()
         hit = self.cache.get((ctx, eos_mode))
         if hit is not None:
             return hit
