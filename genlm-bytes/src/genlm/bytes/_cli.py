@@ -43,9 +43,9 @@ def _show(symbol: int) -> str:
 async def _main(args: argparse.Namespace) -> int:
     from genlm.bytes._bytelm import ByteLM
     from genlm.core._models import DEFAULT_MODEL
-    from genlm.core._registry import load_model_by_name
+    from genlm.core.cli._load import load_model
 
-    lm = load_model_by_name(args.model or DEFAULT_MODEL, backend=args.backend)
+    lm = load_model(args.model or DEFAULT_MODEL, args.backend)
     async with ByteLM(lm, K=args.beam, close_lm=True) as byte_lm:
         state = await prompt_state(byte_lm, args.prompt)
         dist = await state.logp_next()
@@ -61,5 +61,24 @@ async def _main(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Reject bad numbers before the model loads.
+
+    Raises:
+        CLIError: naming the first bad argument.
+    """
+    from genlm.core.cli import CLIError
+
+    if args.beam < 1:
+        raise CLIError(f"--beam must be a positive integer, got {args.beam}")
+    if args.top < 1:
+        raise CLIError(f"--top must be a positive integer, got {args.top}")
+    if args.sample < 0:
+        raise CLIError(f"--sample must be >= 0, got {args.sample}")
+    if not args.temperature >= 0:
+        raise CLIError(f"--temperature must be >= 0 (0: greedy), got {args.temperature}")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_args(args)
     return asyncio.run(_main(args))

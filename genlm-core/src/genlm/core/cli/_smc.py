@@ -6,19 +6,28 @@ import argparse
 import logging
 from collections import defaultdict
 
-from genlm.core.cli import Command
+from genlm.core._models import DEFAULT_MODEL
+from genlm.core.cli import CLIError, Command
+from genlm.core.cli._args import fraction, positive_float, positive_int
 
 logger = logging.getLogger(__name__)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="text to continue")
-    parser.add_argument("--model", default=None, help="model name or path (default: stories260K)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="model name, hub id or path")
     parser.add_argument("--backend", default=None, help="backend name (default: best available)")
-    parser.add_argument("--particles", type=int, default=8, help="number of particles")
-    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per particle")
-    parser.add_argument("--temperature", type=float, default=1.0, help="proposal temperature")
-    parser.add_argument("--ess-threshold", type=float, default=0.5, help="resample below this")
+    parser.add_argument("--particles", type=positive_int, default=8, help="number of particles")
+    parser.add_argument("--max-tokens", type=positive_int, default=32, help="tokens per particle")
+    parser.add_argument(
+        "--temperature", type=positive_float, default=1.0, help="proposal temperature"
+    )
+    parser.add_argument(
+        "--ess-threshold",
+        type=fraction,
+        default=0.5,
+        help="resample when the effective sample size falls below this fraction of particles",
+    )
     parser.add_argument("--seed", type=int, default=None, help="random seed")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -26,7 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def encode_prompt(lm, prompt: str) -> list[int]:
     """Token ids of ``prompt`` with the tokenizer's special tokens (BOS)."""
     if lm.tokenizer is None:
-        raise SystemExit(f"{lm!r} has no tokenizer, so it cannot encode a text prompt")
+        raise CLIError(f"{lm!r} has no tokenizer, so it cannot encode a text prompt")
     ids = list(lm.tokenizer.encode(prompt))
     bos = lm.vocab.bos_token_id
     if bos is not None and (not ids or ids[0] != bos):
@@ -43,11 +52,10 @@ def decode(lm, tokens: list[int]) -> str:
 async def _main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from genlm.core._models import DEFAULT_MODEL
-    from genlm.core._registry import load_model_by_name
+    from genlm.core.cli._load import load_model
     from genlm.core.smc import smc
 
-    lm = load_model_by_name(args.model or DEFAULT_MODEL, backend=args.backend)
+    lm = load_model(args.model, args.backend)
     async with lm:
         prompt = encode_prompt(lm, args.prompt)
         with tqdm(total=args.max_tokens, desc="smc", unit="tok", disable=args.no_progress) as bar:
