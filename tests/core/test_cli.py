@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from genlm.core import _registry
@@ -192,3 +193,71 @@ def test_console_script_runs():
         check=True,
     )
     assert "mock" in out.stdout
+
+
+class _ByteTokenizer:
+    """Encodes text as its UTF-8 bytes, one token per byte."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+
+@pytest.fixture
+def byte_mock(monkeypatch, fresh_registry):
+    """`--backend mock` loads a mock over the 256 bytes with a byte tokenizer (no EOS)."""
+    from genlm.core.mock import MockLM
+
+    def load(name, **opts):
+        return MockLM([bytes([b]) for b in range(256)], tokenizer=_ByteTokenizer(), **opts)
+
+    monkeypatch.setattr(MockLM, "from_name", staticmethod(load))
+
+
+def parse_smc_output(out: str) -> dict:
+    """The numbers and texts `genlm smc` prints."""
+    lines = out.splitlines()
+    weights_line = next(line for line in lines if line.startswith("particle weights: "))
+    ess_line = next(line for line in lines if line.startswith("effective sample size: "))
+    start = next(i for i, line in enumerate(lines) if line.startswith("posterior over "))
+    posterior = [line.split("  ", 1) for line in lines[start + 1 :] if line]
+    return {
+        "weights": [float(w) for w in weights_line.split(": ")[1].split()],
+        "ess": float(ess_line.split(": ")[1].split()[0]),
+        "resampled": int(re.search(r"resampled (\d+) times", out).group(1)),
+        "posterior": [(float(w), text) for w, text in posterior],
+    }
+
+
+def test_smc_with_forbid_shows_weights_ess_and_posterior(capsys, byte_mock):
+    """With --forbid no continuation has those characters, weights differ, ESS is 1/sum(w^2).
+
+    (Forbidden: z and y, letters that never occur in the escapes of control characters.)
+    """
+    argv = ["smc", "Once", "--backend", "mock", "--forbid", "zy", "--particles", "8"]
+    assert main([*argv, "--max-tokens", "24", "--seed", "0", "--no-progress"]) == 0
+    report = parse_smc_output(capsys.readouterr().out)
+    weights = np.array(report["weights"])
+    assert len(weights) == 8 and weights.sum() == pytest.approx(1, abs=1e-3)
+    assert len(set(report["weights"])) > 1
+    assert report["ess"] == pytest.approx(1 / np.sum(weights**2), rel=0.01)
+    assert report["ess"] < 8
+    texts = [text for _, text in report["posterior"]]
+    assert len(texts) == len(set(texts))  # grouped by text
+    assert all(text.startswith("Once") for text in texts)
+    assert not any({"z", "y"} & set(text) for text in texts)
+    assert sum(w for w, _ in report["posterior"]) == pytest.approx(1, abs=1e-3)
+
+
+def test_smc_without_a_constraint_keeps_equal_weights(capsys, byte_mock):
+    """At temperature 1 without a constraint the proposal is exact: equal weights, ESS = n."""
+    argv = ["smc", "Once", "--backend", "mock", "--particles", "4", "--max-tokens", "5"]
+    assert main([*argv, "--seed", "1", "--no-progress"]) == 0
+    report = parse_smc_output(capsys.readouterr().out)
+    assert report["weights"] == [0.25] * 4
+    assert report["ess"] == 4 and report["resampled"] == 0
+
+
+def test_forbid_rejects_non_ascii(capsys, fresh_registry, no_loading):
+    """--forbid takes ASCII only: a multi-byte character cannot be masked exactly."""
+    assert run_cli(["smc", "hi", "--backend", "mock", "--forbid", "é"]) == 2
+    assert "takes ASCII characters only" in one_line_error(capsys)

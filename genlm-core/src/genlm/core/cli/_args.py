@@ -35,3 +35,19 @@ def fraction(text: str) -> float:
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
     return value
+
+
+def ascii_bytes(text: str) -> bytes:
+    """Non-empty ASCII characters, as bytes.
+
+    Only single bytes can be forbidden exactly by masking tokens: a multi-byte character
+    can be split across two tokens.
+    """
+    if not text:
+        raise argparse.ArgumentTypeError("needs at least one character")
+    if not text.isascii():
+        raise argparse.ArgumentTypeError(
+            f"takes ASCII characters only, got {text!r} (a multi-byte character can be "
+            "split across two tokens, so masking tokens cannot forbid it exactly)"
+        )
+    return text.encode("ascii")

@@ -1,4 +1,11 @@
-"""``genlm smc "PROMPT"``: sequential Monte Carlo continuations of a prompt."""
+"""``genlm smc "PROMPT"``: sequential Monte Carlo continuations of a prompt.
+
+With ``--forbid CHARS`` the target is the model conditioned on a continuation without
+those characters, so particles' weights differ (a particle that had to avoid likely
+tokens loses weight) and resampling moves particles to the heavy ones. The command
+prints each particle's normalized weight, the effective sample size, when it resampled,
+and the posterior over distinct continuations (weights summed over equal texts).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,7 @@ from collections import defaultdict
 
 from genlm.core._models import DEFAULT_MODEL
 from genlm.core.cli import CLIError, Command
-from genlm.core.cli._args import fraction, positive_float, positive_int
+from genlm.core.cli._args import ascii_bytes, fraction, positive_float, positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +34,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=fraction,
         default=0.5,
         help="resample when the effective sample size falls below this fraction of particles",
+    )
+    parser.add_argument(
+        "--forbid",
+        type=ascii_bytes,
+        default=None,
+        metavar="CHARS",
+        help="condition on a continuation containing none of these ASCII characters",
     )
     parser.add_argument("--seed", type=int, default=None, help="random seed")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -53,11 +67,18 @@ async def _main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from genlm.core.cli._load import load_model
-    from genlm.core.smc import smc
+    from genlm.core.smc import forbid_bytes, smc
 
     lm = load_model(args.model, args.backend)
     async with lm:
         prompt = encode_prompt(lm, args.prompt)
+        mask = None
+        if args.forbid is not None:
+            mask = forbid_bytes(lm.byte_vocab, args.forbid)
+            print(
+                f"constraint: no {args.forbid.decode()!r} in the continuation "
+                f"({int(mask.sum())} of {len(mask)} tokens allowed)"
+            )
         with tqdm(total=args.max_tokens, desc="smc", unit="tok", disable=args.no_progress) as bar:
             result = await smc(
                 lm,
@@ -67,16 +88,34 @@ async def _main(args: argparse.Namespace) -> int:
                 temperature=args.temperature,
                 ess_threshold=args.ess_threshold,
                 seed=args.seed,
+                token_mask=mask,
                 on_step=lambda _: bar.update(1),
             )
-        totals: dict[str, float] = defaultdict(float)
-        for particle, weight in zip(result.particles, result.weights):
-            totals[decode(lm, particle.tokens)] += float(weight)
-        print(f"log marginal likelihood estimate: {result.log_marginal:.4f}")
-        print(f"resampled {result.resampled} times; {len(totals)} distinct continuations\n")
-        for text, weight in sorted(totals.items(), key=lambda kv: -kv[1]):
-            print(f"{weight:.4f}  {args.prompt}{text}")
+        print_result(lm, args, result)
     return 0
+
+
+def printable(text: str) -> str:
+    """``text`` on one line: newlines and other control characters escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def print_result(lm, args: argparse.Namespace, result) -> None:
+    """Weights, effective sample size, resampling steps and the posterior over texts."""
+    texts = [decode(lm, p.tokens) for p in result.particles]
+    weights = result.weights
+    what = "log P(constraint holds)" if args.forbid and args.temperature == 1 else "log Z"
+    print(f"{what} estimate: {result.log_marginal:.4f}")
+    steps = ", ".join(map(str, result.resampled_at))
+    print(f"resampled {result.resampled} times" + (f" (after steps {steps})" if steps else ""))
+    print(f"effective sample size: {result.ess:.2f} of {len(weights)} particles")
+    print("particle weights: " + " ".join(f"{w:.4f}" for w in weights))
+    totals: dict[str, float] = defaultdict(float)
+    for text, weight in zip(texts, weights):
+        totals[text] += float(weight)
+    print(f"\nposterior over {len(totals)} distinct continuations:")
+    for text, weight in sorted(totals.items(), key=lambda kv: -kv[1]):
+        print(f"{weight:.4f}  {printable(args.prompt + text)}")
 
 
 def run(args: argparse.Namespace) -> int:
