@@ -91,9 +91,10 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def core(session: nox.Session) -> None:
-    """genlm-core, torch-free (tokenizer libraries only for the vocabulary tests)."""
+    """genlm-core, torch-free (tokenizer libraries only for the vocabulary tests), and the
+    backend author's page (docs/backend-author.md), whose example needs genlm-core only."""
     install_core(session, *TOKENIZER_DEPS)
-    pytest(session, "tests/core")
+    pytest(session, "tests/core", "tests/docs/test_backend_author_page.py")
 
 
 @nox.session(python=PYTHON)
