@@ -107,10 +107,11 @@ def hf(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, name="bytes")
 def bytes_(session: nox.Session) -> None:
-    """genlm-bytes over the mock and over stories260K (torch for the reference model only)."""
+    """genlm-bytes over the mock and over stories260K (torch for the reference model only),
+    and every README code block (they need core, hf and bytes: tests/docs/test_readme.py)."""
     install_torch(session)
     install_core(session, *TOKENIZER_DEPS, "./genlm-backend-hf", "./genlm-bytes")
-    pytest(session, "tests/bytes")
+    pytest(session, "tests/bytes", "tests/docs/test_readme.py")
 
 
 @nox.session(python=PYTHON)
@@ -119,6 +120,8 @@ def mlx(session: nox.Session) -> None:
     install_torch(session)
     install_core(session, *TOKENIZER_DEPS, MLX, "./genlm-backend-mlx")
     pytest(session, "tests/mlx")
+    # The mlx README's code block (the other READMEs need hf: the bytes session runs them).
+    pytest(session, "tests/docs/test_readme.py", "-k", "backend-mlx")
 
 
 @nox.session(python=PYTHON)
