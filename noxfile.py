@@ -91,8 +91,10 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def core(session: nox.Session) -> None:
-    """genlm-core, torch-free (tokenizer libraries only for the vocabulary tests), and the
-    backend author's page (docs/backend-author.md), whose example needs genlm-core only."""
+    """genlm-core (torch-free) and the backend author's page's example (docs/backend-author.md).
+
+    Tokenizer libraries are installed for the vocabulary tests only.
+    """
     install_core(session, *TOKENIZER_DEPS)
     pytest(session, "tests/core", "tests/docs/test_backend_author_page.py")
 
@@ -107,8 +109,10 @@ def hf(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, name="bytes")
 def bytes_(session: nox.Session) -> None:
-    """genlm-bytes over the mock and over stories260K (torch for the reference model only),
-    and every README code block (they need core, hf and bytes: tests/docs/test_readme.py)."""
+    """genlm-bytes over the mock and stories260K, and every README code block (needs hf).
+
+    torch is for the reference model and the README blocks (tests/docs/test_readme.py).
+    """
     install_torch(session)
     install_core(session, *TOKENIZER_DEPS, "./genlm-backend-hf", "./genlm-bytes")
     pytest(session, "tests/bytes", "tests/docs/test_readme.py")
