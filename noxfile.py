@@ -1,14 +1,19 @@
 """The test matrix: one session per distribution, plus lint and benchmarks.
 
-`nox` runs the default sessions (lint, core, hf, bytes, mlx, vllm, docs): the README's
-test command and what CI runs. Benchmark sessions (`bench_*`) run only when named.
-Sessions that need torch install `torch==2.13.0` first, so pip takes the CPU build
-instead of resolving a multi-GB CUDA one.
+`nox` runs the default sessions (lint, core, hf, bytes, mlx, vllm, docs): the README's test
+command and what CI runs. Benchmark sessions (`bench_*`) run only when named.
+Sessions that need torch install its CPU build first (`install_torch`): on Linux, PyPI's
+`torch` wheel is the CUDA build (526 MB plus gigabytes of nvidia-* CUDA wheels), so
+the CPU build `torch==2.13.0+cpu` is taken from PyTorch's CPU wheel index, or from a local
+wheel when pip's own configuration already provides one (offline machines). Set
+`GENLM_TORCH_INDEX` to take it from another index (a mirror of the CPU index).
 """
 
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
 
 import nox
 
@@ -18,6 +23,10 @@ nox.options.reuse_existing_virtualenvs = False
 
 PYTHON = "3.11"
 TORCH = "torch==2.13.0"
+#: The CPU build on Linux (the local version label PyTorch's CPU index gives it).
+TORCH_CPU = "torch==2.13.0+cpu"
+#: PyTorch's CPU-only wheel index (it also hosts torch's dependencies).
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 TRANSFORMERS = "transformers>=4.57,<6"
 TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"]
 TOKENIZER_DEPS = [TRANSFORMERS, "tokenizers", "tiktoken", "sentencepiece"]
@@ -48,6 +57,35 @@ def pytest(session: nox.Session, *paths: str) -> None:
     session.run("pytest", *paths, *session.posargs, env=ENV, success_codes=[0, 5])
 
 
+def install_torch(session: nox.Session, pip: str | None = None) -> None:
+    """Install torch's CPU build with ``pip`` (default: the session's own pip).
+
+    Off Linux, PyPI's wheels are CPU builds already. On Linux, in this order:
+
+    1. ``GENLM_TORCH_INDEX`` set: ``torch==2.13.0+cpu`` from that index only.
+    2. A local ``torch==2.13.0+cpu`` wheel that pip finds without any index (through its
+       configured ``find-links``): installed offline, then its dependencies from pip's
+       configured indexes. Machines without a route to PyTorch's index use this.
+    3. Otherwise ``--index-url`` PyTorch's CPU index, as PyTorch's own instructions say.
+    """
+    external = pip is not None
+    pip = pip or os.path.join(session.bin, "pip")
+    if platform.system() != "Linux":
+        session.run(pip, "install", TORCH, external=external)
+        return
+    index = os.environ.get("GENLM_TORCH_INDEX")
+    if index is None:
+        local = subprocess.run(
+            [pip, "install", "-q", "--no-index", "--no-deps", TORCH_CPU], capture_output=True
+        )
+        if local.returncode == 0:
+            session.log(f"{TORCH_CPU} from a local wheel")
+            session.run(pip, "install", TORCH_CPU, external=external)
+            return
+        index = TORCH_CPU_INDEX
+    session.run(pip, "install", TORCH_CPU, "--index-url", index, external=external)
+
+
 def install_core(session: nox.Session, *more: str) -> None:
     session.install("./genlm-core", *PLUGINS, *TEST_DEPS, *more)
 
@@ -62,34 +100,42 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def core(session: nox.Session) -> None:
-    """genlm-core, torch-free (tokenizer libraries only for the vocabulary tests)."""
+    """genlm-core (torch-free) and the backend author's page's example (docs/backend-author.md).
+
+    Tokenizer libraries are installed for the vocabulary tests only.
+    """
     install_core(session, *TOKENIZER_DEPS)
     # The import-graph check reads every distribution's source (ast); it imports nothing.
-    pytest(session, "tests/core", "tests/test_import_graph.py")
+    pytest(session, "tests/core", "tests/test_import_graph.py", "tests/docs/test_backend_author_page.py")
 
 
 @nox.session(python=PYTHON)
 def hf(session: nox.Session) -> None:
     """genlm-backend-hf on CPU, plus the core tests again with hf installed."""
-    session.install(TORCH)
+    install_torch(session)
     install_core(session, *TOKENIZER_DEPS, "peft", "./genlm-backend-hf")
     pytest(session, "tests/hf", "tests/core/test_registry.py", "tests/core/test_packaging.py")
 
 
 @nox.session(python=PYTHON, name="bytes")
 def bytes_(session: nox.Session) -> None:
-    """genlm-bytes over the mock and over stories260K (torch for the reference model only)."""
-    session.install(TORCH)
+    """genlm-bytes over the mock and stories260K, and every README code block (needs hf).
+
+    torch is for the reference model and the README blocks (tests/docs/test_readme.py).
+    """
+    install_torch(session)
     install_core(session, *TOKENIZER_DEPS, "./genlm-backend-hf", "./genlm-bytes")
-    pytest(session, "tests/bytes")
+    pytest(session, "tests/bytes", "tests/docs/test_readme.py")
 
 
 @nox.session(python=PYTHON)
 def mlx(session: nox.Session) -> None:
     """genlm-backend-mlx on CPU (`mlx[cpu]` on Linux); torch only to cross-check logprobs."""
-    session.install(TORCH)
+    install_torch(session)
     install_core(session, *TOKENIZER_DEPS, MLX, "./genlm-backend-mlx")
     pytest(session, "tests/mlx")
+    # The mlx README's code block (the other READMEs need hf: the bytes session runs them).
+    pytest(session, "tests/docs/test_readme.py", "-k", "backend-mlx")
 
 
 @nox.session(python=PYTHON)
@@ -128,7 +174,7 @@ def reference_venv(session: nox.Session, *packages: str) -> str:
     """A separate venv holding the published reference packages; returns its python."""
     ref = f"{session.virtualenv.location}-ref"
     session.run("python", "-m", "venv", "--clear", ref, external=True)
-    session.run(f"{ref}/bin/pip", "install", "-q", TORCH, external=True)
+    install_torch(session, f"{ref}/bin/pip")
     session.run(f"{ref}/bin/pip", "install", "-q", *packages, external=True)
     return f"{ref}/bin/python"
 
@@ -151,7 +197,7 @@ def bench_trie(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench_hf(session: nox.Session) -> None:
     """hf backend vs genlm-backend 0.3.1 on the SMC load (about 5 minutes)."""
-    session.install(TORCH)
+    install_torch(session)
     install_core(session, "./genlm-backend-hf", "matplotlib")
     ref = reference_venv(session, "genlm-backend==0.3.1")
     session.run("python", "benchmarks/hf_bench.py", "--ref-python", ref, env=ENV)
@@ -160,7 +206,7 @@ def bench_hf(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench_bytes(session: nox.Session) -> None:
     """genlm-bytes vs genlm-bytes 0.2.0 over genlm-backend 0.3.1 (about 12 minutes)."""
-    session.install(TORCH)
+    install_torch(session)
     install_core(session, TRANSFORMERS, "./genlm-backend-hf", "./genlm-bytes")
     ref = reference_venv(session, "genlm-bytes==0.2.0", "genlm-backend==0.3.1")
     session.run("python", "benchmarks/bytes_bench.py", "--ref-python", ref, env=ENV)
@@ -169,7 +215,7 @@ def bench_bytes(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench_mlx(session: nox.Session) -> None:
     """mlx backend vs genlm-backend 0.3.1's AsyncMlxLM (mlx-lm 0.31.3) on the SMC load."""
-    session.install(TORCH)
+    install_torch(session)
     install_core(session, MLX, "./genlm-backend-mlx")
     ref = reference_venv(session, "genlm-backend==0.3.1", MLX, "mlx-lm==0.31.3")
     session.run("python", "benchmarks/mlx_bench.py", "--ref-python", ref, env=ENV)

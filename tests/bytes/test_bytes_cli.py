@@ -2,15 +2,39 @@
 
 from __future__ import annotations
 
+import asyncio
+import math
+import re
+
+from genlm.bytes import ByteLM
 from genlm.core.cli import main
+from genlm.core.mock import MockLM
 
 
 def test_cli_shows_the_next_byte_distribution_and_samples(capsys):
     """The plugin command prints top bytes with probabilities and a seeded sample."""
     assert main(["bytes", "Once upon", "--backend", "mock", "--sample", "8", "--seed", "3"]) == 0
     out = capsys.readouterr().out
-    assert "after b'Once upon'" in out
+    assert "prompt as the model sees it: b'<s>' + b'Once upon' prefilled" in out
     assert "P(token boundary here)" in out
     assert out.strip().splitlines()[-1].startswith("Once upon")
     assert main(["bytes", "Once upon", "--backend", "mock", "--sample", "8", "--seed", "3"]) == 0
     assert capsys.readouterr().out == out
+
+
+def test_cli_shows_the_whole_prompt_and_explains_the_beam(capsys):
+    """The whole prompt is shown (context + prefilled bytes); the beam size is the state's."""
+    assert main(["bytes", "Once upon", "--backend", "mock", "--beam", "4", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "prompt as the model sees it: b'<s>' + b'Once upon' prefilled byte by byte" in out
+    size = int(re.search(r"beam: (\d+) tokenizations .*--beam 4 heaviest", out).group(1))
+    shares = [float(m) for m in re.findall(r"^  (\d\.\d{4})  ", out, flags=re.M)]
+
+    async def expected():
+        async with ByteLM(MockLM.from_name("stories260K"), K=4, close_lm=True) as byte_lm:
+            state = await byte_lm.initial(b"Once upon")
+            return len(state), [math.exp(c.weight - state.logZ) for c in state.candidates]
+
+    n, expected_shares = asyncio.run(expected())
+    assert size == n
+    assert shares == [round(s, 4) for s in expected_shares[:8]]

@@ -1,9 +1,12 @@
 """The genlm CLI, run in-process."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from genlm.core import _registry
@@ -46,10 +49,139 @@ def test_no_command_prints_help(capsys, fresh_registry):
     assert "backends" in capsys.readouterr().out
 
 
-def test_smc_with_unknown_backend_fails_clearly(fresh_registry):
-    """`genlm smc --backend nope` raises the not-found error with a pip hint."""
-    with pytest.raises(ValueError, match="pip install genlm-backend-nope"):
-        main(["smc", "hi", "--backend", "nope", "--no-progress"])
+def run_cli(argv: list[str]) -> int:
+    """main()'s exit status, argparse's SystemExit included."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return exit_.code
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Fail the test if any backend loader runs."""
+    from genlm.core._registry import BackendSpec
+
+    def forbidden(self, model, **opts):
+        raise AssertionError(f"a model was loaded: {model!r}")
+
+    monkeypatch.setattr(BackendSpec, "load", forbidden)
+
+
+def one_line_error(capsys) -> str:
+    """The single stderr line of a failed command (and nothing on stdout)."""
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert captured.out == "" and "Traceback" not in captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "message"),
+    [
+        (["--backend", "nope"], 1, "unknown backend 'nope'.*pip install genlm-backend-nope"),
+        (["--particles", "0"], 2, "--particles: must be a positive integer, got 0"),
+        (["--max-tokens", "-3"], 2, "--max-tokens: must be a positive integer"),
+        (["--temperature", "0"], 2, "--temperature: must be a positive number"),
+        (["--ess-threshold", "1.5"], 2, "--ess-threshold: must be between 0 and 1"),
+        (["--particles", "many"], 2, "--particles: invalid positive_int value"),
+        (["--model", "/nonexistent/path"], 1, "model path '/nonexistent/path' does not exist"),
+        (["--model", "./missing-dir"], 1, "model path './missing-dir' does not exist"),
+        (["--model", "~/no/such/model"], 1, "model path '~/no/such/model' does not exist"),
+    ],
+)
+def test_smc_bad_arguments_are_one_line_before_loading(
+    argv, status, message, capsys, fresh_registry, no_loading
+):
+    """Each mistake ends the command with one stderr line and a non-zero status, no model loaded."""
+    assert run_cli(["smc", "hi", "--backend", "mock", "--no-progress", *argv]) == status
+    line = one_line_error(capsys)
+    assert line.startswith("genlm smc: error: ")
+    assert re.search(message, line), line
+
+
+def test_unknown_hub_model_offline_is_one_line(capsys, fresh_registry, no_loading, monkeypatch):
+    """A hub id that is not cached, with HF_HUB_OFFLINE set, fails at once without the hub."""
+    constants = pytest.importorskip("huggingface_hub.constants")
+    from genlm.core.cli import _load
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(_load, "HUB_BACKENDS", frozenset({"mock"}))
+    argv = ["smc", "hi", "--backend", "mock", "--model", "no-such-org/no-such-model-xyz"]
+    assert run_cli(argv) == 1
+    line = one_line_error(capsys)
+    assert "'no-such-org/no-such-model-xyz' is not embedded" in line
+    assert "HF_HUB_OFFLINE is set" in line
+
+
+def test_unreachable_hub_is_reported_once(tmp_path):
+    """With the hub unreachable (a closed local port), one request fails and one line says so."""
+    pytest.importorskip("huggingface_hub")
+    code = (
+        "import sys\n"
+        "from genlm.core.cli import _load, main\n"
+        "_load.HUB_BACKENDS = frozenset({'mock'})\n"
+        "sys.exit(main(['smc', 'hi', '--backend', 'mock', '--model', 'no-such-model-xyz']))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "the hub at http://127.0.0.1:9 cannot be reached" in lines[0]
+    assert "HF_HUB_OFFLINE=1" in lines[0]
+
+
+def test_loader_failure_is_one_line(capsys, monkeypatch):
+    """An exception from a backend's loader (here a multi-line one) becomes one stderr line."""
+    from genlm.core._registry import BackendSpec, Registry
+
+    def loader_fails(model, **opts):
+        raise OSError("cannot load the weights\nsee the docs\nfor details")
+
+    monkeypatch.setattr("genlm.core.mock.MockLM.from_name", loader_fails, raising=False)
+    spec = BackendSpec(name="broken", loader="genlm.core.mock:MockLM.from_name", distribution="d")
+    monkeypatch.setattr(_registry, "_registry", Registry(backends={"broken": spec}))
+    assert run_cli(["smc", "hi", "--backend", "broken", "--no-progress"]) == 1
+    line = one_line_error(capsys)
+    assert line == "genlm smc: error: OSError: cannot load the weights see the docs for details"
+
+
+def test_no_auto_selectable_backend_names_the_manual_ones(capsys, monkeypatch):
+    """With only a backend that is never auto-selected (mlx on Linux), the error says --backend."""
+    from genlm.core._registry import BackendSpec, Registry
+
+    mlx = BackendSpec(name="mlx", loader="x.y:z", distribution="d-mlx", auto_select=False)
+    monkeypatch.setattr(_registry, "_registry", Registry(backends={"mlx": mlx}))
+    assert run_cli(["smc", "hi", "--no-progress"]) == 1
+    line = one_line_error(capsys)
+    assert "no usable backend is installed" in line
+    assert "installed but never picked automatically: pass --backend mlx" in line
+
+
+def test_help_shows_defaults(capsys, fresh_registry):
+    """`genlm smc --help` states each option's default."""
+    assert run_cli(["smc", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for default in ("(default: stories260K)", "(default: 8)", "(default: 32)", "(default: 0.5)"):
+        assert default in out
+
+
+def test_console_script_error_is_one_line():
+    """As a separate process, an unknown backend prints one stderr line and exits 1."""
+    out = subprocess.run(
+        [sys.executable, "-m", "genlm.core.cli", "smc", "hi", "--backend", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("genlm smc: error: unknown backend 'nope'")
 
 
 def test_console_script_runs():
@@ -61,3 +193,71 @@ def test_console_script_runs():
         check=True,
     )
     assert "mock" in out.stdout
+
+
+class _ByteTokenizer:
+    """Encodes text as its UTF-8 bytes, one token per byte."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+
+@pytest.fixture
+def byte_mock(monkeypatch, fresh_registry):
+    """`--backend mock` loads a mock over the 256 bytes with a byte tokenizer (no EOS)."""
+    from genlm.core.mock import MockLM
+
+    def load(name, **opts):
+        return MockLM([bytes([b]) for b in range(256)], tokenizer=_ByteTokenizer(), **opts)
+
+    monkeypatch.setattr(MockLM, "from_name", staticmethod(load))
+
+
+def parse_smc_output(out: str) -> dict:
+    """The numbers and texts `genlm smc` prints."""
+    lines = out.splitlines()
+    weights_line = next(line for line in lines if line.startswith("particle weights: "))
+    ess_line = next(line for line in lines if line.startswith("effective sample size: "))
+    start = next(i for i, line in enumerate(lines) if line.startswith("posterior over "))
+    posterior = [line.split("  ", 1) for line in lines[start + 1 :] if line]
+    return {
+        "weights": [float(w) for w in weights_line.split(": ")[1].split()],
+        "ess": float(ess_line.split(": ")[1].split()[0]),
+        "resampled": int(re.search(r"resampled (\d+) times", out).group(1)),
+        "posterior": [(float(w), text) for w, text in posterior],
+    }
+
+
+def test_smc_with_forbid_shows_weights_ess_and_posterior(capsys, byte_mock):
+    """With --forbid no continuation has those characters, weights differ, ESS is 1/sum(w^2).
+
+    (Forbidden: z and y, letters that never occur in the escapes of control characters.)
+    """
+    argv = ["smc", "Once", "--backend", "mock", "--forbid", "zy", "--particles", "8"]
+    assert main([*argv, "--max-tokens", "24", "--seed", "0", "--no-progress"]) == 0
+    report = parse_smc_output(capsys.readouterr().out)
+    weights = np.array(report["weights"])
+    assert len(weights) == 8 and weights.sum() == pytest.approx(1, abs=1e-3)
+    assert len(set(report["weights"])) > 1
+    assert report["ess"] == pytest.approx(1 / np.sum(weights**2), rel=0.01)
+    assert report["ess"] < 8
+    texts = [text for _, text in report["posterior"]]
+    assert len(texts) == len(set(texts))  # grouped by text
+    assert all(text.startswith("Once") for text in texts)
+    assert not any({"z", "y"} & set(text) for text in texts)
+    assert sum(w for w, _ in report["posterior"]) == pytest.approx(1, abs=1e-3)
+
+
+def test_smc_without_a_constraint_keeps_equal_weights(capsys, byte_mock):
+    """At temperature 1 without a constraint the proposal is exact: equal weights, ESS = n."""
+    argv = ["smc", "Once", "--backend", "mock", "--particles", "4", "--max-tokens", "5"]
+    assert main([*argv, "--seed", "1", "--no-progress"]) == 0
+    report = parse_smc_output(capsys.readouterr().out)
+    assert report["weights"] == [0.25] * 4
+    assert report["ess"] == 4 and report["resampled"] == 0
+
+
+def test_forbid_rejects_non_ascii(capsys, fresh_registry, no_loading):
+    """--forbid takes ASCII only: a multi-byte character cannot be masked exactly."""
+    assert run_cli(["smc", "hi", "--backend", "mock", "--forbid", "é"]) == 2
+    assert "takes ASCII characters only" in one_line_error(capsys)

@@ -8,7 +8,8 @@ from genlm.core.testing import AsyncLMConformance
 
 class TestMockConformance(AsyncLMConformance):
     @pytest.fixture(scope="class")
-    def lm(self):
+    @classmethod
+    def lm(cls):
         vocab = [bytes([b]) for b in range(256)] + [b"ab", b"the", b" the", b"ab"]
         model = MockLM(vocab, latency_s=0.001)
         yield model
@@ -17,7 +18,8 @@ class TestMockConformance(AsyncLMConformance):
 
 class TestMockConformanceNoCache(AsyncLMConformance):
     @pytest.fixture(scope="class")
-    def lm(self):
+    @classmethod
+    def lm(cls):
         model = MockLM([b"a", b"b", b"c", b"d", b"e", b"f", b"g", b"h"], cache_bytes=0)
         yield model
         model.close()

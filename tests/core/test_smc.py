@@ -7,7 +7,7 @@ import pytest
 from scipy.special import logsumexp
 
 from genlm.core.mock import MockLM, mock_logprobs
-from genlm.core.smc import effective_sample_size, smc, systematic_resample
+from genlm.core.smc import effective_sample_size, forbid_bytes, smc, systematic_resample
 
 VOCAB = [b"a", b"b", b"c", b"d", b"e"]
 
@@ -95,4 +95,116 @@ def test_bad_arguments_are_rejected():
         asyncio.run(smc(lm, [0], n_particles=0))
     with pytest.raises(ValueError, match="temperature"):
         asyncio.run(smc(lm, [0], temperature=0))
+    lm.close()
+
+
+def brute_force_posterior(vocab_size, prompt, allowed, length):
+    """Every allowed sequence of ``length`` tokens, with p(x) from the mock, and their sum."""
+    import itertools
+
+    table = {}
+    for seq in itertools.product([t for t in range(vocab_size) if allowed[t]], repeat=length):
+        context, logp = list(prompt), 0.0
+        for token in seq:
+            row = mock_logprobs(context, vocab_size).astype(np.float32).astype(np.float64)
+            logp += row[token]
+            context.append(token)
+        table[seq] = np.exp(logp)
+    z = sum(table.values())
+    return {seq: p / z for seq, p in table.items()}, z
+
+
+def test_forbid_bytes_masks_exactly_the_tokens_containing_a_forbidden_byte():
+    """forbid_bytes allows a token iff none of its bytes is forbidden."""
+    vocab = [b"a", b"be", b"", b"E", b"xyz", b"eee"]
+    assert list(forbid_bytes(vocab, b"e")) == [True, False, True, True, True, False]
+    assert list(forbid_bytes(vocab, b"ax")) == [False, True, True, True, False, True]
+
+
+def test_masked_weights_are_the_allowed_mass_at_temperature_one():
+    """At T=1 each step multiplies a weight by the allowed tokens' mass, recomputed by hand."""
+    lm = MockLM(VOCAB)
+    mask = forbid_bytes(VOCAB, b"e")
+    result = asyncio.run(
+        smc(
+            lm,
+            [1],
+            n_particles=16,
+            max_tokens=3,
+            ess_threshold=0,
+            seed=4,
+            eos_token_ids=[],
+            token_mask=mask,
+        )
+    )
+    weights = set()
+    for particle in result.particles:
+        assert 4 not in particle.tokens
+        expected, context = 0.0, [1]
+        for token in particle.tokens:
+            row = mock_logprobs(context, 5).astype(np.float32).astype(np.float64)
+            expected += logsumexp(row[mask])
+            context.append(token)
+        assert particle.log_weight == pytest.approx(expected, abs=1e-9)
+        weights.add(round(particle.log_weight, 6))
+    assert len(weights) > 1  # the constraint makes weights differ
+    lm.close()
+
+
+@pytest.mark.parametrize(("temperature", "ess_threshold"), [(1.0, 0.0), (2.0, 0.0), (1.0, 1.0)])
+def test_masked_smc_matches_the_brute_force_posterior(temperature, ess_threshold):
+    """Weighted particles estimate p(x | no 'e') over all two-token sequences, and Z."""
+    lm = MockLM(VOCAB)
+    mask = forbid_bytes(VOCAB, b"e")
+    posterior, z = brute_force_posterior(5, [2], mask, 2)
+    result = asyncio.run(
+        smc(
+            lm,
+            [2],
+            n_particles=4000,
+            max_tokens=2,
+            temperature=temperature,
+            ess_threshold=ess_threshold,
+            seed=0,
+            eos_token_ids=[],
+            token_mask=mask,
+        )
+    )
+    estimate = dict.fromkeys(posterior, 0.0)
+    for particle, weight in zip(result.particles, result.weights):
+        estimate[tuple(particle.tokens)] += weight
+    for seq, p in posterior.items():
+        assert estimate[seq] == pytest.approx(p, abs=0.03), seq
+    assert np.exp(result.log_marginal) == pytest.approx(z, rel=0.05)
+    assert result.resampled == (2 if ess_threshold == 1.0 else 0)
+    lm.close()
+
+
+def test_ess_property_matches_the_formula():
+    """SMCResult.ess is 1 / sum(w^2) of its normalized weights."""
+    lm = MockLM(VOCAB)
+    result = asyncio.run(
+        smc(
+            lm,
+            [0],
+            n_particles=7,
+            max_tokens=3,
+            ess_threshold=0,
+            seed=5,
+            eos_token_ids=[],
+            token_mask=forbid_bytes(VOCAB, b"ab"),
+        )
+    )
+    assert result.ess == pytest.approx(1 / np.sum(result.weights**2))
+    assert result.ess < 7
+    lm.close()
+
+
+def test_bad_masks_are_rejected():
+    """A mask of the wrong length, or one allowing nothing, is a clear ValueError."""
+    lm = MockLM(VOCAB)
+    with pytest.raises(ValueError, match="token_mask needs 5 entries"):
+        asyncio.run(smc(lm, [0], token_mask=[True, False]))
+    with pytest.raises(ValueError, match="allows no token"):
+        asyncio.run(smc(lm, [0], token_mask=[False] * 5))
     lm.close()

@@ -12,7 +12,8 @@ from genlm.core.testing import AsyncLMConformance  # noqa: E402
 
 class TestHFConformance(AsyncLMConformance):
     @pytest.fixture(scope="class")
-    def lm(self):
+    @classmethod
+    def lm(cls):
         model = HFLM.from_name("stories260K")
         yield model
         model.close()
@@ -22,7 +23,8 @@ class TestHFConformanceNoOutputCacheTinyKV(AsyncLMConformance):
     """Every request reaches the backend, and a 4 KiB KV budget keeps evicting."""
 
     @pytest.fixture(scope="class")
-    def lm(self):
+    @classmethod
+    def lm(cls):
         model = HFLM.from_name("stories260K", cache_bytes=0, kv_cache_bytes=4096)
         yield model
         model.close()

@@ -9,7 +9,8 @@ from genlm.core.testing import AsyncLMConformance
 
 class TestMLXConformance(AsyncLMConformance):
     @pytest.fixture(scope="class")
-    def lm(self):
+    @classmethod
+    def lm(cls):
         """stories260K loaded through the registry with ``backend="mlx"``."""
         from genlm.core import load_model_by_name
 

@@ -13,7 +13,8 @@ class TestVLLMConformance(AsyncLMConformance):
     atol = 1e-4
 
     @pytest.fixture(scope="class")
-    def lm(self, vllm_lm):
+    @classmethod
+    def lm(cls, vllm_lm):
         """The session's tiny-model engine."""
         vllm_lm.clear_lora()
         return vllm_lm

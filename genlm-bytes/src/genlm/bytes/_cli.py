@@ -6,30 +6,74 @@ import argparse
 import asyncio
 import logging
 import math
+import os
 import sys
 
 from genlm.bytes._dist import EOS, EOT
 
 logger = logging.getLogger(__name__)
 
+#: How many beam candidates to list.
+SHOWN = 8
+
 
 async def prompt_state(byte_lm, prompt: str):
-    """The state after ``prompt``: its tokens as context, the last token re-opened.
+    """The state after ``prompt`` and the token context it starts from.
 
     The tokenizer's own tokens (with BOS) are the context, except the last one whose
     bytes are prefilled, so the continuation may still extend that token. Without a
-    tokenizer the prompt bytes are prefilled from BOS.
+    tokenizer the prompt bytes are prefilled from BOS (or from the longest first token
+    when there is no BOS).
+
+    Returns:
+        ``(state, context)``: the state, and the token ids every candidate starts with.
     """
     lm = byte_lm.lm
-    if lm.tokenizer is None:
-        return await byte_lm.initial(prompt.encode("utf-8"))
-    ids = list(lm.tokenizer.encode(prompt, add_special_tokens=False))
-    bos = lm.vocab.bos_token_id
-    context = ([bos] if bos is not None else []) + ids[:-1]
-    if not context:
-        return await byte_lm.initial(prompt.encode("utf-8"))
-    state = await byte_lm.initial(context)
-    return await state.prefill(lm.vocab.decode(ids[-1:]))
+    if lm.tokenizer is not None:
+        ids = list(lm.tokenizer.encode(prompt, add_special_tokens=False))
+        bos = lm.vocab.bos_token_id
+        context = ([bos] if bos is not None else []) + ids[:-1]
+        if context:
+            state = await byte_lm.initial(context)
+            return await state.prefill(lm.vocab.decode(ids[-1:])), tuple(context)
+    state = await byte_lm.initial(prompt.encode("utf-8"))
+    return state, tuple(os.path.commonprefix([c.context for c in state.candidates]))
+
+
+def describe(state, context: tuple[int, ...], beam: int) -> list[str]:
+    """Lines that say what the prompt became and what the beam holds.
+
+    The beam holds the ways to tokenize the prefilled bytes that pruning kept: a
+    candidate is the tokens committed after the context (shown with their ids: two
+    tokens can have the same bytes) plus a partial token, the bytes of a token not
+    finished yet. Before each byte the beam is cut to the ``--beam`` heaviest
+    candidates; the byte can then split one candidate in several, so a beam may hold
+    more than ``--beam`` candidates between steps.
+    """
+    vocab = state.byte_lm.lm.vocab
+
+    def spell(ids) -> str:
+        return (
+            " | ".join(f"{repr(vocab.decode([i], keep_special=True))[1:]}#{i}" for i in ids)
+            or "(none)"
+        )
+
+    lines = [
+        f"prompt as the model sees it: {vocab.decode(context, keep_special=True)!r}"
+        f" + {state.data!r} prefilled byte by byte",
+        f"  context tokens: {spell(context)}",
+        f"  log P({state.data!r} | context) = {state.logZ:.4f}",
+        f"beam: {len(state)} tokenizations of the prefilled bytes (cut to the --beam {beam}"
+        " heaviest before each byte, so there can be more after one);"
+        " share, committed tokens, partial token:",
+    ]
+    for c in state.candidates[:SHOWN]:
+        share = math.exp(c.weight - state.logZ)
+        partial = state.byte_lm.trie.prefix(c.node)
+        lines.append(f"  {share:.4f}  {spell(c.context[len(context) :])}  {partial!r}")
+    if len(state) > SHOWN:
+        lines.append(f"  ... {len(state) - SHOWN} more")
+    return lines
 
 
 def _show(symbol: int) -> str:
@@ -43,14 +87,15 @@ def _show(symbol: int) -> str:
 async def _main(args: argparse.Namespace) -> int:
     from genlm.bytes._bytelm import ByteLM
     from genlm.core._embedded import DEFAULT_MODEL
-    from genlm.core._registry import load_model_by_name
+    from genlm.core.cli._load import load_model
 
-    lm = load_model_by_name(args.model or DEFAULT_MODEL, backend=args.backend)
+    lm = load_model(args.model or DEFAULT_MODEL, args.backend)
     async with ByteLM(lm, K=args.beam, close_lm=True) as byte_lm:
-        state = await prompt_state(byte_lm, args.prompt)
+        state, context = await prompt_state(byte_lm, args.prompt)
         dist = await state.logp_next()
-        print(f"after {state.data!r} (beam {len(state)}, log P = {state.logZ:.4f}):")
-        print(f"  P(token boundary here) = {2.718281828459045**dist.log_eot:.4f}")
+        print("\n".join(describe(state, context, args.beam)))
+        print(f"next byte after {args.prompt!r}:")
+        print(f"  P(token boundary here) = {math.exp(dist.log_eot):.4f}")
         for symbol, logp in dist.top(args.top):
             print(f"  {_show(symbol):>8}  {logp:9.4f}  {math.exp(logp):.4f}")
         if args.sample:
@@ -61,5 +106,24 @@ async def _main(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Reject bad numbers before the model loads.
+
+    Raises:
+        CLIError: naming the first bad argument.
+    """
+    from genlm.core.cli import CLIError
+
+    if args.beam < 1:
+        raise CLIError(f"--beam must be a positive integer, got {args.beam}")
+    if args.top < 1:
+        raise CLIError(f"--top must be a positive integer, got {args.top}")
+    if args.sample < 0:
+        raise CLIError(f"--sample must be >= 0, got {args.sample}")
+    if not args.temperature >= 0:
+        raise CLIError(f"--temperature must be >= 0 (0: greedy), got {args.temperature}")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_args(args)
     return asyncio.run(_main(args))

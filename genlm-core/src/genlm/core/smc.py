@@ -1,11 +1,18 @@
 """Sequential Monte Carlo over language-model particles.
 
-The target is the language model's own distribution over continuations; particles
-propose from the model tempered at ``temperature`` (``q ∝ p^(1/T)``) and carry the
-importance weight ``log p(x) - log q(x)`` of every token they draw. With
-``temperature=1`` the proposal is exact and the weights stay equal. Particles are
-resampled (systematic resampling) whenever the effective sample size falls below
-``ess_threshold * n_particles``; a particle that draws an EOS token stops.
+The target is the language model's distribution over continuations, conditioned on
+every token being allowed by ``token_mask`` (a token-level constraint, e.g. no token
+containing the letter ``e``: a lipogram): ``π(x) ∝ p(x) · ∏ mask(x_i)``. Particles
+propose from the model tempered at ``temperature`` and restricted to allowed tokens,
+``q(t) ∝ p(t)^(1/T) · mask(t)``, and carry the exact importance weight
+``log p(t) - log q(t)`` of every token they draw. At ``temperature=1`` that increment is
+the log of the allowed tokens' probability mass, so a particle that steered around
+likely forbidden tokens loses weight; without a mask and at ``temperature=1`` the
+proposal is the target and the weights stay equal. Particles are resampled (systematic
+resampling) whenever the effective sample size falls below ``ess_threshold *
+n_particles``; a particle that draws an EOS token stops. ``log_marginal`` estimates the
+log of the target's normalizer: at ``temperature=1``, the log probability that the model's
+own continuation satisfies the constraint.
 
 All particles of a step ask for their next-token distribution at once, so the model's
 scheduler evaluates them as one batch.
@@ -38,14 +45,19 @@ class SMCResult:
 
     Attributes:
         particles: final particles (weights not normalized).
-        log_marginal: estimate of log Z, the log normalizer of the target relative to the
-            proposal (0 in expectation of exp for an exact proposal).
-        resampled: how many steps resampled.
+        log_marginal: estimate of log Z, the log normalizer of the target (the log
+            probability that a model continuation satisfies the mask, at temperature 1).
+        resampled_at: the steps (1-based) after which particles were resampled.
     """
 
     particles: list[Particle]
     log_marginal: float
-    resampled: int
+    resampled_at: tuple[int, ...] = ()
+
+    @property
+    def resampled(self) -> int:
+        """How many steps resampled."""
+        return len(self.resampled_at)
 
     @property
     def weights(self) -> np.ndarray:
@@ -53,11 +65,34 @@ class SMCResult:
         lw = np.array([p.log_weight for p in self.particles], dtype=np.float64)
         return np.exp(lw - logsumexp(lw))
 
+    @property
+    def ess(self) -> float:
+        """Effective sample size of the final weights, ``1 / sum(w_i^2)``."""
+        return effective_sample_size(np.array([p.log_weight for p in self.particles]))
+
 
 def effective_sample_size(log_weights: np.ndarray) -> float:
     """``1 / sum(w_i^2)`` for normalized weights, computed in log space."""
     lw = log_weights - logsumexp(log_weights)
     return float(np.exp(-logsumexp(2 * lw)))
+
+
+def forbid_bytes(byte_vocab: Sequence[bytes], forbidden: bytes) -> np.ndarray:
+    """A token mask allowing exactly the tokens whose bytes contain none of ``forbidden``.
+
+    Forbidding single bytes is exact at the token level: text avoids a byte if and only
+    if each of its tokens does. (A multi-byte sequence could straddle two tokens, so it
+    cannot be forbidden this way.)
+
+    Args:
+        byte_vocab: the bytes of every token id (``lm.byte_vocab``).
+        forbidden: the bytes no allowed token may contain.
+
+    Returns:
+        A boolean array, one entry per token id.
+    """
+    banned = set(forbidden)
+    return np.array([banned.isdisjoint(token) for token in byte_vocab], dtype=bool)
 
 
 def systematic_resample(log_weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -78,12 +113,32 @@ async def smc(
     ess_threshold: float = 0.5,
     eos_token_ids: Sequence[int] | None = None,
     seed: int | None = None,
+    token_mask: Sequence[bool] | np.ndarray | None = None,
     on_step: Callable[[int], None] | None = None,
 ) -> SMCResult:
     """Run SMC from ``prompt`` for at most ``max_tokens`` tokens per particle.
 
     Args:
+        lm: the model; all particles of a step are evaluated as one batch.
+        prompt: token ids to continue.
+        n_particles: how many particles.
+        max_tokens: most tokens per particle.
+        temperature: the proposal's temperature (the target stays the model's).
+        ess_threshold: resample when the ESS falls below this fraction of particles.
+        eos_token_ids: tokens that end a particle (default ``lm.vocab.eos_token_ids``).
+        seed: seeds the proposal draws and resampling.
+        token_mask: which token ids a particle may draw (``forbid_bytes`` builds one);
+            None allows every token. EOS tokens follow the mask like any other.
         on_step: called after each step with the step number (progress bars).
+
+    Returns:
+        The final particles with their weights, the log-normalizer estimate and the steps
+        that resampled.
+
+    Raises:
+        ValueError: a bad argument, or a mask that allows no token.
+        RuntimeError: every particle reached a context where the mask allows no token
+            the model gives positive probability.
     """
     if n_particles < 1:
         raise ValueError(f"n_particles must be >= 1, got {n_particles}")
@@ -91,32 +146,62 @@ async def smc(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if not 0 <= ess_threshold <= 1:
         raise ValueError(f"ess_threshold must be in [0, 1], got {ess_threshold}")
+    mask = None
+    if token_mask is not None:
+        mask = np.asarray(token_mask, dtype=bool)
+        if mask.shape != (len(lm.vocab),):
+            raise ValueError(f"token_mask needs {len(lm.vocab)} entries, got shape {mask.shape}")
+        if not mask.any():
+            raise ValueError("token_mask allows no token")
     rng = np.random.default_rng(seed)
     eos = set(lm.vocab.eos_token_ids if eos_token_ids is None else eos_token_ids)
     prompt = list(prompt)
     particles = [Particle([]) for _ in range(n_particles)]
-    log_marginal, resampled = 0.0, 0
+    log_marginal, resampled_at = 0.0, []
     for step in range(max_tokens):
         active = [p for p in particles if not p.done]
         if not active:
             break
         rows = await asyncio.gather(*(lm.next_token_logprobs(prompt + p.tokens) for p in active))
         for particle, logp in zip(active, rows):
-            logp = logp.astype(np.float64)
-            logq = logp / temperature
-            logq -= logsumexp(logq)
-            token = int(np.argmax(logq + rng.gumbel(size=logq.shape)))
-            particle.tokens.append(token)
-            particle.log_weight += logp[token] - logq[token]
-            particle.done = token in eos
+            _extend(particle, logp.astype(np.float64), mask, temperature, eos, rng)
         log_weights = np.array([p.log_weight for p in particles])
+        if np.isneginf(log_weights).all():
+            raise RuntimeError("every particle reached a context where the mask allows no token")
         if effective_sample_size(log_weights) < ess_threshold * n_particles:
             log_marginal += logsumexp(log_weights) - np.log(n_particles)
             keep = systematic_resample(log_weights, rng)
             particles = [Particle(list(particles[i].tokens), 0.0, particles[i].done) for i in keep]
-            resampled += 1
+            resampled_at.append(step + 1)
         if on_step is not None:
             on_step(step + 1)
     log_weights = np.array([p.log_weight for p in particles])
     log_marginal += logsumexp(log_weights) - np.log(n_particles)
-    return SMCResult(particles, float(log_marginal), resampled)
+    return SMCResult(particles, float(log_marginal), tuple(resampled_at))
+
+
+def _extend(
+    particle: Particle,
+    logp: np.ndarray,
+    mask: np.ndarray | None,
+    temperature: float,
+    eos: set[int],
+    rng: np.random.Generator,
+) -> None:
+    """Draw one token from the masked, tempered proposal and update the particle's weight.
+
+    A particle whose allowed tokens all have probability 0 gets weight 0 (log -inf) and
+    stops: it cannot reach the target.
+    """
+    logq = logp / temperature
+    if mask is not None:
+        logq = np.where(mask, logq, -np.inf)
+    norm = logsumexp(logq)
+    if not np.isfinite(norm):
+        particle.log_weight, particle.done = -np.inf, True
+        return
+    logq -= norm
+    token = int(np.argmax(logq + rng.gumbel(size=logq.shape)))
+    particle.tokens.append(token)
+    particle.log_weight += logp[token] - logq[token]
+    particle.done = token in eos

@@ -1,14 +1,16 @@
 """The backend conformance kit: a reusable pytest suite for any ``AsyncLM``.
 
 A backend author subclasses :class:`AsyncLMConformance` in a test module and overrides
-one fixture, ``lm``::
+one fixture, ``lm`` (a class-scoped fixture, so a ``classmethod``: pytest 9 deprecates
+class-scoped fixtures defined as instance methods)::
 
     import pytest
     from genlm.core.testing import AsyncLMConformance
 
     class TestMyBackend(AsyncLMConformance):
         @pytest.fixture(scope="class")
-        def lm(self):
+        @classmethod
+        def lm(cls):
             model = MyLM.from_name("stories260K")
             yield model
             model.close()
@@ -41,12 +43,14 @@ class AsyncLMConformance:
     normalization_tol: float = 1e-4
 
     @pytest.fixture(scope="class")
-    def lm(self) -> AsyncLM:
+    @classmethod
+    def lm(cls) -> AsyncLM:
         """The model under test (override this)."""
         pytest.fail("override the `lm` fixture in your AsyncLMConformance subclass")
 
     @pytest.fixture(scope="class")
-    def contexts(self, lm: AsyncLM) -> list[list[int]]:
+    @classmethod
+    def contexts(cls, lm: AsyncLM) -> list[list[int]]:
         """A few distinct valid contexts of different lengths (override to choose them)."""
         rng = np.random.default_rng(1234)
         start = [] if lm.vocab.bos_token_id is None else [lm.vocab.bos_token_id]

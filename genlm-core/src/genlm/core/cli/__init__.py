@@ -3,6 +3,11 @@
 Core provides ``genlm backends`` and ``genlm smc``; installed plugins add commands
 through the ``genlm_register_commands`` hook (genlm-bytes adds ``genlm bytes``).
 Imports stay light so that ``genlm backends`` starts fast.
+
+Errors a user can fix (a bad argument, an unknown backend, a missing model) end the
+command with one line on stderr, ``genlm: error: ...``, and a non-zero exit status:
+2 for bad arguments (argparse's convention), 1 for everything else. ``-v`` adds the
+traceback.
 """
 
 from __future__ import annotations
@@ -10,9 +15,43 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
 
 from genlm.core._command import Command
+
+
+class CLIError(Exception):
+    """A failure the user can fix, reported as one line without a traceback."""
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to each option whose default is a real value."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            "%(default)" in text
+            or not action.option_strings
+            or action.default is None
+            or action.default is False
+            or action.default == argparse.SUPPRESS
+        ):
+            return text
+        return text + " (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line on stderr (exit status 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (library messages often span several)."""
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
 
 
 def _core_commands() -> list[Command]:
@@ -22,21 +61,31 @@ def _core_commands() -> list[Command]:
 
 
 def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="genlm",
         description="GenLM: fast, batched next-token probabilities on any engine.",
+        formatter_class=_HelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in commands:
-        command_parser = sub.add_parser(command.name, help=command.help, description=command.help)
+        command_parser = sub.add_parser(
+            command.name,
+            help=command.help,
+            description=command.help,
+            formatter_class=_HelpFormatter,
+        )
         command.configure(command_parser)
         command_parser.set_defaults(_run=command.run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``genlm`` script."""
+    """Entry point of the ``genlm`` script; returns the exit status.
+
+    A command's exception becomes one line on stderr and status 1 (``-v`` prints the
+    traceback too); usage errors exit with status 2 through ``SystemExit``.
+    """
     from genlm.core._registry import get_registry
 
     commands = _core_commands()
@@ -50,7 +99,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    return args._run(args)
+    try:
+        return args._run(args)
+    except KeyboardInterrupt:
+        print("genlm: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # one line for the user; -v shows where it came from
+        if args.verbose:
+            traceback.print_exc()
+        from genlm.core._errors import GenLMError
+
+        ours = isinstance(exc, (CLIError, GenLMError))
+        prefix = "" if ours else f"{type(exc).__name__}: "
+        print(f"genlm {args.command}: error: {prefix}{one_line(exc)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

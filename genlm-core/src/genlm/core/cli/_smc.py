@@ -1,4 +1,11 @@
-"""``genlm smc "PROMPT"``: sequential Monte Carlo continuations of a prompt."""
+"""``genlm smc "PROMPT"``: sequential Monte Carlo continuations of a prompt.
+
+With ``--forbid CHARS`` the target is the model conditioned on a continuation without
+those characters, so particles' weights differ (a particle that had to avoid likely
+tokens loses weight) and resampling moves particles to the heavy ones. The command
+prints each particle's normalized weight, the effective sample size, when it resampled,
+and the posterior over distinct continuations (weights summed over equal texts).
+"""
 
 from __future__ import annotations
 
@@ -7,18 +14,35 @@ import logging
 from collections import defaultdict
 
 from genlm.core._command import Command
+from genlm.core._embedded import DEFAULT_MODEL
+from genlm.core.cli import CLIError
+from genlm.core.cli._args import ascii_bytes, fraction, positive_float, positive_int
 
 logger = logging.getLogger(__name__)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="text to continue")
-    parser.add_argument("--model", default=None, help="model name or path (default: stories260K)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="model name, hub id or path")
     parser.add_argument("--backend", default=None, help="backend name (default: best available)")
-    parser.add_argument("--particles", type=int, default=8, help="number of particles")
-    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per particle")
-    parser.add_argument("--temperature", type=float, default=1.0, help="proposal temperature")
-    parser.add_argument("--ess-threshold", type=float, default=0.5, help="resample below this")
+    parser.add_argument("--particles", type=positive_int, default=8, help="number of particles")
+    parser.add_argument("--max-tokens", type=positive_int, default=32, help="tokens per particle")
+    parser.add_argument(
+        "--temperature", type=positive_float, default=1.0, help="proposal temperature"
+    )
+    parser.add_argument(
+        "--ess-threshold",
+        type=fraction,
+        default=0.5,
+        help="resample when the effective sample size falls below this fraction of particles",
+    )
+    parser.add_argument(
+        "--forbid",
+        type=ascii_bytes,
+        default=None,
+        metavar="CHARS",
+        help="condition on a continuation containing none of these ASCII characters",
+    )
     parser.add_argument("--seed", type=int, default=None, help="random seed")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -26,7 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def encode_prompt(lm, prompt: str) -> list[int]:
     """Token ids of ``prompt`` with the tokenizer's special tokens (BOS)."""
     if lm.tokenizer is None:
-        raise SystemExit(f"{lm!r} has no tokenizer, so it cannot encode a text prompt")
+        raise CLIError(f"{lm!r} has no tokenizer, so it cannot encode a text prompt")
     ids = list(lm.tokenizer.encode(prompt))
     bos = lm.vocab.bos_token_id
     if bos is not None and (not ids or ids[0] != bos):
@@ -43,13 +67,19 @@ def decode(lm, tokens: list[int]) -> str:
 async def _main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from genlm.core._embedded import DEFAULT_MODEL
-    from genlm.core._registry import load_model_by_name
-    from genlm.core.smc import smc
+    from genlm.core.cli._load import load_model
+    from genlm.core.smc import forbid_bytes, smc
 
-    lm = load_model_by_name(args.model or DEFAULT_MODEL, backend=args.backend)
+    lm = load_model(args.model, args.backend)
     async with lm:
         prompt = encode_prompt(lm, args.prompt)
+        mask = None
+        if args.forbid is not None:
+            mask = forbid_bytes(lm.byte_vocab, args.forbid)
+            print(
+                f"constraint: no {args.forbid.decode()!r} in the continuation "
+                f"({int(mask.sum())} of {len(mask)} tokens allowed)"
+            )
         with tqdm(total=args.max_tokens, desc="smc", unit="tok", disable=args.no_progress) as bar:
             result = await smc(
                 lm,
@@ -59,16 +89,34 @@ async def _main(args: argparse.Namespace) -> int:
                 temperature=args.temperature,
                 ess_threshold=args.ess_threshold,
                 seed=args.seed,
+                token_mask=mask,
                 on_step=lambda _: bar.update(1),
             )
-        totals: dict[str, float] = defaultdict(float)
-        for particle, weight in zip(result.particles, result.weights):
-            totals[decode(lm, particle.tokens)] += float(weight)
-        print(f"log marginal likelihood estimate: {result.log_marginal:.4f}")
-        print(f"resampled {result.resampled} times; {len(totals)} distinct continuations\n")
-        for text, weight in sorted(totals.items(), key=lambda kv: -kv[1]):
-            print(f"{weight:.4f}  {args.prompt}{text}")
+        print_result(lm, args, result)
     return 0
+
+
+def printable(text: str) -> str:
+    """``text`` on one line: newlines and other control characters escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def print_result(lm, args: argparse.Namespace, result) -> None:
+    """Weights, effective sample size, resampling steps and the posterior over texts."""
+    texts = [decode(lm, p.tokens) for p in result.particles]
+    weights = result.weights
+    what = "log P(constraint holds)" if args.forbid and args.temperature == 1 else "log Z"
+    print(f"{what} estimate: {result.log_marginal:.4f}")
+    steps = ", ".join(map(str, result.resampled_at))
+    print(f"resampled {result.resampled} times" + (f" (after steps {steps})" if steps else ""))
+    print(f"effective sample size: {result.ess:.2f} of {len(weights)} particles")
+    print("particle weights: " + " ".join(f"{w:.4f}" for w in weights))
+    totals: dict[str, float] = defaultdict(float)
+    for text, weight in zip(texts, weights):
+        totals[text] += float(weight)
+    print(f"\nposterior over {len(totals)} distinct continuations:")
+    for text, weight in sorted(totals.items(), key=lambda kv: -kv[1]):
+        print(f"{weight:.4f}  {printable(args.prompt + text)}")
 
 
 def run(args: argparse.Namespace) -> int:

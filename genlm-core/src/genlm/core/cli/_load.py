@@ -1,0 +1,122 @@
+"""Loading the model a command names, with every user mistake caught before loading.
+
+Model loaders of the hub-based backends fail late and loudly: an unknown model name
+costs a minute of retried hub requests and a long traceback. Here a name is checked
+first, cheaply: an embedded model is fine; a local path (one starting with ``/``,
+``.`` or ``~``, or with more separators than a hub id has) must exist; a hub id, for
+the backends that load from the Hugging Face hub, must be in the local cache, or be
+found by one hub request, whose failure is reported once.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from genlm.core.cli import CLIError, one_line
+
+#: Backends whose loaders resolve model names on the Hugging Face hub.
+HUB_BACKENDS = frozenset({"hf", "vllm", "mlx"})
+#: Seconds the one hub request may take.
+HUB_TIMEOUT_S = 10.0
+
+
+def is_local_path(name: str) -> bool:
+    """Whether ``name`` can only be a path on this machine, never a hub id.
+
+    Hub ids are ``NAME`` or ``OWNER/NAME``; a name starting with ``/``, ``.`` or ``~``,
+    holding two ``/`` or more, or the platform's other separator is a path.
+    """
+    return (
+        name.startswith(("/", ".", "~"))
+        or name.count("/") > 1
+        or (os.sep != "/" and os.sep in name)
+    )
+
+
+def select_backend(backend: str | None):
+    """The ``BackendSpec`` to load with, or a ``CLIError`` that says how to get one.
+
+    When no backend was named and none can be picked automatically, the message lists
+    the installed backends that run here but are never picked automatically (mlx off
+    Apple silicon), with the ``--backend`` to pass.
+    """
+    from genlm.core._errors import BackendNotFoundError, BackendUnavailableError
+    from genlm.core._registry import get_registry
+
+    registry = get_registry()
+    try:
+        return registry.select(backend)
+    except BackendUnavailableError as exc:
+        raise CLIError(one_line(exc)) from exc
+    except BackendNotFoundError as exc:
+        message = one_line(exc)
+        if backend is None:
+            manual = sorted(
+                name
+                for name, spec in registry.backends.items()
+                if not spec.auto_select and spec.unavailable_reason() is None
+            )
+            if manual:
+                choices = " or ".join(f"--backend {name}" for name in manual)
+                message += f"; installed but never picked automatically: pass {choices}"
+        raise CLIError(message) from exc
+
+
+def check_model(name: str, backend: str) -> str:
+    """``name`` as the loader should get it, after the checks that need no model.
+
+    Returns:
+        The name, with ``~`` expanded for local paths.
+
+    Raises:
+        CLIError: the local path does not exist, or the hub id is not cached and cannot
+            be found (the hub is offline, unreachable, or has no such model).
+    """
+    from genlm.core._embedded import EMBEDDED_MODELS
+
+    if name in EMBEDDED_MODELS:
+        return name
+    path = os.path.expanduser(name)
+    if os.path.exists(path):
+        return path
+    if is_local_path(name):
+        raise CLIError(f"model path {name!r} does not exist")
+    if backend in HUB_BACKENDS:
+        _check_hub_model(name)
+    return name
+
+
+def _check_hub_model(name: str) -> None:
+    try:
+        import huggingface_hub
+        from huggingface_hub import constants, errors
+    except ImportError:  # the loader will say what is missing
+        return
+    try:
+        cached = huggingface_hub.try_to_load_from_cache(name, "config.json")
+    except errors.HFValidationError as exc:
+        raise CLIError(f"{name!r} is not a local path nor a valid hub model id") from exc
+    if isinstance(cached, str):
+        return
+    where = f"model {name!r} is not embedded, not a local path and not in the Hugging Face cache"
+    if constants.HF_HUB_OFFLINE:
+        raise CLIError(f"{where}, and HF_HUB_OFFLINE is set so the hub is not asked")
+    try:
+        huggingface_hub.model_info(name, timeout=HUB_TIMEOUT_S)
+    except errors.GatedRepoError as exc:
+        raise CLIError(f"model {name!r} is gated on the hub: log in (hf auth login)") from exc
+    except errors.RepositoryNotFoundError as exc:
+        raise CLIError(f"no model {name!r} on the Hugging Face hub") from exc
+    except Exception as exc:  # network errors come from several libraries
+        raise CLIError(
+            f"{where}, and the hub at {constants.ENDPOINT} cannot be reached "
+            f"({one_line(exc)}); set HF_HUB_OFFLINE=1 to use cached models only"
+        ) from exc
+
+
+def load_model(model: str, backend: str | None, **opts: Any) -> Any:
+    """Check the backend and the model name, then load the model with that backend."""
+    spec = select_backend(backend)
+    name = check_model(model, spec.name)
+    return spec.load(name, **opts)
