@@ -223,8 +223,27 @@ class AutoBatcher(Generic[I, R]):
             self._flush(state, partial=True)
 
     def reject_new(self) -> None:
-        """Refuse further submissions (for closing outside an event loop)."""
+        """Refuse further submissions and fail the queued ones with ModelClosedError.
+
+        For closing from any thread: each loop's queued requests are failed on that
+        loop's own thread (the running batches finish normally).
+        """
         self._closed = True
+        for state in list(self._states.values()):
+            try:
+                state.loop.call_soon_threadsafe(self._fail_pending, state)
+            except RuntimeError:  # that loop is closed: nobody can be waiting on it
+                pass
+
+    def _fail_pending(self, state: _LoopState) -> None:
+        """On ``state``'s loop: fail its queued requests and cancel its timer."""
+        if state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
+        closed = ModelClosedError("the model was closed before this request ran")
+        for entry in state.pending.values():
+            _deliver(entry, exc=closed)
+        state.pending.clear()
 
     async def aclose(self) -> None:
         """Fail queued requests, wait for in-flight batches, cancel timers. Idempotent."""
