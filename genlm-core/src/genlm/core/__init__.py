@@ -15,6 +15,7 @@ _EXPORTS = {
     "EOS_EDGE": "_trie",
     "TokenByteTrie": "_trie",
     "AutoBatcher": "_scheduler",
+    "BackendError": "_errors",
     "BackendNotFoundError": "_errors",
     "BackendSpec": "_registry",
     "BackendUnavailableError": "_errors",
@@ -44,6 +45,7 @@ __all__ = [
     "AsyncLM",
     "AsyncTokenByteTrie",
     "AutoBatcher",
+    "BackendError",
     "BackendNotFoundError",
     "BackendSpec",
     "BackendUnavailableError",
@@ -76,6 +78,7 @@ __getattr__, __dir__ = _lazy_exports(__name__, "genlm-core", _EXPORTS)
 if _TYPE_CHECKING:
     from genlm.core._async_trie import AsyncTokenByteTrie
     from genlm.core._errors import (
+        BackendError,
         BackendNotFoundError,
         BackendUnavailableError,
         GenLMError,
