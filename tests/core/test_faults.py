@@ -156,7 +156,9 @@ class TestRaisingBackend:
         for outcome in first:
             assert isinstance(outcome, BackendError) and type(outcome.__cause__) is exc
         np.testing.assert_allclose(later, lm.expected((1,)), atol=1e-6)
-        assert lm.released.is_set() and not lm.worker._thread.is_alive()
+        assert lm.released.is_set() and lm.worker.stopped.done()
+        lm.worker._thread.join(5)
+        assert not lm.worker._thread.is_alive()
 
     def test_sync_path_gets_backend_error_too(self):
         """next_token_logprobs_sync over a StopIteration backend raises BackendError."""
@@ -242,7 +244,7 @@ class TestClose:
             assert not closing.done()
             gate.set()
             await asyncio.wait_for(closing, 5)
-            assert lm.released.is_set() and not lm.worker._thread.is_alive()
+            assert lm.released.is_set() and lm.worker.stopped.done()
             await running
 
         run(main())

@@ -176,8 +176,10 @@ class TestClose:
                 await asyncio.wait_for(worker.wait_stopped(), 0.05)
             gate.set()
             await asyncio.wait_for(worker.wait_stopped(), 5)
+            assert worker.stopped.done()
 
         asyncio.run(main())
+        worker._thread.join(5)
         assert not worker._thread.is_alive()
 
 
