@@ -6,7 +6,7 @@ import threading
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from support.faulty import Fault, FaultyLM, within
 
@@ -374,3 +374,86 @@ class TestSamplingArguments:
         rng = np.random.default_rng(0)
         counts = np.bincount([sample_token(logprobs, rng) for _ in range(6000)], minlength=4)
         np.testing.assert_allclose(counts / 6000, [0.1, 0.6, 0.3, 0.0], atol=0.025)
+
+
+# ---- random interleavings ---------------------------------------------------------------
+
+MODEL_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("request"), st.integers(0, 7)),
+        st.tuples(st.just("cancel"), st.integers(0, 30)),
+        st.tuples(st.just("yield"), st.integers(0, 3)),
+        st.tuples(st.just("block"), st.just(0)),
+        st.tuples(st.just("release"), st.just(0)),
+        st.tuples(st.just("close"), st.sampled_from(["aclose", "cancelled aclose", "sync"])),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ops=MODEL_OPS, batch_size=st.integers(1, 4))
+@example(  # aclose cancelled while a batch runs, then the batch ends (item 8)
+    ops=[("block", 0), ("request", 1), ("yield", 2), ("close", "cancelled aclose")],
+    batch_size=1,
+)
+@example(  # sync close while requests wait behind a running batch (item 7)
+    ops=[
+        ("block", 0),
+        ("request", 1),
+        ("yield", 2),
+        ("request", 2),
+        ("close", "sync"),
+        ("yield", 3),
+        ("release", 0),
+    ],
+    batch_size=2,
+)
+def test_random_request_cancel_close_interleavings(ops, batch_size):
+    """Any interleaving of requests, cancellations, blocked batches and (cancelled, sync
+    or awaited) closes settles: each request gets its exact row, is cancelled, or fails
+    with ModelClosedError; the backend is released exactly once; nothing hangs."""
+    lm = FaultyLM(max_batch_size=batch_size)
+    gate = threading.Event()
+
+    async def main():
+        requests, closers = [], []
+        for op, arg in ops:
+            if op == "request":
+                requests.append((arg, asyncio.ensure_future(lm.next_token_logprobs([arg]))))
+            elif op == "cancel" and requests:
+                requests[arg % len(requests)][1].cancel()
+            elif op == "yield":
+                await asyncio.sleep(0.001 * arg)
+            elif op == "block":
+                lm.fail_next_call(Fault(block=gate))
+            elif op == "release":
+                gate.set()
+            elif arg == "aclose":
+                gate.set()
+                await asyncio.wait_for(lm.aclose(), 5)
+            elif arg == "cancelled aclose":
+                try:
+                    await asyncio.wait_for(lm.aclose(), 0.001)
+                except TimeoutError:
+                    pass
+            else:
+                closers.append(asyncio.ensure_future(asyncio.to_thread(lm.close)))
+        gate.set()
+        await asyncio.wait_for(lm.aclose(), 5)
+        await asyncio.wait_for(asyncio.gather(*closers), 5)
+        if requests:
+            _, pending = await asyncio.wait([r for _, r in requests], timeout=5)
+            assert not pending
+        for context, request in requests:
+            if request.cancelled():
+                continue
+            if request.exception() is None:
+                np.testing.assert_allclose(request.result(), lm.expected((context,)), atol=1e-6)
+            else:
+                assert isinstance(request.exception(), ModelClosedError)
+
+    run(main())
+    assert lm.closes == 1 and lm.released.is_set()
+    lm.worker._thread.join(5)
+    assert not lm.worker._thread.is_alive()
