@@ -246,13 +246,12 @@ class BatchedLM(abc.ABC):
             InvalidContextError: a bad prompt.
         """
         check_sampling_args(max_tokens, temperature)
-        self._request(prompt_token_ids)
         return await self._sample(
             prompt_token_ids, max_tokens, eos_token_ids, temperature, np.random.default_rng(seed)
         )
 
     async def _sample(self, prompt, max_tokens, eos_token_ids, temperature, rng) -> list[int]:
-        context = list(self._request(prompt)[1])
+        context = list(self._request(prompt)[1])  # validated before the first await
         eos = set(self._vocab.eos_token_ids if eos_token_ids is None else eos_token_ids)
         generated: list[int] = []
         while len(generated) < max_tokens:
