@@ -187,7 +187,7 @@ class TestClose:
             await asyncio.sleep(0.01)
             closer = threading.Thread(target=lm.close)
             closer.start()
-            await until(lambda: lm.worker.closed)
+            await until(lambda: lm._closed)  # set once the scheduler refuses requests
             gate.set()
             row = await asyncio.wait_for(running, 5)
             for request in queued:
@@ -199,6 +199,28 @@ class TestClose:
 
         np.testing.assert_allclose(run(main()), lm.expected((1,)), atol=1e-6)
         assert lm.batches == [[(1,)]] and lm.released.is_set()
+
+    def test_sync_close_on_the_loop_thread_fails_its_queued_requests(self):
+        """close() called by a coroutine blocks its own loop until the release, then the
+        loop's queued requests fail with ModelClosedError as soon as it resumes."""
+        lm = FaultyLM()
+        gate = threading.Event()
+        lm.fail_next_call(Fault(block=gate))
+
+        async def main():
+            running = asyncio.ensure_future(lm.next_token_logprobs([1]))
+            await until(lm.started.is_set)
+            queued = asyncio.ensure_future(lm.next_token_logprobs([2]))
+            await asyncio.sleep(0.01)
+            opener = threading.Timer(0.05, gate.set)  # the loop is blocked in close()
+            opener.start()
+            lm.close()
+            assert lm.released.is_set()
+            with pytest.raises(ModelClosedError):
+                await asyncio.wait_for(queued, 5)
+            return await asyncio.wait_for(running, 5)
+
+        np.testing.assert_allclose(run(main()), lm.expected((1,)), atol=1e-6)
 
     def test_cancelled_aclose_still_releases_the_backend(self):
         """aclose() cancelled while a batch runs: the backend is released and the worker

@@ -305,8 +305,8 @@ class BatchedLM(abc.ABC):
         """
         with self._close_lock:
             if self._release is None:
-                self._closed = True
                 self.batcher.reject_new()
+                self._closed = True
                 try:
                     self._release = self.worker.submit(self._close_backend)
                 except ModelClosedError:  # the worker was closed directly: nothing to run on
