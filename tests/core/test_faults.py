@@ -479,3 +479,22 @@ def test_random_request_cancel_close_interleavings(ops, batch_size):
     assert lm.closes == 1 and lm.released.is_set()
     lm.worker._thread.join(5)
     assert not lm.worker._thread.is_alive()
+
+
+def test_faulty_lm_variants_form_separate_batches():
+    """FaultyLM's variant is captured per request; a batch never mixes variants."""
+    lm = FaultyLM(cache_bytes=0)
+
+    async def main():
+        first = asyncio.ensure_future(lm.next_token_logprobs([1]))
+        await asyncio.sleep(0)  # the first request is made (and its variant captured)
+        lm.variant = "B"
+        second = asyncio.ensure_future(lm.next_token_logprobs([2]))
+        return await asyncio.gather(first, second)
+
+    rows = run(main())
+    assert sorted(map(repr, zip(lm.batch_variants, lm.batches))) == sorted(
+        map(repr, [(None, [(1,)]), ("B", [(2,)])])
+    )
+    np.testing.assert_allclose(rows[1], lm.expected((2,)), atol=1e-6)
+    lm.close()

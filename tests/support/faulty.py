@@ -13,8 +13,10 @@ A fault can block on an :class:`threading.Event` (always with a timeout, so a te
 forgets to release it fails instead of hanging), sleep, raise a chosen exception (an
 instance or a class; ``BaseException`` subclasses included), or corrupt rows (NaN,
 ``+inf``, all ``-inf``, raw logits, the wrong shape or dtype). The backend records what
-it saw (``batches``), signals when a batch starts (``started``), and counts the
-``_clear_backend_cache`` and ``_close_backend`` calls; a fault can fail those too.
+it saw (``batches``, ``batch_variants``), signals when a batch starts (``started``), and
+counts the ``_clear_backend_cache`` and ``_close_backend`` calls; a fault can fail those
+too. Setting ``lm.variant`` (any hashable, like an active adapter) changes the variant
+captured by later requests, so batches of different groups can be driven as well.
 
 Example::
 
@@ -97,8 +99,12 @@ class FaultyLM(BatchedLM):
         #: Faults of the ``_clear_backend_cache`` and ``_close_backend`` hooks.
         self.clear_fault: Fault | None = None
         self.close_fault: Fault | None = None
-        #: Contexts of every backend call, in order (failed calls included).
+        #: What later requests capture as their variant (a batch holds one variant).
+        self.variant: Hashable = None
+        #: Contexts of every backend call, in order (failed calls included), and the
+        #: variant of each.
         self.batches: list[list[tuple[int, ...]]] = []
+        self.batch_variants: list[Hashable] = []
         #: Set when a backend call starts (clear it to wait for the next one).
         self.started = threading.Event()
         self.clears = 0
@@ -122,8 +128,12 @@ class FaultyLM(BatchedLM):
         """Apply each fault to one of the next backend calls, in order."""
         self.call_faults.extend(faults)
 
+    def _variant(self) -> Hashable:
+        return self.variant
+
     def _logprobs_batch(self, contexts: list[tuple[int, ...]], variant: Hashable) -> np.ndarray:
         self.batches.append(list(contexts))
+        self.batch_variants.append(variant)
         self.started.set()
         out = np.stack([self.expected(c) for c in contexts])
         faults = [(None, self.call_faults.popleft())] if self.call_faults else []
