@@ -62,6 +62,9 @@ class ModelWorker:
 
     The thread starts on first use and stops on :meth:`close`, after the calls already
     queued; calls submitted after ``close`` raise :class:`ModelClosedError`.
+
+    Args:
+        name: the thread's name (shows in logs, debuggers and ``threading.enumerate()``).
     """
 
     def __init__(self, name: str = "genlm-model"):
@@ -75,10 +78,15 @@ class ModelWorker:
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` was called (the thread may still finish queued calls)."""
         return self._closed
 
     def on_worker_thread(self) -> bool:
-        """Whether the caller is running on this worker's thread."""
+        """Whether the caller is running on this worker's thread.
+
+        Returns:
+            True only on the worker's own thread.
+        """
         return self._thread is not None and threading.current_thread() is self._thread
 
     def _run(self) -> None:
@@ -131,6 +139,14 @@ class ModelWorker:
 
         Cancelling the future before the call starts skips the call.
 
+        Args:
+            fn: the function to run on the worker thread.
+            *args: its positional arguments.
+
+        Returns:
+            A ``concurrent.futures.Future`` resolved with the result or the exception
+            (see the module docstring for the exceptions that arrive wrapped).
+
         Raises:
             ModelClosedError: the worker is closed.
         """
@@ -151,6 +167,13 @@ class ModelWorker:
         Called from the worker thread itself (a backend calling back into the model),
         it runs inline instead of deadlocking.
 
+        Args:
+            fn: the function to run on the worker thread.
+            *args: its positional arguments.
+
+        Returns:
+            What ``fn`` returned.
+
         Raises:
             ModelClosedError: the worker is closed.
             BaseException: whatever ``fn`` raised (see the module docstring).
@@ -161,6 +184,15 @@ class ModelWorker:
 
     def run_async(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Queue ``fn(*args)`` and return an asyncio future resolved on the running loop.
+
+        Cancelling the returned future only drops the outcome; the call still runs.
+
+        Args:
+            fn: the function to run on the worker thread.
+            *args: its positional arguments.
+
+        Returns:
+            An asyncio future of the running loop, resolved on that loop's thread.
 
         Raises:
             ModelClosedError: the worker is closed.
@@ -217,8 +249,9 @@ class ModelWorker:
     def close(self, wait: bool = True) -> None:
         """Refuse new calls, finish the queued ones, then stop the thread. Idempotent.
 
-        With ``wait``, every call (not only the first) returns once the thread has
-        stopped, except on the worker thread itself, which cannot wait for itself.
+        Args:
+            wait: block until the thread has stopped. Every call with ``wait`` (not only
+                the first) waits, except on the worker thread itself, which cannot.
         """
         with self._lock:
             if not self._closed:
