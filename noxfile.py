@@ -106,7 +106,9 @@ def core(session: nox.Session) -> None:
     """
     install_core(session, *TOKENIZER_DEPS)
     # The import-graph check reads every distribution's source (ast); it imports nothing.
-    pytest(session, "tests/core", "tests/test_import_graph.py", "tests/docs/test_backend_author_page.py")
+    pytest(
+        session, "tests/core", "tests/test_import_graph.py", "tests/docs/test_backend_author_page.py"
+    )
 
 
 @nox.session(python=PYTHON)

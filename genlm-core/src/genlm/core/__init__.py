@@ -15,6 +15,7 @@ _EXPORTS = {
     "EOS_EDGE": "_trie",
     "TokenByteTrie": "_trie",
     "AutoBatcher": "_scheduler",
+    "BackendError": "_errors",
     "BackendNotFoundError": "_errors",
     "BackendSpec": "_backend_spec",
     "BackendUnavailableError": "_errors",
@@ -44,6 +45,7 @@ __all__ = [
     "AsyncLM",
     "AsyncTokenByteTrie",
     "AutoBatcher",
+    "BackendError",
     "BackendNotFoundError",
     "BackendSpec",
     "BackendUnavailableError",
@@ -78,6 +80,7 @@ if _TYPE_CHECKING:
     from genlm.core._backend_spec import BackendSpec
     from genlm.core._embedded import DEFAULT_MODEL, resolve_model_path
     from genlm.core._errors import (
+        BackendError,
         BackendNotFoundError,
         BackendUnavailableError,
         GenLMError,

@@ -9,6 +9,7 @@ existing ``except`` clauses keep working::
     ├── BackendNotFoundError (ValueError)     unknown or uninstalled backend
     ├── BackendUnavailableError (RuntimeError) installed, but cannot run here
     ├── PluginLoadError (ImportError)         a plugin failed to import or register
+    ├── BackendError (RuntimeError)           a backend broke its contract in a batch
     └── ModelClosedError (RuntimeError)       the model was closed with ``aclose()``
 """
 
@@ -55,6 +56,17 @@ class PluginLoadError(GenLMError, ImportError):
         super().__init__(message)
         self.plugin = plugin
         self.distribution = distribution
+
+
+class BackendError(GenLMError, RuntimeError):
+    """A backend broke its contract while computing a batch.
+
+    Raised to every waiter of that batch (nothing of it is cached) when the backend
+    returns rows of the wrong shape or type, rows that are not log-probabilities (NaN,
+    ``+inf``, every entry ``-inf``, visibly unnormalized), or raises an exception that
+    cannot travel through a future (``StopIteration``, ``KeyboardInterrupt``,
+    ``SystemExit``...): that exception is then the ``__cause__``. The model keeps serving.
+    """
 
 
 class ModelClosedError(GenLMError, RuntimeError):

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import concurrent.futures
 import logging
-from collections.abc import Hashable, Sequence
+import threading
+from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
 
-from genlm.core._errors import InvalidContextError, ModelClosedError
+from genlm.core._errors import BackendError, InvalidContextError, ModelClosedError
 from genlm.core._output_cache import OutputCache
-from genlm.core._sampling import sample_token
+from genlm.core._sampling import check_sampling_args, sample_token
 from genlm.core._scheduler import AutoBatcher
 from genlm.core._vocab import Vocabulary
 from genlm.core._worker import ModelWorker
@@ -31,11 +34,22 @@ Request = tuple[Hashable, tuple[int, ...]]
 
 
 def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
-    """Return ``token_ids`` as a tuple of ints, or raise a clear ``InvalidContextError``."""
-    if isinstance(token_ids, (str, bytes)):
+    """Return ``token_ids`` as a tuple of ints, or raise a clear ``InvalidContextError``.
+
+    Accepted: any ordered iterable of integers (list, tuple, range, a 1-D numpy integer
+    array, a generator). Rejected: raw text and bytes (``str``, ``bytes``, ``bytearray``,
+    ``memoryview``: tokenize them first), unordered collections (``set``, ``dict``: their
+    iteration order is not a context), booleans and non-integer ids.
+    """
+    if isinstance(token_ids, (str, bytes, bytearray, memoryview)):
         raise InvalidContextError(
             f"expected a sequence of token ids, got {type(token_ids).__name__}; "
             "tokenize text first (e.g. lm.tokenizer.encode(text))"
+        )
+    if isinstance(token_ids, (AbstractSet, Mapping)):
+        raise InvalidContextError(
+            f"expected an ordered sequence of token ids, got a {type(token_ids).__name__}, "
+            "whose order is not a context; pass a list or tuple"
         )
     try:
         ids = tuple(token_ids)
@@ -117,6 +131,8 @@ class BatchedLM(abc.ABC):
             on_result=self.output_cache.put,
         )
         self._closed = False
+        self._close_lock = threading.Lock()
+        self._release: concurrent.futures.Future[None] | None = None
 
     # ---- what a backend implements -------------------------------------------------
 
@@ -127,7 +143,10 @@ class BatchedLM(abc.ABC):
         Runs on the model's worker thread, never on the event loop. Contexts are
         validated, distinct and non-empty; ``variant`` is what :meth:`_variant` returned
         when the requests were made (all requests of a batch share it). Rows must be
-        normalized log-probabilities over ``len(self.vocab)`` tokens.
+        normalized log-probabilities over ``len(self.vocab)`` tokens (``-inf`` for an
+        impossible token; no NaN or ``+inf``): core rejects a batch that visibly breaks
+        this (see :func:`check_rows`) with :class:`BackendError`, failing its waiters.
+        Any exception raised here fails the batch's waiters only; the model keeps serving.
         """
 
     def _variant(self) -> Hashable:
@@ -199,18 +218,29 @@ class BatchedLM(abc.ABC):
         return _stack(rows, len(self._vocab))
 
     def _run_requests(self, requests: list[Request]) -> list[np.ndarray]:
-        """Worker-thread side of a batch: call the backend and check what it returns."""
+        """Worker-thread side of a batch: call the backend and check what it returns.
+
+        Raises:
+            BackendError: the rows have the wrong shape or type, or are not normalized
+                log-probabilities (see :func:`check_rows`). The whole batch fails and
+                nothing of it is cached: a backend that produced one bad row is suspect.
+        """
         variant = requests[0][0]
-        out = self._logprobs_batch([r[1] for r in requests], variant)
-        out = np.asarray(out)
+        contexts = [r[1] for r in requests]
+        out = np.asarray(self._logprobs_batch(contexts, variant))
         expected = (len(requests), len(self._vocab))
-        if out.shape != expected:
-            raise RuntimeError(
-                f"{self.name}: backend returned log-probabilities of shape {out.shape}, "
-                f"expected {expected}"
+        if out.shape != expected or out.dtype.kind != "f":
+            raise BackendError(
+                f"{self._label()}: backend returned log-probabilities of shape {out.shape} "
+                f"and dtype {out.dtype}, expected floats of shape {expected}"
             )
         out = out.astype(np.float32, copy=False)
+        check_rows(out, contexts, self._label())
         return [np.array(row) for row in out]  # own memory: cache accounting stays exact
+
+    def _label(self) -> str:
+        """Names the backend in error messages: class and model name."""
+        return f"{type(self).__name__} {self.name!r}"
 
     async def sample(
         self,
@@ -224,18 +254,20 @@ class BatchedLM(abc.ABC):
 
         ``eos_token_ids=None`` uses ``vocab.eos_token_ids``; ``temperature=0`` is greedy.
         The same seed gives the same tokens.
+
+        Raises:
+            TypeError, ValueError: bad ``max_tokens`` or ``temperature`` (see
+                :func:`~genlm.core._sampling.check_sampling_args`), checked before any work.
+            InvalidContextError: a bad prompt.
         """
+        check_sampling_args(max_tokens, temperature)
         return await self._sample(
             prompt_token_ids, max_tokens, eos_token_ids, temperature, np.random.default_rng(seed)
         )
 
     async def _sample(self, prompt, max_tokens, eos_token_ids, temperature, rng) -> list[int]:
-        context = list(self._request(prompt)[1])
+        context = list(self._request(prompt)[1])  # validated before the first await
         eos = set(self._vocab.eos_token_ids if eos_token_ids is None else eos_token_ids)
-        if max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
         generated: list[int] = []
         while len(generated) < max_tokens:
             logprobs = await self.next_token_logprobs(context)
@@ -254,7 +286,13 @@ class BatchedLM(abc.ABC):
         temperature: float = 1.0,
         seed: int | None = None,
     ) -> list[list[int]]:
-        """:meth:`sample` for each prompt, concurrently; prompt ``i`` gets its own seed stream."""
+        """:meth:`sample` for each prompt, concurrently; prompt ``i`` gets its own seed stream.
+
+        Every argument and prompt is checked before any sampling starts.
+        """
+        check_sampling_args(max_tokens, temperature)
+        for prompt in prompts:
+            self._request(prompt)
         rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(len(prompts))]
         return list(
             await asyncio.gather(
@@ -269,27 +307,57 @@ class BatchedLM(abc.ABC):
         """Forget cached outputs and backend state (KV)."""
         self.output_cache.clear()
         if not self._closed:
-            self.worker.call(self._clear_backend_cache)
+            try:
+                self.worker.call(self._clear_backend_cache)
+            except ModelClosedError:  # closed meanwhile: the release drops that state anyway
+                pass
+
+    def _begin_close(self) -> concurrent.futures.Future[None]:
+        """Start closing, once: refuse new requests, fail queued ones, and queue the
+        backend's release on the worker right behind the calls already there, then stop
+        the worker. Nothing here waits, so a cancelled :meth:`aclose` still releases the
+        backend as soon as the running batch ends. Returns the release's future.
+        """
+        with self._close_lock:
+            if self._release is None:
+                self.batcher.reject_new()
+                self._closed = True
+                try:
+                    self._release = self.worker.submit(self._close_backend)
+                except ModelClosedError:  # the worker was closed directly: nothing to run on
+                    self._release = concurrent.futures.Future()
+                    self._release.set_result(None)
+                self.worker.close(wait=False)
+            return self._release
 
     async def aclose(self) -> None:
-        """Fail queued requests, finish running ones, release the backend. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        """Fail queued requests, finish running ones, release the backend and the worker.
+
+        Idempotent, and safe to cancel: the release goes ahead anyway, and a later
+        ``aclose()`` or ``close()`` returns once it is done.
+
+        Raises:
+            Exception: what the backend's ``_close_backend`` raised, if it did.
+        """
+        release = self._begin_close()
         await self.batcher.aclose()
-        await self.worker.run_async(self._close_backend)
-        self.worker.close(wait=False)
+        await self.worker.wait_stopped()  # the release ran before the worker stopped
         self.output_cache.clear()
+        release.result()
 
     def close(self) -> None:
-        """Blocking :meth:`aclose`, for code outside an event loop."""
-        if self._closed:
+        """Blocking :meth:`aclose`, for code outside an event loop (or on any thread).
+
+        Requests queued on any event loop fail with :class:`ModelClosedError`; the
+        running batch finishes first. Called on the worker thread itself (a backend
+        closing its model), it starts the release and returns without waiting for it.
+        """
+        release = self._begin_close()
+        if self.worker.on_worker_thread():
             return
-        self._closed = True
-        self.batcher.reject_new()
-        self.worker.call(self._close_backend)
-        self.worker.close()
+        self.worker.close(wait=True)
         self.output_cache.clear()
+        release.result()
 
     async def __aenter__(self) -> BatchedLM:
         return self
@@ -299,6 +367,60 @@ class BatchedLM(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} vocab={len(self._vocab)}>"
+
+
+#: Nats by which a row may miss normalization before the batch is rejected. float32
+#: rounding is ~1e-6 nats; genlm-bytes' pruning margin (1e-4) assumes rows within rounding.
+NORMALIZATION_TOLERANCE = 1e-3
+
+
+def check_rows(out: np.ndarray, contexts: Sequence[tuple[int, ...]], label: str) -> None:
+    """Check a ``(B, V)`` batch of backend rows; raise :class:`BackendError` if one is bad.
+
+    Every row: no NaN, no ``+inf``, not every entry ``-inf`` (``-inf`` alone is the
+    legitimate log-probability of an impossible token), and a maximum within
+    ``[-log V, 0]`` (give or take :data:`NORMALIZATION_TOLERANCE`), which any normalized
+    row satisfies and raw logits rarely do. All of that is one ``max`` over the batch.
+    The first row's ``logsumexp`` (float64) must also be 0 within the tolerance, which
+    catches a backend that never normalizes at the cost of one row. A single
+    unnormalized row elsewhere in the batch whose maximum is in range goes unnoticed.
+    """
+    tol = NORMALIZATION_TOLERANCE
+    row_max = out.max(axis=1)  # NaN propagates; +inf and all -inf show here too
+    ok = (row_max <= tol) & (row_max >= -np.log(out.shape[1]) - tol)  # False for NaN
+    if not ok.all():
+        bad = np.flatnonzero(~ok)
+        i, top = int(bad[0]), float(row_max[bad[0]])
+        if np.isnan(top):
+            problem = "holds NaN"
+        elif top == np.inf:
+            problem = "holds +inf"
+        elif top == -np.inf:
+            problem = "is -inf everywhere (no possible token)"
+        elif top > 0:
+            problem = f"holds a log-probability of {top:.4g} > 0 (raw logits?)"
+        else:
+            problem = f"has no log-probability above {top:.4g}, so its mass is below 1"
+        more = f" ({len(bad) - 1} more bad rows)" if len(bad) > 1 else ""
+        raise BackendError(
+            f"{label}: row {i} of a batch of {len(out)} (context {_show(contexts[i])}) "
+            f"{problem}{more}; backends must return finite, normalized log-probabilities"
+        )
+    top = float(row_max[0])
+    logsum = top + float(np.log(np.exp(out[0].astype(np.float64) - top).sum()))
+    if abs(logsum) > tol:
+        raise BackendError(
+            f"{label}: row 0 of a batch of {len(out)} (context {_show(contexts[0])}) "
+            f"has total probability {np.exp(logsum):.6g}, not 1; backends must return "
+            "normalized log-probabilities"
+        )
+
+
+def _show(context: tuple[int, ...]) -> str:
+    """A context short enough for an error message."""
+    if len(context) <= 8:
+        return str(context)
+    return f"of {len(context)} tokens ({', '.join(map(str, context[:4]))}, ..., {context[-1]})"
 
 
 def _stack(rows: Sequence[np.ndarray], width: int) -> np.ndarray:

@@ -7,6 +7,22 @@ adapter changes — goes through the model's single :class:`ModelWorker`.
 Following anyio's worker design, the worker never touches an asyncio future: it runs
 the function and posts the outcome back with ``loop.call_soon_threadsafe``; the future
 is resolved on the loop thread, and only if it is still pending and the loop is open.
+
+Guarantees (tests/core/test_worker.py):
+
+* **The thread never dies of a call.** Whatever a call raises, and whatever happens while
+  its outcome is delivered (a future cancelled meanwhile, a closed loop), the worker logs
+  what it must and takes the next call.
+* **Every outcome can travel.** ``StopIteration`` and ``StopAsyncIteration`` cannot be
+  set on a future, and exceptions that are not :class:`Exception` (``KeyboardInterrupt``,
+  ``SystemExit``, ``GeneratorExit``, ``asyncio.CancelledError``) raised on a worker
+  thread are no real interrupt (signals reach the main thread only) but would look like
+  one to the caller: all of these reach the caller as :class:`BackendError` chained
+  from the original (``__cause__``), logged at ERROR, and the worker keeps serving.
+* **A call is queued or refused, atomically with** :meth:`ModelWorker.close`: a call
+  accepted before ``close`` runs before the thread stops; one after it raises
+  :class:`ModelClosedError`. No call is left waiting on a stopped thread.
+* **A cancelled** :meth:`ModelWorker.submit` **future is skipped** if it had not started.
 """
 
 from __future__ import annotations
@@ -20,7 +36,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from genlm.core._errors import ModelClosedError
+from genlm.core._errors import BackendError, ModelClosedError
 
 logger = logging.getLogger(__name__)
 
@@ -28,52 +44,112 @@ T = TypeVar("T")
 
 _STOP = object()
 
+#: Deliver the outcome of one call: ``(result, None)`` or ``(None, exception)``.
+Deliver = Callable[[Any, "BaseException | None"], None]
+
+
+def _always() -> bool:
+    return True
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
 
 class ModelWorker:
     """A single named daemon thread that runs submitted calls in order.
 
-    The thread starts on first use and stops on :meth:`close`; calls submitted after
-    ``close`` raise :class:`ModelClosedError`.
+    The thread starts on first use and stops on :meth:`close`, after the calls already
+    queued; calls submitted after ``close`` raise :class:`ModelClosedError`.
+
+    Args:
+        name: the thread's name (shows in logs, debuggers and ``threading.enumerate()``).
     """
 
     def __init__(self, name: str = "genlm-model"):
         self.name = name
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # makes "closed? start, queue" atomic with close()
         self._closed = False
+        #: Resolved once the thread has run its last call and left (or never started).
+        self.stopped: concurrent.futures.Future[None] = concurrent.futures.Future()
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` was called (the thread may still finish queued calls)."""
         return self._closed
 
     def on_worker_thread(self) -> bool:
-        """Whether the caller is running on this worker's thread."""
+        """Whether the caller is running on this worker's thread.
+
+        Returns:
+            True only on the worker's own thread.
+        """
         return self._thread is not None and threading.current_thread() is self._thread
 
-    def _ensure_started(self) -> None:
-        with self._lock:
-            if self._closed:
-                raise ModelClosedError(f"{self.name} is closed")
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-                self._thread.start()
-
     def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
+        try:
+            while True:
+                item = self._queue.get()
+                if item is _STOP:
+                    return
+                self._execute(*item)
+        finally:
+            self.stopped.set_result(None)
+
+    def _execute(
+        self,
+        ctx: contextvars.Context,
+        fn: Callable[..., Any],
+        args: tuple,
+        start: Callable[[], bool],
+        deliver: Deliver,
+    ) -> None:
+        """Run one call and deliver its outcome; never raises (the thread must survive)."""
+        try:
+            if not start():  # cancelled before it started: nobody wants it
                 return
-            ctx, fn, args, deliver = item
             try:
                 result = ctx.run(fn, *args)
             except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
-                deliver(None, exc)
+                deliver(None, self._transportable(exc))
             else:
                 deliver(result, None)
+        except BaseException:  # noqa: BLE001 - a delivery failure must not stop the worker
+            logger.exception("%s: could not deliver the outcome of %r", self.name, fn)
+
+    def _transportable(self, exc: BaseException) -> BaseException:
+        """``exc`` itself, or a :class:`BackendError` from it if a future cannot carry it."""
+        if isinstance(exc, Exception) and not isinstance(exc, (StopIteration, StopAsyncIteration)):
+            return exc
+        logger.error(
+            "%s: a call raised %s; its callers get a BackendError, the worker keeps serving",
+            self.name,
+            type(exc).__name__,
+            exc_info=exc,
+        )
+        error = BackendError(f"{self.name}: the backend raised {type(exc).__name__}({exc})")
+        error.__cause__ = exc
+        return error
 
     def submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
-        """Queue ``fn(*args)``; return a thread-safe future of its result."""
+        """Queue ``fn(*args)``; return a thread-safe future of its result.
+
+        Cancelling the future before the call starts skips the call.
+
+        Args:
+            fn: the function to run on the worker thread.
+            *args: its positional arguments.
+
+        Returns:
+            A ``concurrent.futures.Future`` resolved with the result or the exception
+            (see the module docstring for the exceptions that arrive wrapped).
+
+        Raises:
+            ModelClosedError: the worker is closed.
+        """
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def deliver(result: Any, exc: BaseException | None) -> None:
@@ -82,7 +158,7 @@ class ModelWorker:
             else:
                 future.set_exception(exc)
 
-        self._put(fn, args, deliver)
+        self._put(fn, args, future.set_running_or_notify_cancel, deliver)
         return future
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -90,13 +166,37 @@ class ModelWorker:
 
         Called from the worker thread itself (a backend calling back into the model),
         it runs inline instead of deadlocking.
+
+        Args:
+            fn: the function to run on the worker thread.
+            *args: its positional arguments.
+
+        Returns:
+            What ``fn`` returned.
+
+        Raises:
+            ModelClosedError: the worker is closed.
+            BaseException: whatever ``fn`` raised (see the module docstring).
         """
         if self.on_worker_thread():
             return fn(*args)
         return self.submit(fn, *args).result()
 
     def run_async(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """Queue ``fn(*args)`` and return an asyncio future resolved on the running loop."""
+        """Queue ``fn(*args)`` and return an asyncio future resolved on the running loop.
+
+        Cancelling the returned future only drops the outcome; the call still runs.
+
+        Args:
+            fn: the function to run on the worker thread.
+            *args: its positional arguments.
+
+        Returns:
+            An asyncio future of the running loop, resolved on that loop's thread.
+
+        Raises:
+            ModelClosedError: the worker is closed.
+        """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
 
@@ -114,21 +214,52 @@ class ModelWorker:
             except RuntimeError:  # the loop closed while we worked: nobody is waiting
                 logger.debug("%s: result dropped, event loop closed", self.name)
 
-        self._put(fn, args, deliver)
+        self._put(fn, args, _always, deliver)
         return future
 
-    def _put(self, fn: Callable[..., Any], args: tuple, deliver: Callable) -> None:
-        self._ensure_started()
-        self._queue.put((contextvars.copy_context(), fn, args, deliver))
-
-    def close(self, wait: bool = True) -> None:
-        """Finish the queued calls, then stop the thread. Idempotent."""
+    def _put(
+        self, fn: Callable[..., Any], args: tuple, start: Callable[[], bool], deliver: Deliver
+    ) -> None:
+        item = (contextvars.copy_context(), fn, args, start, deliver)
         with self._lock:
             if self._closed:
-                return
-            self._closed = True
+                raise ModelClosedError(f"{self.name} is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+            self._queue.put(item)
+
+    async def wait_stopped(self) -> None:
+        """Wait, without blocking the event loop, until the thread has stopped.
+
+        Cancelling this wait cancels only the wait; the thread stops regardless.
+        """
+        loop = asyncio.get_running_loop()
+        stopped: asyncio.Future[None] = loop.create_future()
+
+        def wake(_: concurrent.futures.Future) -> None:
+            try:
+                loop.call_soon_threadsafe(_resolve, stopped)
+            except RuntimeError:  # that loop is closed: nobody is waiting
+                pass
+
+        self.stopped.add_done_callback(wake)
+        await stopped
+
+    def close(self, wait: bool = True) -> None:
+        """Refuse new calls, finish the queued ones, then stop the thread. Idempotent.
+
+        Args:
+            wait: block until the thread has stopped. Every call with ``wait`` (not only
+                the first) waits, except on the worker thread itself, which cannot.
+        """
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                if self._thread is None:
+                    self.stopped.set_result(None)
+                else:
+                    self._queue.put(_STOP)
             thread = self._thread
-        if thread is not None:
-            self._queue.put(_STOP)
-            if wait and threading.current_thread() is not thread:
-                thread.join()
+        if wait and thread is not None and threading.current_thread() is not thread:
+            thread.join()

@@ -16,7 +16,7 @@ import argparse
 import logging
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from genlm.core._command import Command
 

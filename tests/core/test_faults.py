@@ -1,0 +1,500 @@
+"""A failing backend, bad input and close under load, driven by FaultyLM (issue 12,
+items 3, 5, 7, 8, 18)."""
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from support.faulty import Fault, FaultyLM, within
+
+from genlm.core import BackendError, InvalidContextError, ModelClosedError
+from genlm.core._model import validate_context
+from genlm.core._sampling import sample_token
+
+BAD_ROWS = ["nan", "posinf", "neginf", "logits", "shifted", "wide", "short", "int"]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def until(predicate, timeout_s=5.0):
+    """Yield to the loop until ``predicate()`` holds; fail after ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        assert loop.time() < deadline, f"{predicate} never held"
+        await asyncio.sleep(0.002)
+
+
+class TestBadRows:
+    @pytest.mark.parametrize("bad_row", BAD_ROWS)
+    def test_bad_batch_fails_its_waiters_and_is_not_cached(self, bad_row):
+        """Every waiter of a corrupted batch gets a BackendError naming the backend;
+        nothing is cached, and the same contexts are computed afresh afterwards."""
+        lm = FaultyLM()
+        lm.fail_next_call(Fault(bad_row=bad_row))
+
+        async def main():
+            return await asyncio.gather(
+                *(lm.next_token_logprobs(c) for c in [(1,), (2,), (1,)]), return_exceptions=True
+            )
+
+        outcomes = run(main())
+        for outcome in outcomes:
+            assert isinstance(outcome, BackendError)
+            assert "FaultyLM 'faulty'" in str(outcome)
+        assert len(lm.output_cache) == 0
+        np.testing.assert_allclose(lm.next_token_logprobs_sync([1]), lm.expected((1,)), atol=1e-6)
+        assert len(lm.batches) == 2
+        lm.close()
+
+    @pytest.mark.parametrize(
+        ("bad_row", "says"),
+        [("nan", "NaN"), ("posinf", r"\+inf"), ("neginf", "-inf everywhere"), ("logits", "> 0")],
+    )
+    def test_message_names_the_row_the_context_and_the_problem(self, bad_row, says):
+        """The error says which row, which context and what is wrong with it."""
+        lm = FaultyLM()
+        lm.fail_context((5, 6), Fault(bad_row=bad_row))
+        with pytest.raises(BackendError, match=rf"row 1 .*\(5, 6\).*{says}"):
+            lm.batch_next_token_logprobs_sync([[1], [5, 6]])
+        assert len(lm.output_cache) == 0
+        lm.close()
+
+    def test_only_the_batch_holding_a_bad_row_fails(self):
+        """With two batches in flight, the one without the NaN row delivers its rows."""
+        lm = FaultyLM(max_batch_size=2, cache_bytes=0)
+        lm.fail_context((2,), Fault(bad_row="nan"))
+        contexts = [(1,), (2,), (3,), (4,)]
+
+        async def main():
+            return await asyncio.gather(
+                *(lm.next_token_logprobs(c) for c in contexts), return_exceptions=True
+            )
+
+        outcomes = run(main())
+        assert lm.batches == [[(1,), (2,)], [(3,), (4,)]]
+        assert all(isinstance(o, BackendError) for o in outcomes[:2])
+        for context, row in zip(contexts[2:], outcomes[2:]):
+            np.testing.assert_allclose(row, lm.expected(context), atol=1e-6)
+        lm.close()
+
+    def test_minus_inf_entries_are_legitimate(self):
+        """A row with impossible tokens (-inf) but finite mass elsewhere passes untouched."""
+
+        class Sparse(FaultyLM):
+            def _logprobs_batch(self, contexts, variant):
+                row = np.full(len(self.vocab), -np.inf)
+                row[[2, 5]] = np.log([0.25, 0.75])
+                return np.stack([row] * len(contexts))
+
+        lm = Sparse()
+        row = lm.next_token_logprobs_sync([1])
+        assert np.isneginf(row).sum() == len(lm.vocab) - 2
+        np.testing.assert_allclose(np.exp(row[[2, 5]]), [0.25, 0.75], rtol=1e-6)
+        lm.close()
+
+    @settings(max_examples=40, deadline=None)
+    @given(
+        faulty=st.sets(st.integers(0, 11), max_size=4),
+        batch_size=st.integers(1, 5),
+        how=st.sampled_from(["nan", "neginf", "raise"]),
+    )
+    def test_failures_stay_inside_their_batches(self, faulty, batch_size, how):
+        """Random faulty contexts among 12: a request fails iff its batch held one; every
+        other request gets its exact row."""
+        lm = FaultyLM(16, max_batch_size=batch_size, cache_bytes=0)
+        for i in faulty:
+            fault = Fault(raises=ValueError("boom")) if how == "raise" else Fault(bad_row=how)
+            lm.fail_context((i, 1), fault)
+        contexts = [(i, 1) for i in range(12)]
+
+        async def main():
+            return await asyncio.gather(
+                *(lm.next_token_logprobs(c) for c in contexts), return_exceptions=True
+            )
+
+        outcomes = run(main())
+        batch_of = {c: tuple(b) for b in lm.batches for c in b}
+        for context, outcome in zip(contexts, outcomes):
+            spoiled = any(c[0] in faulty for c in batch_of[context])
+            if spoiled:
+                assert isinstance(outcome, ValueError if how == "raise" else BackendError)
+            else:
+                np.testing.assert_allclose(outcome, lm.expected(context), atol=1e-6)
+        lm.close()
+
+
+class TestRaisingBackend:
+    @pytest.mark.parametrize(
+        "exc",
+        [StopIteration, StopAsyncIteration, KeyboardInterrupt, SystemExit],
+        ids=lambda e: e.__name__,
+    )
+    def test_untransportable_exception_fails_the_batch_and_the_model_serves_on(self, exc):
+        """The batch's waiters get BackendError (cause: the original), later requests
+        work, and aclose() finishes: nothing hangs, nothing escapes the worker."""
+        lm = FaultyLM()
+        lm.fail_next_call(Fault(raises=exc))
+
+        async def main():
+            first = await asyncio.wait_for(
+                asyncio.gather(
+                    lm.next_token_logprobs([1]), lm.next_token_logprobs([2]), return_exceptions=True
+                ),
+                5,
+            )
+            later = await asyncio.wait_for(lm.next_token_logprobs([1]), 5)
+            await asyncio.wait_for(lm.aclose(), 5)
+            return first, later
+
+        first, later = run(main())
+        for outcome in first:
+            assert isinstance(outcome, BackendError) and type(outcome.__cause__) is exc
+        np.testing.assert_allclose(later, lm.expected((1,)), atol=1e-6)
+        assert lm.released.is_set() and lm.worker.stopped.done()
+        lm.worker._thread.join(5)
+        assert not lm.worker._thread.is_alive()
+
+    def test_sync_path_gets_backend_error_too(self):
+        """next_token_logprobs_sync over a StopIteration backend raises BackendError."""
+        lm = FaultyLM()
+        lm.fail_next_call(Fault(raises=StopIteration))
+        with pytest.raises(BackendError):
+            within(5, lm.next_token_logprobs_sync, [1])
+        np.testing.assert_allclose(
+            within(5, lm.next_token_logprobs_sync, [1]), lm.expected((1,)), atol=1e-6
+        )
+        lm.close()
+
+
+class TestClose:
+    def test_sync_close_fails_requests_queued_behind_the_running_batch(self):
+        """close() from another thread: the running batch delivers, the queued requests
+        fail with ModelClosedError, none is left pending."""
+        lm = FaultyLM()
+        gate = threading.Event()
+        lm.fail_next_call(Fault(block=gate))
+
+        async def main():
+            running = asyncio.ensure_future(lm.next_token_logprobs([1]))
+            await until(lm.started.is_set)
+            queued = [asyncio.ensure_future(lm.next_token_logprobs([i])) for i in (2, 3)]
+            await asyncio.sleep(0.01)
+            closer = threading.Thread(target=lm.close)
+            closer.start()
+            await until(lambda: lm._closed)  # set once the scheduler refuses requests
+            gate.set()
+            row = await asyncio.wait_for(running, 5)
+            for request in queued:
+                with pytest.raises(ModelClosedError):
+                    await asyncio.wait_for(request, 5)
+            closer.join(5)
+            assert not closer.is_alive()
+            return row
+
+        np.testing.assert_allclose(run(main()), lm.expected((1,)), atol=1e-6)
+        assert lm.batches == [[(1,)]] and lm.released.is_set()
+
+    def test_sync_close_on_the_loop_thread_fails_its_queued_requests(self):
+        """close() called by a coroutine blocks its own loop until the release, then the
+        loop's queued requests fail with ModelClosedError as soon as it resumes."""
+        lm = FaultyLM()
+        gate = threading.Event()
+        lm.fail_next_call(Fault(block=gate))
+
+        async def main():
+            running = asyncio.ensure_future(lm.next_token_logprobs([1]))
+            await until(lm.started.is_set)
+            queued = asyncio.ensure_future(lm.next_token_logprobs([2]))
+            await asyncio.sleep(0.01)
+            opener = threading.Timer(0.05, gate.set)  # the loop is blocked in close()
+            opener.start()
+            lm.close()
+            assert lm.released.is_set()
+            with pytest.raises(ModelClosedError):
+                await asyncio.wait_for(queued, 5)
+            return await asyncio.wait_for(running, 5)
+
+        np.testing.assert_allclose(run(main()), lm.expected((1,)), atol=1e-6)
+
+    def test_cancelled_aclose_still_releases_the_backend(self):
+        """aclose() cancelled while a batch runs: the backend is released and the worker
+        stops once the batch ends, with no second call; a second aclose() returns."""
+        lm = FaultyLM()
+        gate = threading.Event()
+        lm.fail_next_call(Fault(block=gate))
+
+        async def main():
+            running = asyncio.ensure_future(lm.next_token_logprobs([1]))
+            await until(lm.started.is_set)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(lm.aclose(), 0.05)
+            assert not lm.released.is_set()
+            gate.set()
+            row = await asyncio.wait_for(running, 5)
+            await until(lm.released.is_set)
+            await until(lambda: not lm.worker._thread.is_alive())
+            await asyncio.wait_for(lm.aclose(), 5)
+            return row
+
+        np.testing.assert_allclose(run(main()), lm.expected((1,)), atol=1e-6)
+        assert lm.closes == 1
+
+    @pytest.mark.parametrize("second", ["aclose", "close"])
+    def test_second_close_after_a_cancelled_aclose_waits_for_the_release(self, second):
+        """After a cancelled aclose(), a second aclose()/close() returns only once the
+        backend is released and the worker stopped."""
+        lm = FaultyLM()
+        gate = threading.Event()
+        lm.fail_next_call(Fault(block=gate))
+
+        async def main():
+            running = asyncio.ensure_future(lm.next_token_logprobs([1]))
+            await until(lm.started.is_set)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(lm.aclose(), 0.05)
+            if second == "aclose":
+                closing = asyncio.ensure_future(lm.aclose())
+            else:
+                closing = asyncio.ensure_future(asyncio.to_thread(lm.close))
+            await asyncio.sleep(0.05)
+            assert not closing.done()
+            gate.set()
+            await asyncio.wait_for(closing, 5)
+            assert lm.released.is_set() and lm.worker.stopped.done()
+            await running
+
+        run(main())
+        assert lm.closes == 1
+
+    def test_close_is_idempotent_and_reraises_a_failed_release(self):
+        """close()/aclose() release once; a failing release is raised to each caller."""
+        lm = FaultyLM()
+        lm.close_fault = Fault(raises=RuntimeError("release failed"))
+        lm.next_token_logprobs_sync([1])
+        with pytest.raises(RuntimeError, match="release failed"):
+            lm.close()
+        with pytest.raises(RuntimeError, match="release failed"):
+            run(asyncio.wait_for(lm.aclose(), 5))
+        assert lm.closes == 1
+        with pytest.raises(ModelClosedError):
+            lm.next_token_logprobs_sync([1])
+
+    def test_clear_cache_racing_close_does_not_raise(self):
+        """clear_cache() after close started is a no-op for the backend, not an error."""
+        lm = FaultyLM()
+        lm.next_token_logprobs_sync([1])
+        lm.worker.close()  # the worker is gone, the model not yet marked closed
+        lm.clear_cache()
+        assert lm.clears == 0 and len(lm.output_cache) == 0
+        lm.close()
+
+
+class TestInputValidation:
+    @pytest.mark.parametrize(
+        "context",
+        [
+            bytearray(b"\x01\x02"),
+            memoryview(b"\x01\x02"),
+            {1, 2},
+            frozenset({1, 2}),
+            {1: 0, 2: 0},
+            {1: 0, 2: 0}.keys(),
+        ],
+        ids=["bytearray", "memoryview", "set", "frozenset", "dict", "dict_keys"],
+    )
+    def test_raw_bytes_and_unordered_contexts_are_rejected(self, context):
+        """Raw bytes and unordered collections are not contexts: InvalidContextError."""
+        lm = FaultyLM()
+        with pytest.raises(InvalidContextError, match="bytearray|memoryview|order"):
+            lm.next_token_logprobs_sync(context)
+        with pytest.raises(InvalidContextError):
+            run(lm.next_token_logprobs(context))
+        assert lm.batches == []
+        lm.close()
+
+    @pytest.mark.parametrize(
+        "context",
+        [[1, 2], (1, 2), range(1, 3), np.array([1, 2], dtype=np.int32), (t for t in [1, 2])],
+        ids=["list", "tuple", "range", "ndarray", "generator"],
+    )
+    def test_ordered_integer_sequences_are_accepted(self, context):
+        """Ordered iterables of ints (numpy arrays included) are contexts."""
+        assert validate_context(context, 8) == (1, 2)
+
+
+class TestSamplingArguments:
+    BAD = [
+        ({"temperature": float("nan")}, ValueError),
+        ({"temperature": float("inf")}, ValueError),
+        ({"temperature": -1.0}, ValueError),
+        ({"temperature": True}, TypeError),
+        ({"temperature": "1"}, TypeError),
+        ({"max_tokens": 2.5}, TypeError),
+        ({"max_tokens": 3.0}, TypeError),
+        ({"max_tokens": True}, TypeError),
+        ({"max_tokens": -1}, ValueError),
+    ]
+
+    @pytest.mark.parametrize(("kwargs", "error"), BAD, ids=lambda v: str(v))
+    def test_bad_arguments_raise_before_any_work(self, kwargs, error):
+        """sample and batch_sample reject bad max_tokens/temperature before a forward pass."""
+        lm = FaultyLM()
+        args = {"max_tokens": 3, "temperature": 1.0, "seed": 0} | kwargs
+        with pytest.raises(error, match="max_tokens|temperature"):
+            run(lm.sample([1], **args))
+        with pytest.raises(error, match="max_tokens|temperature"):
+            run(lm.batch_sample([[1], [2]], **args))
+        assert lm.batches == []
+        lm.close()
+
+    def test_numpy_integer_max_tokens_is_fine(self):
+        """max_tokens may be a numpy integer; exactly that many tokens come back."""
+        lm = FaultyLM()
+        tokens = run(lm.sample([1], max_tokens=np.int64(3), eos_token_ids=[], seed=0))
+        assert len(tokens) == 3
+        lm.close()
+
+    def test_batch_sample_checks_every_prompt_first(self):
+        """A bad prompt anywhere in batch_sample fails before any prompt is computed."""
+        lm = FaultyLM()
+        with pytest.raises(InvalidContextError):
+            run(lm.batch_sample([[1], [99]], max_tokens=2, seed=0))
+        assert lm.batches == []
+        lm.close()
+
+    def test_sample_over_a_nan_row_raises_not_token_0(self):
+        """A NaN row from the backend makes sample raise BackendError, not return [0]."""
+        lm = FaultyLM()
+        lm.fail_context((1,), Fault(bad_row="nan"))
+        with pytest.raises(BackendError, match="NaN"):
+            run(lm.sample([1], max_tokens=1, seed=0))
+        lm.close()
+
+    @pytest.mark.parametrize("temperature", [0.0, 1.0])
+    @pytest.mark.parametrize(
+        ("row", "says"),
+        [
+            ([np.nan, 0.0, -1.0], "NaN"),
+            ([-1.0, np.inf, -2.0], r"\+inf"),
+            ([-np.inf, -np.inf, -np.inf], "only -inf"),
+        ],
+    )
+    def test_sample_token_rejects_rows_argmax_would_misread(self, row, says, temperature):
+        """sample_token never answers token 0 for a NaN, +inf or all -inf row."""
+        with pytest.raises(ValueError, match=says):
+            sample_token(np.array(row), np.random.default_rng(0), temperature)
+
+    def test_sample_token_draws_follow_the_distribution(self):
+        """Seeded Gumbel-max draws match the probabilities (chi-square style bound)."""
+        logprobs = np.array([np.log(0.1), np.log(0.6), np.log(0.3), -np.inf])
+        rng = np.random.default_rng(0)
+        counts = np.bincount([sample_token(logprobs, rng) for _ in range(6000)], minlength=4)
+        np.testing.assert_allclose(counts / 6000, [0.1, 0.6, 0.3, 0.0], atol=0.025)
+
+
+# ---- random interleavings ---------------------------------------------------------------
+
+MODEL_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("request"), st.integers(0, 7)),
+        st.tuples(st.just("cancel"), st.integers(0, 30)),
+        st.tuples(st.just("yield"), st.integers(0, 3)),
+        st.tuples(st.just("block"), st.just(0)),
+        st.tuples(st.just("release"), st.just(0)),
+        st.tuples(st.just("close"), st.sampled_from(["aclose", "cancelled aclose", "sync"])),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ops=MODEL_OPS, batch_size=st.integers(1, 4))
+@example(  # aclose cancelled while a batch runs, then the batch ends (item 8)
+    ops=[("block", 0), ("request", 1), ("yield", 2), ("close", "cancelled aclose")],
+    batch_size=1,
+)
+@example(  # sync close while requests wait behind a running batch (item 7)
+    ops=[
+        ("block", 0),
+        ("request", 1),
+        ("yield", 2),
+        ("request", 2),
+        ("close", "sync"),
+        ("yield", 3),
+        ("release", 0),
+    ],
+    batch_size=2,
+)
+def test_random_request_cancel_close_interleavings(ops, batch_size):
+    """Any interleaving of requests, cancellations, blocked batches and (cancelled, sync
+    or awaited) closes settles: each request gets its exact row, is cancelled, or fails
+    with ModelClosedError; the backend is released exactly once; nothing hangs."""
+    lm = FaultyLM(max_batch_size=batch_size)
+    gate = threading.Event()
+
+    async def main():
+        requests, closers = [], []
+        for op, arg in ops:
+            if op == "request":
+                requests.append((arg, asyncio.ensure_future(lm.next_token_logprobs([arg]))))
+            elif op == "cancel" and requests:
+                requests[arg % len(requests)][1].cancel()
+            elif op == "yield":
+                await asyncio.sleep(0.001 * arg)
+            elif op == "block":
+                lm.fail_next_call(Fault(block=gate))
+            elif op == "release":
+                gate.set()
+            elif arg == "aclose":
+                gate.set()
+                await asyncio.wait_for(lm.aclose(), 5)
+            elif arg == "cancelled aclose":
+                try:
+                    await asyncio.wait_for(lm.aclose(), 0.001)
+                except TimeoutError:
+                    pass
+            else:
+                closers.append(asyncio.ensure_future(asyncio.to_thread(lm.close)))
+        gate.set()
+        await asyncio.wait_for(lm.aclose(), 5)
+        await asyncio.wait_for(asyncio.gather(*closers), 5)
+        if requests:
+            _, pending = await asyncio.wait([r for _, r in requests], timeout=5)
+            assert not pending
+        for context, request in requests:
+            if request.cancelled():
+                continue
+            if request.exception() is None:
+                np.testing.assert_allclose(request.result(), lm.expected((context,)), atol=1e-6)
+            else:
+                assert isinstance(request.exception(), ModelClosedError)
+
+    run(main())
+    assert lm.closes == 1 and lm.released.is_set()
+    lm.worker._thread.join(5)
+    assert not lm.worker._thread.is_alive()
+
+
+def test_faulty_lm_variants_form_separate_batches():
+    """FaultyLM's variant is captured per request; a batch never mixes variants."""
+    lm = FaultyLM(cache_bytes=0)
+
+    async def main():
+        first = asyncio.ensure_future(lm.next_token_logprobs([1]))
+        await asyncio.sleep(0)  # the first request is made (and its variant captured)
+        lm.variant = "B"
+        second = asyncio.ensure_future(lm.next_token_logprobs([2]))
+        return await asyncio.gather(first, second)
+
+    rows = run(main())
+    assert sorted(map(repr, zip(lm.batch_variants, lm.batches))) == sorted(
+        map(repr, [(None, [(1,)]), ("B", [(2,)])])
+    )
+    np.testing.assert_allclose(rows[1], lm.expected((2,)), atol=1e-6)
+    lm.close()

@@ -1,0 +1,244 @@
+"""ModelWorker: the thread survives every call, cancellation and close (issue 12, items 5, 6, 9)."""
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.faulty import within
+
+from genlm.core import BackendError, ModelClosedError, ModelWorker
+
+#: What a backend may raise that a future cannot carry, or that is no exception.
+UNTRANSPORTABLE = [
+    StopIteration,
+    StopAsyncIteration,
+    KeyboardInterrupt,
+    SystemExit,
+    GeneratorExit,
+    asyncio.CancelledError,
+]
+
+
+def raiser(exc):
+    def fn():
+        raise exc("from the backend")
+
+    return fn
+
+
+def assert_serving(worker):
+    """The worker still runs calls, on its thread, which is alive."""
+    assert within(5, worker.call, threading.current_thread) is worker._thread
+    assert worker._thread.is_alive()
+
+
+class TestSurvival:
+    def test_cancelled_submit_future_is_skipped_and_the_worker_keeps_serving(self):
+        """A submit future cancelled while queued neither kills the thread nor runs."""
+        worker = ModelWorker("test")
+        gate = threading.Event()
+        ran = []
+        first = worker.submit(gate.wait, 5)
+        second = worker.submit(ran.append, "second")
+        assert second.cancel()
+        gate.set()
+        assert first.result(timeout=5) is True
+        assert_serving(worker)
+        assert ran == []
+        worker.close()
+
+    @pytest.mark.parametrize("exc", UNTRANSPORTABLE, ids=lambda e: e.__name__)
+    def test_untransportable_exception_reaches_call_as_backend_error(self, exc, caplog):
+        """call(): BackendError chained from the original, logged, and the worker serves on."""
+        worker = ModelWorker("test")
+        with caplog.at_level(logging.ERROR, logger="genlm.core._worker"):
+            with pytest.raises(BackendError, match=exc.__name__) as info:
+                within(5, worker.call, raiser(exc))
+        assert type(info.value.__cause__) is exc
+        assert exc.__name__ in caplog.text
+        assert_serving(worker)
+        worker.close()
+
+    @pytest.mark.parametrize("exc", UNTRANSPORTABLE, ids=lambda e: e.__name__)
+    def test_untransportable_exception_reaches_run_async_as_backend_error(self, exc):
+        """run_async(): the awaiting coroutine gets BackendError instead of hanging."""
+        worker = ModelWorker("test")
+
+        async def main():
+            with pytest.raises(BackendError) as info:
+                await asyncio.wait_for(worker.run_async(raiser(exc)), 5)
+            assert type(info.value.__cause__) is exc
+            return await asyncio.wait_for(worker.run_async(lambda: 7), 5)
+
+        assert asyncio.run(main()) == 7
+        assert_serving(worker)
+        worker.close()
+
+    def test_ordinary_exception_reaches_the_caller_unchanged(self):
+        """An Exception from a call is raised as itself (users catch their engine's errors)."""
+        worker = ModelWorker("test")
+        boom = ValueError("boom")
+
+        def fn():
+            raise boom
+
+        with pytest.raises(ValueError) as info:
+            within(5, worker.call, fn)
+        assert info.value is boom
+        worker.close()
+
+    def test_result_for_a_closed_event_loop_is_dropped_quietly(self):
+        """A run_async whose loop closed before the result is posted does not hurt the worker."""
+        worker = ModelWorker("test")
+        gate = threading.Event()
+
+        async def main():
+            worker.run_async(gate.wait, 5)  # nobody awaits; the loop ends first
+
+        asyncio.run(main())
+        gate.set()
+        assert_serving(worker)
+        worker.close()
+
+
+class TestClose:
+    def test_close_racing_a_call_never_leaves_it_blocked(self):
+        """close() between the worker's start and the queueing of a call: the call
+        either runs or raises ModelClosedError, it never waits on a stopped thread."""
+        worker = ModelWorker("test")
+        inner = worker._queue
+
+        class CloseBeforePut:
+            """Runs close() on another thread just before the first call is queued."""
+
+            triggered = False
+
+            def put(self, item):
+                if isinstance(item, tuple) and not self.triggered:
+                    self.triggered = True
+                    closer = threading.Thread(target=worker.close, kwargs={"wait": False})
+                    closer.start()
+                    closer.join(0.5)  # the fixed worker holds its lock: close waits for us
+                inner.put(item)
+
+            def get(self):
+                return inner.get()
+
+        worker._queue = CloseBeforePut()
+        try:
+            assert within(5, worker.call, lambda: 7) == 7
+        except ModelClosedError:
+            pass
+        assert worker.closed
+        worker.stopped.result(timeout=5)
+        with pytest.raises(ModelClosedError):
+            worker.call(lambda: 7)
+
+    def test_second_close_waits_until_the_thread_stopped(self):
+        """close() after close(wait=False) returns only once the queued calls ran."""
+        worker = ModelWorker("test")
+        gate = threading.Event()
+        running = worker.submit(gate.wait, 5)
+        later = worker.submit(lambda: "later")
+        worker.close(wait=False)
+        second = threading.Thread(target=worker.close)
+        second.start()
+        second.join(0.1)
+        assert second.is_alive()  # it is waiting for the blocked call
+        gate.set()
+        second.join(5)
+        assert not second.is_alive()
+        assert running.result(timeout=0) is True and later.result(timeout=0) == "later"
+        assert worker.stopped.done() and not worker._thread.is_alive()
+
+    def test_close_of_a_never_started_worker(self):
+        """A worker closed before any call starts no thread and reports it stopped."""
+        worker = ModelWorker("test")
+        worker.close()
+        worker.close()
+        assert worker._thread is None and worker.stopped.done()
+        with pytest.raises(ModelClosedError):
+            worker.submit(lambda: 1)
+
+    def test_wait_stopped_can_be_cancelled_and_awaited_again(self):
+        """Cancelling wait_stopped() cancels only the wait; a second wait completes."""
+        worker = ModelWorker("test")
+        gate = threading.Event()
+        worker.submit(gate.wait, 5)
+        worker.close(wait=False)
+
+        async def main():
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(worker.wait_stopped(), 0.05)
+            gate.set()
+            await asyncio.wait_for(worker.wait_stopped(), 5)
+            assert worker.stopped.done()
+
+        asyncio.run(main())
+        worker._thread.join(5)
+        assert not worker._thread.is_alive()
+
+
+# ---- random interleavings ---------------------------------------------------------------
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("submit"), st.integers(0, 100)),
+        st.tuples(st.just("cancel"), st.integers(0, 20)),
+        st.tuples(st.just("release"), st.just(0)),
+        st.tuples(st.just("close"), st.booleans()),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=OPS)
+def test_random_submit_cancel_close_interleavings(ops):
+    """Any sequence of submit/cancel/release/close ends with every future settled: a
+    cancelled one never ran, the others ran once each in submission order with the right
+    result, submissions after close raised ModelClosedError, and the thread stopped."""
+    worker = ModelWorker("test")
+    gate = threading.Event()
+    blocker = worker.submit(gate.wait, 5)  # holds the worker so cancels hit queued calls
+    ran = []
+    submitted: list[tuple[int, concurrent.futures.Future]] = []
+    closed = False
+
+    def work(x):
+        ran.append(x)
+        return 2 * x
+
+    for op, arg in ops:
+        if op == "submit":
+            if closed:
+                with pytest.raises(ModelClosedError):
+                    worker.submit(work, arg)
+            else:
+                submitted.append((arg, worker.submit(work, arg)))
+        elif op == "cancel" and submitted:
+            submitted[arg % len(submitted)][1].cancel()
+        elif op == "release":
+            gate.set()
+        elif op == "close":
+            closed = True
+            if gate.is_set() and arg:
+                within(5, worker.close)
+            else:
+                worker.close(wait=False)
+    gate.set()
+    within(5, worker.close)
+    assert blocker.result(timeout=0) is True
+    expected = []
+    for x, future in submitted:
+        assert future.done()
+        if future.cancelled():
+            continue
+        assert future.result(timeout=0) == 2 * x
+        expected.append(x)
+    assert ran == expected
+    assert not worker._thread.is_alive()
