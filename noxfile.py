@@ -107,7 +107,10 @@ def core(session: nox.Session) -> None:
     install_core(session, *TOKENIZER_DEPS)
     # The import-graph check reads every distribution's source (ast); it imports nothing.
     pytest(
-        session, "tests/core", "tests/test_import_graph.py", "tests/docs/test_backend_author_page.py"
+        session,
+        "tests/core",
+        "tests/test_import_graph.py",
+        "tests/docs/test_backend_author_page.py",
     )
 
 

@@ -155,7 +155,13 @@ def test_no_auto_selectable_backend_names_the_manual_ones(capsys, monkeypatch):
     """With only a backend that is never auto-selected (mlx on Linux), the error says --backend."""
     from genlm.core._registry import BackendSpec, Registry
 
-    mlx = BackendSpec(name="mlx", loader="x.y:z", distribution="d-mlx", auto_select=False)
+    # the loader must exist: availability checks that its module can be found
+    mlx = BackendSpec(
+        name="mlx",
+        loader="genlm.core.mock:MockLM.from_name",
+        distribution="d-mlx",
+        auto_select=False,
+    )
     monkeypatch.setattr(_registry, "_registry", Registry(backends={"mlx": mlx}))
     assert run_cli(["smc", "hi", "--no-progress"]) == 1
     line = one_line_error(capsys)

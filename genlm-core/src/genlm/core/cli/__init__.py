@@ -19,10 +19,9 @@ import traceback
 from collections.abc import Sequence
 
 from genlm.core._command import Command
+from genlm.core.cli._errors import CLIError, one_line
 
-
-class CLIError(Exception):
-    """A failure the user can fix, reported as one line without a traceback."""
+__all__ = ["CLIError", "Command", "main", "one_line"]
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -46,12 +45,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception's message on one line (library messages often span several)."""
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
 
 
 def _core_commands() -> list[Command]:

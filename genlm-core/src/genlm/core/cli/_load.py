@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from genlm.core.cli import CLIError, one_line
+from genlm.core.cli._errors import CLIError, one_line
 
 #: Backends whose loaders resolve model names on the Hugging Face hub.
 HUB_BACKENDS = frozenset({"hf", "vllm", "mlx"})

@@ -15,8 +15,8 @@ from collections import defaultdict
 
 from genlm.core._command import Command
 from genlm.core._embedded import DEFAULT_MODEL
-from genlm.core.cli import CLIError
 from genlm.core.cli._args import ascii_bytes, fraction, positive_float, positive_int
+from genlm.core.cli._errors import CLIError
 
 logger = logging.getLogger(__name__)
 

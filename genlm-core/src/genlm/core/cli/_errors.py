@@ -1,0 +1,14 @@
+"""The CLI's one-line errors, in their own module so every command module can import them
+without importing the ``genlm.core.cli`` package that imports those modules."""
+
+from __future__ import annotations
+
+
+class CLIError(Exception):
+    """A failure the user can fix, reported as one line without a traceback."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (library messages often span several)."""
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
