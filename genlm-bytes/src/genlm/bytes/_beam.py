@@ -72,9 +72,10 @@ class ByteBeamState:
     pruned beam (:meth:`prune`: the ``K`` heaviest candidates whose share of the mass is
     above the threshold), so a step costs at most ``K`` LM contexts.
 
-    Errors of the token LM (e.g. ``InvalidContextError``) propagate from the methods that
-    ask it for rows; once the model is closed, a method that needs masses it has not
-    computed yet raises :class:`ByteLMClosedError`.
+    The methods that ask the token LM for rows raise its errors (e.g.
+    ``InvalidContextError`` for a token id outside the vocabulary) inside an
+    ``ExceptionGroup``, as :meth:`ByteLM.next_tokens` does; once the model is closed, a
+    method that needs masses it has not computed yet raises :class:`ByteLMClosedError`.
 
     Args:
         byte_lm: the model whose trie, masses and options the state uses (shared by
