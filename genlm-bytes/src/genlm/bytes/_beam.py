@@ -71,6 +71,18 @@ class ByteBeamState:
     ``await state.logp_next()`` gives the next symbol's distribution. Both work on the
     pruned beam (:meth:`prune`: the ``K`` heaviest candidates whose share of the mass is
     above the threshold), so a step costs at most ``K`` LM contexts.
+
+    The methods that ask the token LM for rows raise its errors (e.g.
+    ``InvalidContextError`` for a token id outside the vocabulary) inside an
+    ``ExceptionGroup``, as :meth:`ByteLM.next_tokens` does; once the model is closed, a
+    method that needs masses it has not computed yet raises :class:`ByteLMClosedError`.
+
+    Args:
+        byte_lm: the model whose trie, masses and options the state uses (shared by
+            every state made from it).
+        candidates: the beam; kept sorted by weight, heaviest first.
+        data: the bytes consumed since the prompt.
+        eos_mode: False while prefilling: EOS tokens that are ordinary text count as text.
     """
 
     def __init__(
@@ -94,13 +106,27 @@ class ByteBeamState:
 
     @classmethod
     def at_context(cls, byte_lm: ByteModel, context: tuple[int, ...]) -> ByteBeamState:
-        """The state at a token boundary right after ``context`` (no bytes yet)."""
+        """The state at a token boundary right after ``context`` (no bytes yet).
+
+        Args:
+            byte_lm: the model.
+            context: the token ids of the context (not checked here: the token LM
+                validates them when it is first asked).
+
+        Returns:
+            A state of one candidate, of weight 0, at the trie's root.
+        """
         return cls(byte_lm, [Candidate(context, 0.0, byte_lm.trie.root, None, 0.0)])
 
     # ---- the beam ----------------------------------------------------------------------
 
     def prune(self) -> ByteBeamState:
-        """Keep the ``K`` heaviest candidates whose share of ``exp(logZ)`` exceeds the threshold."""
+        """Keep the ``K`` heaviest candidates whose share of ``exp(logZ)`` exceeds the threshold.
+
+        Returns:
+            This state if nothing is dropped, else a new one (its ``logZ`` is the kept
+            candidates' total).
+        """
         K, threshold = self.byte_lm.K, self.byte_lm.log_prune_threshold
         kept = [c for c in self.candidates if c.weight - self.logZ > threshold]
         if K is not None:
@@ -119,7 +145,18 @@ class ByteBeamState:
         boundaries) is at most the prune threshold is dropped before the LM is asked,
         and so is one whose weight is at most ``above`` (its weight bounds every candidate
         it can lead to, so a caller that knows ``K`` heavier ones need not ask the LM).
-        ``prefetch``: more contexts to send in the same LM batch (for later steps).
+
+        Args:
+            above: leave out boundaries whose log weight is at most this.
+            prefetch: more contexts to send in the same LM batch (for later steps), if
+                the LM is asked at all.
+
+        Returns:
+            The boundary candidates (at the trie's root, their context's masses fetched),
+            in the beam's order. Cached on the state when ``above`` is -inf.
+
+        Raises:
+            ByteLMClosedError: the model was closed.
         """
         if self._boundaries is not None:
             return [b for b in self._boundaries if b.logp > above]
@@ -163,8 +200,16 @@ class ByteBeamState:
     async def advance(self, byte: int) -> ByteBeamState:
         """The state after one more byte (from the pruned beam); heals if the beam would empty.
 
+        Args:
+            byte: the byte value, 0..255.
+
+        Returns:
+            The new state; this one is unchanged.
+
         Raises:
+            ValueError: ``byte`` is not an int in 0..255.
             UnreachableByteError: no candidate reaches ``byte`` and healing failed or is off.
+            ByteLMClosedError: the model was closed.
         """
         return await self._advance(byte, only_survivors=False)
 
@@ -235,7 +280,25 @@ class ByteBeamState:
         return self.advance(byte)
 
     async def prefill(self, data: bytes) -> ByteBeamState:
-        """Advance over ``data``; EOS tokens that are ordinary text count as text meanwhile."""
+        """Advance over ``data``; EOS tokens that are ordinary text count as text meanwhile.
+
+        Like :meth:`advance` over each byte, but the intermediate states leave out the
+        candidates the next step prunes (sparing their LM calls) and fetch rows ahead
+        (see ``ByteLM``'s ``lookahead``). When some EOS token is ordinary text, the bytes
+        are consumed with it counted as text, and the result is switched back to EOS mode.
+
+        Args:
+            data: the bytes to consume.
+
+        Returns:
+            The state after ``data`` (this one if ``data`` is empty and no EOS token is
+            text).
+
+        Raises:
+            ValueError: see :meth:`advance`.
+            UnreachableByteError: no candidate reaches some byte of ``data``.
+            ByteLMClosedError: the model was closed.
+        """
         text_mode = self.byte_lm.has_text_eos
         state = await self.with_eos_mode(False) if text_mode else self
         data = bytes(data)
@@ -247,7 +310,21 @@ class ByteBeamState:
         return await state.with_eos_mode(True) if text_mode else state
 
     async def with_eos_mode(self, eos_mode: bool) -> ByteBeamState:
-        """The same candidates with masses for the other EOS treatment (see :meth:`prefill`)."""
+        """The same candidates with masses for the other EOS treatment (see :meth:`prefill`).
+
+        No LM call: each candidate's masses are recomputed from the LM row it holds.
+
+        Args:
+            eos_mode: True: EOS tokens that are ordinary text end the sequence; False:
+                they count as the text they spell.
+
+        Returns:
+            This state if it is already in that mode, else the re-weighted state
+            (candidates that become impossible are dropped).
+
+        Raises:
+            ByteLMClosedError: the model was closed.
+        """
         return self._in_mode(eos_mode)
 
     def _in_mode(self, eos_mode: bool) -> ByteBeamState:
@@ -270,6 +347,13 @@ class ByteBeamState:
 
         Computed on the pruned beam and normalized by its mass: exact conditionals when
         nothing is pruned. See :class:`NextByteLogprobs` for the representation.
+
+        Returns:
+            The next symbol's log-probabilities (bytes, EOS) and the token-boundary
+            log-probability (``dist[EOT]``).
+
+        Raises:
+            ByteLMClosedError: the model was closed.
         """
         beam = self.prune()
         trie = self.byte_lm.trie
@@ -313,6 +397,9 @@ class ByteBeamState:
             trie_opts: the published API's trie options. ``max_batch_size`` and ``device``
                 are accepted and have no effect (the token model's scheduler batches; the
                 trie runs on the CPU); anything else raises.
+
+        Returns:
+            The state at a token boundary right after the BOS token.
 
         Raises:
             TypeError: ``llm`` is no token model, or an unknown trie option.
@@ -359,6 +446,13 @@ class ByteBeamState:
 
         Args:
             logZ: the mass the threshold is relative to (default: :attr:`logZ`).
+
+        Returns:
+            One :class:`LazyTrieState` per new boundary, at the trie's root, in the beam's
+            order (candidates already at a boundary are not repeated).
+
+        Raises:
+            ByteLMClosedError: the model was closed.
         """
         found = self._boundary_contexts(logZ, roots=False)
         nexts = await self.byte_lm.next_tokens([ctx for ctx, _ in found], self.eos_mode)
@@ -369,7 +463,18 @@ class ByteBeamState:
         ]
 
     def with_mode(self, mode: TrieMode) -> ByteBeamState:
-        """The same candidates with EOS counted as ``mode`` says (no LM call)."""
+        """The same candidates with EOS counted as ``mode`` says (no LM call).
+
+        Args:
+            mode: a :class:`TrieMode` or its value (``"with_eos"``, ``"without_eos"``).
+
+        Returns:
+            See :meth:`with_eos_mode`.
+
+        Raises:
+            ValueError: ``mode`` is not a :class:`TrieMode` value.
+            ByteLMClosedError: the model was closed.
+        """
         return self._in_mode(TrieMode(mode) is TrieMode.WITH_EOS)
 
     async def cleanup(self) -> None:
@@ -388,7 +493,24 @@ class ByteBeamState:
     ) -> GeneratedBytes:
         """Draw up to ``max_bytes`` bytes, one at a time, stopping at EOS.
 
-        The same seed gives the same bytes; ``temperature=0`` is :meth:`greedy`.
+        Each symbol is drawn from :meth:`logp_next` renormalized over bytes and EOS (see
+        :meth:`NextByteLogprobs.sample`). The same seed gives the same bytes;
+        ``temperature=0`` is :meth:`greedy`.
+
+        Args:
+            max_bytes: most bytes to draw (0: none).
+            seed: seed of a new ``numpy`` generator (ignored when ``rng`` is given).
+            rng: the generator to draw with (default: one made from ``seed``).
+            temperature: divides the log-probabilities before each draw, >= 0.
+
+        Returns:
+            The bytes, the state after them, whether EOS ended them, and their
+            log-probability.
+
+        Raises:
+            ValueError: ``max_bytes`` or ``temperature`` is negative, or no byte and no EOS
+                has positive probability at some step.
+            ByteLMClosedError: the model was closed.
         """
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
@@ -405,7 +527,18 @@ class ByteBeamState:
         return GeneratedBytes(bytes(out), state, False, total)
 
     async def greedy(self, max_bytes: int) -> GeneratedBytes:
-        """The most likely next symbol, repeatedly, up to ``max_bytes`` bytes or EOS."""
+        """The most likely next symbol, repeatedly, up to ``max_bytes`` bytes or EOS.
+
+        Args:
+            max_bytes: most bytes to produce.
+
+        Returns:
+            As :meth:`sample` (at temperature 0).
+
+        Raises:
+            ValueError: ``max_bytes`` is negative.
+            ByteLMClosedError: the model was closed.
+        """
         return await self.sample(max_bytes, temperature=0.0)
 
     # ---- lifetime ----------------------------------------------------------------------

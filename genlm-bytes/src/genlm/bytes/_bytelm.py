@@ -40,6 +40,12 @@ class ByteLM(ByteModel):
             rows (costly on big models) for fewer forward passes (what small ones cost).
         close_lm: close ``lm`` in :meth:`aclose` (for a model this object loaded).
         verbose: log each new beam (logger ``genlm.bytes._beam``, level INFO).
+
+    Raises:
+        ValueError: ``K < 1``, ``prune_threshold`` outside [0, 1), a negative
+            ``lookahead`` or healing limit, or an ``eos`` string that is not exactly the
+            bytes of a token.
+        TypeError: ``eos`` is one string instead of a list of them.
     """
 
     async def initial(self, prompt: Sequence[int] | bytes | str = b"") -> ByteBeamState:
@@ -49,6 +55,19 @@ class ByteLM(ByteModel):
         start from the BOS token and are prefilled byte by byte, summing over their
         tokenizations; a vocabulary without BOS uses the prompt's first token (longest
         match) as the context instead.
+
+        Args:
+            prompt: token ids (a sequence of ints), or bytes, or text (a ``str``).
+
+        Returns:
+            The state at the end of the prompt: at a token boundary after token ids, or
+            after the prompt's bytes (no bytes consumed yet for an empty one).
+
+        Raises:
+            ValueError: an empty token-id prompt, or (without BOS) no token starts the
+                prompt's bytes.
+            UnreachableByteError: no tokenization reaches some byte of the prompt.
+            ByteLMClosedError: this model was closed.
         """
         if isinstance(prompt, str):
             prompt = prompt.encode("utf-8")
@@ -72,5 +91,19 @@ class ByteLM(ByteModel):
     async def from_prompt(
         cls, lm: Any, prompt: Sequence[int] | bytes | str = b"", **options: Any
     ) -> ByteBeamState:
-        """``await ByteLM(lm, **options).initial(prompt)``; close it with the state's ``aclose``."""
+        """``await ByteLM(lm, **options).initial(prompt)``; close it with the state's ``aclose``.
+
+        Args:
+            lm: the token-level model (see :class:`ByteLM`).
+            prompt: token ids, bytes or text (see :meth:`initial`).
+            **options: :class:`ByteLM`'s keyword options.
+
+        Returns:
+            The state after ``prompt``; its :attr:`~ByteBeamState.byte_lm` is the new model.
+
+        Raises:
+            ValueError: an invalid option, or a prompt :meth:`initial` rejects.
+            TypeError: ``eos`` is one string instead of a list of them.
+            UnreachableByteError: no tokenization reaches some byte of the prompt.
+        """
         return await cls(lm, **options).initial(prompt)

@@ -7,13 +7,14 @@ import numpy as np
 
 from genlm.core import EOS_EDGE
 
-#: Index of end-of-sequence in :attr:`NextByteLogprobs.logprobs` (256: one past the last
-#: byte, the same label as the trie's EOS edge).
 EOS = EOS_EDGE
+"""Index of end-of-sequence in :attr:`NextByteLogprobs.logprobs` (256: one past the last
+byte, the same label as the trie's EOS edge): ``dist[EOS]``, and what
+:meth:`NextByteLogprobs.sample` returns when the sequence ends."""
 
-#: Key of the end-of-token (token boundary) probability: ``dist[EOT]``. It is not an
-#: outcome that competes with the bytes and EOS; see :class:`NextByteLogprobs`.
 EOT = 257
+"""Key of the end-of-token (token boundary) probability: ``dist[EOT]``. It is not an
+outcome that competes with the bytes and EOS; see :class:`NextByteLogprobs`."""
 
 
 def logsumexp(x: np.ndarray) -> float:
@@ -47,6 +48,11 @@ class NextByteLogprobs:
     log_eot: float
 
     def __getitem__(self, key: int) -> float:
+        """``dist[b]``: the log-probability of byte ``b``, of :data:`EOS`, or of :data:`EOT`.
+
+        Raises:
+            KeyError: ``key`` is none of a byte value, :data:`EOS` and :data:`EOT`.
+        """
         if key == EOT:
             return self.log_eot
         if not 0 <= key <= EOS:
@@ -75,15 +81,37 @@ class NextByteLogprobs:
         return out
 
     def normalized(self) -> np.ndarray:
-        """``logprobs`` renormalized over bytes and EOS, shape (257,)."""
+        """The distribution to sample from: :attr:`logprobs` renormalized over bytes and EOS.
+
+        Returns:
+            Shape (257,), float64: ``logprobs - log_total`` (all -inf stays -inf; an
+            all -inf row gives NaN, as there is nothing to normalize).
+        """
         return self.logprobs - self.log_total
 
     def argmax(self) -> int:
-        """The most likely next symbol (a byte, or :data:`EOS`)."""
+        """The most likely next symbol.
+
+        Returns:
+            A byte value 0..255, or :data:`EOS`; the lowest one among ties.
+        """
         return int(np.argmax(self.logprobs))
 
     def sample(self, rng: np.random.Generator, temperature: float = 1.0) -> int:
-        """Draw the next symbol (a byte or :data:`EOS`); ``temperature=0`` is :meth:`argmax`."""
+        """Draw the next symbol from the bytes and EOS, renormalized over them.
+
+        Args:
+            rng: the random generator to draw with.
+            temperature: divides the log-probabilities before normalizing; 0 is
+                :meth:`argmax` (no draw).
+
+        Returns:
+            A byte value 0..255, or :data:`EOS`.
+
+        Raises:
+            ValueError: ``temperature`` is negative, or no byte and no EOS has positive
+                probability.
+        """
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if temperature == 0:
@@ -96,7 +124,15 @@ class NextByteLogprobs:
         return int(rng.choice(len(p), p=p / p.sum()))
 
     def top(self, k: int = 10) -> list[tuple[int, float]]:
-        """The ``k`` most likely symbols as ``(symbol, logprob)``, best first, finite only."""
+        """The most likely next symbols, for inspection.
+
+        Args:
+            k: how many to return at most.
+
+        Returns:
+            Up to ``k`` pairs ``(symbol, logprob)`` (symbol: a byte value or :data:`EOS`),
+            best first, ties by symbol; symbols of probability 0 are left out.
+        """
         order = np.argsort(-self.logprobs, kind="stable")[:k]
         return [(int(i), float(self.logprobs[i])) for i in order if np.isfinite(self.logprobs[i])]
 

@@ -47,6 +47,9 @@ class StatefulTokenizedLM:
         n_calls: how many times this state family has asked the model (informational).
         max_context_length: keep at most this many tokens of context (the most recent),
             None for no limit.
+
+    Raises:
+        ValueError: ``max_context_length`` is below 1.
     """
 
     def __init__(
@@ -72,8 +75,19 @@ class StatefulTokenizedLM:
     ) -> StatefulTokenizedLM:
         """The state at ``initial_context`` (default: the BOS token alone).
 
+        Args:
+            model: the token model (see :func:`core_lm_of`).
+            initial_context: token ids of the context; None for the BOS token alone.
+            max_context_length: keep at most this many tokens of context, None for no
+                limit.
+
+        Returns:
+            The state, with no model call made yet.
+
         Raises:
-            ValueError: no context given and the vocabulary has no BOS token.
+            ValueError: no context given and the vocabulary has no BOS token, or
+                ``max_context_length`` is below 1.
+            TypeError: no context given and ``model`` is no token model.
         """
         if initial_context is None:
             bos = core_lm_of(model).vocab.bos_token_id
@@ -83,7 +97,11 @@ class StatefulTokenizedLM:
         return cls(model, initial_context, max_context_length=max_context_length)
 
     def __lshift__(self, token: int) -> StatefulTokenizedLM:
-        """The state with ``token`` appended (the oldest tokens dropped past the limit)."""
+        """The state with ``token`` appended (the oldest tokens dropped past the limit).
+
+        Raises:
+            TypeError: ``token`` is not an int.
+        """
         if isinstance(token, bool) or not isinstance(token, int):
             raise TypeError(f"a token id must be an int, got {token!r}")
         context = [*self.context, token]
@@ -92,7 +110,12 @@ class StatefulTokenizedLM:
         return StatefulTokenizedLM(self.model, context, self.n_calls, self.max_context_length)
 
     async def logp_next(self) -> Any:
-        """The model's next-token log-probabilities after the context (its own row type)."""
+        """Ask the model for the next token's distribution; counts the call in ``n_calls``.
+
+        Returns:
+            The model's next-token log-probabilities after the context, as it returns
+            them (a numpy row for a genlm-core model).
+        """
         self.n_calls += 1
         return await self.model.next_token_logprobs(self.context)
 

@@ -142,9 +142,24 @@ class ByteModel:
         """:class:`NextTokens` of each context; missing ones are requested concurrently
         (so the LM's scheduler batches them) and cached.
 
-        ``prefetch``: contexts a later call will probably ask for. When some context is
-        missing (so the LM runs anyway), the missing ones of these join the same batch:
-        on a small model a forward pass costs about the same for a few more rows.
+        Args:
+            contexts: the token contexts.
+            eos_mode: True: EOS tokens that are ordinary text end the sequence (their
+                mass is EOS); False (prefilling): they count as the text they spell.
+            prefetch: contexts a later call will probably ask for. When some context is
+                missing (so the LM runs anyway), the missing ones of these join the same
+                batch: on a small model a forward pass costs about the same for a few
+                more rows.
+
+        Returns:
+            One :class:`NextTokens` per context, in the order of ``contexts``.
+
+        Raises:
+            ByteLMClosedError: this model was closed (also when it closes while the LM
+                runs).
+            ExceptionGroup: the token LM failed for some context (e.g.
+                ``InvalidContextError``); it holds the errors, and the call's other
+                requests were cancelled (``asyncio.TaskGroup``).
         """
         self._check_open()
         found: dict[tuple[int, ...], NextTokens] = {}
@@ -166,7 +181,16 @@ class ByteModel:
         return [found[ctx] for ctx in contexts]
 
     def cached_logp(self, ctx: tuple[int, ...], eos_mode: bool) -> np.ndarray | None:
-        """:attr:`NextTokens.logp` of ``ctx`` if it is cached (no LM call), else None."""
+        """:attr:`NextTokens.logp` of ``ctx`` if it is cached (no LM call), else None.
+
+        Args:
+            ctx: the token context.
+            eos_mode: the EOS mode of the cached entry (see :meth:`next_tokens`).
+
+        Returns:
+            The cached log-probabilities of committing each token as text, or None. The
+            cache's recency order is not changed.
+        """
         hit = self.cache.get((ctx, eos_mode), touch=False)
         return None if hit is None else hit.logp
 
@@ -184,6 +208,12 @@ class ByteModel:
         In EOS mode these are the EOS tokens that are ordinary text (``b"\\n\\n"``): they
         end the sequence, so they never spell their bytes; while prefilling (``eos_mode``
         False) they count as text and nothing is masked.
+
+        Args:
+            eos_mode: the EOS mode (see :meth:`next_tokens`).
+
+        Returns:
+            The masked token ids (empty while prefilling or without text EOS tokens).
         """
         return self._text_eos if eos_mode else self._text_eos[:0]
 
@@ -202,7 +232,20 @@ class ByteModel:
 
     def in_mode(self, ctx: tuple[int, ...], nxt: NextTokens, eos_mode: bool) -> NextTokens:
         """``ctx``'s :class:`NextTokens` for ``eos_mode``, from ``nxt`` (the same context's,
-        in either mode): no LM call, so switching modes needs no ``await``."""
+        in either mode): no LM call, so switching modes needs no ``await``.
+
+        Args:
+            ctx: the token context.
+            nxt: ``ctx``'s masses in either mode (its LM row is reused).
+            eos_mode: the mode wanted (see :meth:`next_tokens`).
+
+        Returns:
+            The cached entry for ``(ctx, eos_mode)``, else one computed from ``nxt`` and
+            cached.
+
+        Raises:
+            ByteLMClosedError: this model was closed.
+        """
         self._check_open()
         hit = self.cache.get((ctx, eos_mode))
         if hit is not None:

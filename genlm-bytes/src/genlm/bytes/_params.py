@@ -27,7 +27,14 @@ class TrieMode(enum.Enum):
 
     @classmethod
     def of(cls, eos_mode: bool) -> TrieMode:
-        """The mode of a state whose ``eos_mode`` is given."""
+        """The mode of a state whose ``eos_mode`` is given.
+
+        Args:
+            eos_mode: whether EOS tokens that are text end the sequence.
+
+        Returns:
+            ``WITH_EOS`` if ``eos_mode``, else ``WITHOUT_EOS``.
+        """
         return cls.WITH_EOS if eos_mode else cls.WITHOUT_EOS
 
 
@@ -100,7 +107,13 @@ class BeamParams:
         return float(np.log(self.prune_threshold)) if self.prune_threshold else -np.inf
 
     def byte_lm_options(self) -> dict[str, Any]:
-        """The keyword options of :class:`genlm.bytes.ByteLM` these parameters mean."""
+        """The keyword options of :class:`genlm.bytes.ByteLM` these parameters mean.
+
+        Returns:
+            ``K``, ``prune_threshold``, ``eos`` (the EOS strings, sorted), ``heal``,
+            ``heal_max_backoff``, ``heal_max_splits`` and ``verbose``, by ``ByteLM``'s
+            names.
+        """
         return {
             "K": self.K,
             "prune_threshold": self.prune_threshold,

@@ -52,6 +52,8 @@ class LazyTrieState:
 
     @property
     def mode(self) -> TrieMode:
+        """How EOS tokens that are text count here: ``WITH_EOS`` (they end the sequence) or
+        ``WITHOUT_EOS`` (they count as text, as while prefilling)."""
         return TrieMode.of(self.eos_mode)
 
     @property
@@ -82,7 +84,12 @@ class LazyTrieState:
         return self.candidate.next.mass
 
     def actions(self) -> dict[int, int]:
-        """``byte -> child node`` of the partial token's node."""
+        """Where each next byte leads inside the partial token.
+
+        Returns:
+            ``byte -> child node`` for each byte that continues the partial token's node
+            in the trie (the EOS child excluded).
+        """
         trie = self.byte_lm.trie
         lo, hi = int(trie.child_start[self.node]), int(trie.child_stop[self.node])
         return {int(e): lo + i for i, e in enumerate(trie.edge[lo:hi].tolist()) if e < 256}
@@ -91,7 +98,12 @@ class LazyTrieState:
     def logp_next(self) -> np.ndarray:
         """This candidate's next-symbol log-probabilities, shape (258,): bytes, then
         :data:`EOT_INDEX` (the partial token is a whole token), then :data:`EOS_INDEX`
-        (at a boundary). Normalized over these outcomes; -inf where impossible."""
+        (at a boundary). Normalized over these outcomes; -inf where impossible.
+
+        Raises:
+            ValueError: a candidate at a token boundary whose masses were not fetched yet
+                (see :meth:`materialize`).
+        """
         nxt = self.candidate.next
         if nxt is None:
             raise ValueError("State is not yet materialized.")
@@ -108,7 +120,11 @@ class LazyTrieState:
         return out - total if np.isfinite(total) else out
 
     def __lshift__(self, byte: int) -> LazyTrieState | None:
-        """The candidate after ``byte`` inside its partial token, or None if none continues."""
+        """The candidate after ``byte`` inside its partial token, or None if none continues.
+
+        Raises:
+            ValueError: the masses were not fetched yet (see :meth:`materialize`).
+        """
         c = self.candidate
         if c.next is None:
             raise ValueError("State is not yet materialized.")
@@ -123,7 +139,19 @@ class LazyTrieState:
         )
 
     def with_mode(self, mode: TrieMode) -> LazyTrieState:
-        """The same candidate with EOS counted as ``mode`` says (no LM call)."""
+        """The same candidate with EOS counted as ``mode`` says (no LM call).
+
+        Args:
+            mode: a :class:`TrieMode` or its value (``"with_eos"``, ``"without_eos"``).
+
+        Returns:
+            A new state: its masses recomputed from the candidate's LM row (kept unfetched
+            if they were), its weight updated.
+
+        Raises:
+            ValueError: ``mode`` is not a :class:`TrieMode` value.
+            ByteLMClosedError: the model was closed (when masses must be recomputed).
+        """
         eos_mode = TrieMode(mode) is TrieMode.WITH_EOS
         c = self.candidate
         if eos_mode == self.eos_mode or c.next is None:
@@ -135,7 +163,14 @@ class LazyTrieState:
         )
 
     async def materialize(self) -> LazyTrieState:
-        """This state with its context's masses fetched (one LM call unless cached)."""
+        """This state with its context's masses fetched (one LM call unless cached).
+
+        Returns:
+            This state if its masses are there already, else a new one holding them.
+
+        Raises:
+            ByteLMClosedError: the model was closed.
+        """
         c = self.candidate
         if c.next is not None:
             return self

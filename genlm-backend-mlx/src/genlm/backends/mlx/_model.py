@@ -50,6 +50,10 @@ class MLXLM(BatchedLM):
         **kwargs: scheduler and output-cache options of :class:`~genlm.core.BatchedLM`;
             ``max_context_length`` defaults to the model's maximum positions (see
             :func:`_max_positions`; None where its arguments name none, or to lift it).
+
+    Raises:
+        ValueError: ``prefill_chunk_size < 1``, or an invalid
+            :class:`~genlm.core.BatchedLM` option.
     """
 
     def __init__(
@@ -82,7 +86,21 @@ class MLXLM(BatchedLM):
         """Load a model directory or hub id with ``mlx_lm.load`` (``"stories260K"`` works offline).
 
         mlx-lm reads Hugging Face safetensors checkpoints directly (it converts weights
-        on load). Options go to :class:`MLXLM`.
+        on load).
+
+        Args:
+            name: a local model directory, a hub id, or an embedded model's name
+                (``"stories260K"``, resolved with :func:`~genlm.core.resolve_model_path`).
+            **kwargs: options of :class:`MLXLM` (``kv_cache_bytes``,
+                ``prefill_chunk_size``) and of :class:`~genlm.core.BatchedLM`.
+
+        Returns:
+            The model, evaluated and ready on its worker thread.
+
+        Raises:
+            ValueError: an invalid option (see :class:`MLXLM`).
+            Exception: what ``mlx_lm.load`` raises for a model it cannot find or read
+                propagates.
         """
         model, tokenizer = mlx_lm.load(resolve_model_path(name))
         return cls(model, tokenizer, **kwargs)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # static tools (type checkers, the API reference) see the lazy name
+    from genlm.backends.vllm._model import VLLMLM
 
 __all__ = ["VLLMLM"]
 

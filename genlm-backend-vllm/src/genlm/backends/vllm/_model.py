@@ -109,6 +109,28 @@ class VLLMLM(BatchedLM):
 
     Build with :meth:`from_name`. LoRA adapters: :meth:`add_lora`, :meth:`set_lora`,
     :meth:`clear_lora` (the engine must start with ``enable_lora=True``).
+
+    Args:
+        model_path: a local model directory or a hub id; its tokenizer (or
+            ``engine_opts["tokenizer"]``) and configuration are loaded with transformers,
+            and the engine is started from it on the model's worker thread.
+        engine_opts: keyword arguments for ``vllm.LLM``, passed through unchanged over
+            the defaults ``enable_prefix_caching=True, max_logprobs=-1``.
+        row_source: how rows come back from the engine: ``"processor"`` (an in-process
+            logits processor; fast), ``"logprobs"`` (vLLM's full logprobs output; works
+            with worker processes and parallelism) or ``"auto"`` (``"processor"`` when it
+            can work here, else ``"logprobs"``, logged).
+        **kwargs: :class:`~genlm.core.BatchedLM` options (``max_batch_size`` defaults to
+            128 here, ``name`` to ``"vllm:<directory name>"``). ``max_context_length`` is
+            lowered to the engine's ``max_model_len - 1`` (room for one output token).
+
+    Raises:
+        ValueError: ``row_source`` is not one of the three, ``"processor"`` is asked for
+            where it cannot work (engine core or model in another process), or a
+            :class:`~genlm.core.BatchedLM` option is invalid.
+        Exception: what transformers or vLLM raise while loading (e.g. ``OSError`` for
+            a model that cannot be found) propagates; a half-started engine's memory is
+            released and the worker closed first.
     """
 
     def __init__(
@@ -152,6 +174,8 @@ class VLLMLM(BatchedLM):
         """Load ``name`` (a local directory, a hub id, or ``"stories260K"``).
 
         Args:
+            name: the model: a local directory, a hub id, or an embedded model's name
+                (``"stories260K"``, resolved with :func:`~genlm.core.resolve_model_path`).
             engine_opts: keyword arguments for ``vllm.LLM`` (``tensor_parallel_size``,
                 ``pipeline_parallel_size``, ``distributed_executor_backend``,
                 ``max_model_len``, ``dtype``, ``gpu_memory_utilization``,
@@ -162,6 +186,15 @@ class VLLMLM(BatchedLM):
                 ``max_context_length``). Contexts longer than the engine's
                 ``max_model_len - 1`` (room for one output token) are rejected when
                 requested, with ``InvalidContextError``.
+
+        Returns:
+            The model, its engine started.
+
+        Raises:
+            ValueError: an invalid or impossible ``row_source`` or option (see
+                :class:`VLLMLM`).
+            Exception: loading errors of transformers or vLLM propagate (see
+                :class:`VLLMLM`).
         """
         return cls(resolve_model_path(name), engine_opts, **kwargs)
 
@@ -332,11 +365,29 @@ class VLLMLM(BatchedLM):
         temperature: float = 1.0,
         seed: int | None = None,
     ) -> list[int]:
-        """Sample; returns the new tokens, the EOS token included if one ended it.
+        """Sample a continuation of one prompt.
 
         Unseeded, vLLM's own sampler runs the whole generation in the engine. Seeded, core's
         exact sampler draws from this backend's rows: the same seed
         gives the same tokens on every platform. ``temperature=0`` is greedy.
+
+        Args:
+            prompt_token_ids: the prompt's token ids (non-empty).
+            max_tokens: most new tokens to generate (0: none).
+            eos_token_ids: ids that end the generation (None: ``vocab.eos_token_ids``);
+                vLLM's own notion of EOS is not used.
+            temperature: sampling temperature, >= 0 (0: greedy).
+            seed: None for vLLM's unseeded sampler, else the seed of core's sampler.
+
+        Returns:
+            The new token ids, the EOS token included if one ended the generation.
+
+        Raises:
+            InvalidContextError: the prompt is empty, holds ids outside the vocabulary, or
+                is longer than ``max_context_length``.
+            ModelClosedError: the model was closed.
+            ValueError: ``max_tokens`` or ``temperature`` is negative.
+            RuntimeError: unseeded, the engine stopped without finishing a request.
         """
         if seed is not None:
             return await super().sample(
@@ -356,7 +407,26 @@ class VLLMLM(BatchedLM):
         seed: int | None = None,
     ) -> list[list[int]]:
         """:meth:`sample` for each prompt; unseeded, in one engine run; seeded, prompt ``i``
-        gets its own seed stream (as core's ``batch_sample``)."""
+        gets its own seed stream (as core's ``batch_sample``).
+
+        Args:
+            prompts: the prompts' token ids.
+            max_tokens: most new tokens per prompt.
+            eos_token_ids: ids that end a generation (None: ``vocab.eos_token_ids``).
+            temperature: sampling temperature, >= 0 (0: greedy).
+            seed: None for vLLM's unseeded sampler, else the root of the prompts' seed
+                streams for core's sampler.
+
+        Returns:
+            The new token ids of each prompt, in the order of ``prompts``.
+
+        Raises:
+            InvalidContextError: a prompt is empty, holds ids outside the vocabulary, or is
+                longer than ``max_context_length``.
+            ModelClosedError: the model was closed.
+            ValueError: ``max_tokens`` or ``temperature`` is negative.
+            RuntimeError: unseeded, the engine stopped without finishing a request.
+        """
         if seed is not None:
             return await super().batch_sample(prompts, max_tokens, eos_token_ids, temperature, seed)
         return await self._native_sample(prompts, max_tokens, eos_token_ids, temperature)
@@ -409,7 +479,16 @@ class VLLMLM(BatchedLM):
     # ---- LoRA ----------------------------------------------------------------------
 
     def add_lora(self, path: str | Path, name: str) -> None:
-        """Register a PEFT LoRA adapter directory under ``name`` (loaded on first use)."""
+        """Register a PEFT LoRA adapter directory under ``name`` (loaded on first use).
+
+        Args:
+            path: the adapter's directory.
+            name: the name :meth:`set_lora` selects it by.
+
+        Raises:
+            ValueError: the engine was started without ``enable_lora=True``, or ``name`` is
+                already registered.
+        """
         from vllm.lora.request import LoRARequest
 
         if not self.llm.llm_engine.vllm_config.lora_config:
@@ -422,7 +501,17 @@ class VLLMLM(BatchedLM):
         self._loras[name] = LoRARequest(name, len(self._loras) + 1, str(path))
 
     def set_lora(self, name: str) -> None:
-        """Make ``name`` the adapter for requests made from now on."""
+        """Make ``name`` the adapter for requests made from now on.
+
+        Requests made before keep the adapter they were made with; the adapter is part of
+        every cache key, so rows of different adapters never mix.
+
+        Args:
+            name: a name registered with :meth:`add_lora`.
+
+        Raises:
+            KeyError: no adapter is registered under ``name``.
+        """
         if name not in self._loras:
             known = ", ".join(sorted(self._loras)) or "none"
             raise KeyError(f"no LoRA adapter named {name!r} (registered: {known})")
