@@ -89,12 +89,22 @@ def test_resampling_helpers():
 
 
 def test_bad_arguments_are_rejected():
-    """Zero particles or a non-positive temperature is a clear ValueError."""
+    """Zero particles, a non-positive or non-finite temperature (NaN used to end in a
+    misleading "mask allows no token" RuntimeError), or a non-integer or negative
+    max_tokens (-1 used to return empty particles) is a clear error before any work."""
     lm = MockLM(VOCAB)
     with pytest.raises(ValueError, match="n_particles"):
         asyncio.run(smc(lm, [0], n_particles=0))
-    with pytest.raises(ValueError, match="temperature"):
-        asyncio.run(smc(lm, [0], temperature=0))
+    for temperature in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature"):
+            asyncio.run(smc(lm, [0], temperature=temperature))
+    with pytest.raises(TypeError, match="temperature"):
+        asyncio.run(smc(lm, [0], temperature=True))
+    with pytest.raises(TypeError, match="max_tokens"):
+        asyncio.run(smc(lm, [0], max_tokens=2.5))
+    with pytest.raises(ValueError, match="max_tokens"):
+        asyncio.run(smc(lm, [0], max_tokens=-1))
+    assert lm.batches == []
     lm.close()
 
 

@@ -28,6 +28,7 @@ import numpy as np
 from scipy.special import logsumexp
 
 from genlm.core._protocol import AsyncLM
+from genlm.core._sampling import check_sampling_args
 
 
 @attrs.define
@@ -136,14 +137,17 @@ async def smc(
         that resampled.
 
     Raises:
-        ValueError: a bad argument, or a mask that allows no token.
+        TypeError: ``max_tokens`` is not an integer or ``temperature`` not a real number.
+        ValueError: a bad argument (``temperature`` must be finite and > 0), or a mask
+            that allows no token.
         RuntimeError: every particle reached a context where the mask allows no token
             the model gives positive probability.
     """
     if n_particles < 1:
         raise ValueError(f"n_particles must be >= 1, got {n_particles}")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    check_sampling_args(max_tokens, temperature)  # NaN, inf, bools, 2.5 tokens
+    if temperature == 0:
+        raise ValueError("temperature must be > 0 (SMC proposes by sampling), got 0")
     if not 0 <= ess_threshold <= 1:
         raise ValueError(f"ess_threshold must be in [0, 1], got {ess_threshold}")
     mask = None
