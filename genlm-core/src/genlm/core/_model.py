@@ -253,12 +253,16 @@ class BatchedLM(abc.ABC):
         """Ancestral sampling; returns the new tokens, the EOS token included if one ended it.
 
         ``eos_token_ids=None`` uses ``vocab.eos_token_ids``; ``temperature=0`` is greedy.
-        The same seed gives the same tokens.
+        The same seed gives the same tokens. Sampling also stops, returning the tokens
+        drawn so far, once the context (prompt and new tokens) is longer than
+        :attr:`max_context_length`: the last token is drawn from a context of exactly
+        that length, so at most ``max_context_length + 1 - len(prompt)`` tokens come back.
 
         Raises:
             TypeError, ValueError: bad ``max_tokens`` or ``temperature`` (see
                 :func:`~genlm.core._sampling.check_sampling_args`), checked before any work.
-            InvalidContextError: a bad prompt.
+            InvalidContextError: a bad prompt (one longer than ``max_context_length``
+                included).
         """
         check_sampling_args(max_tokens, temperature)
         return await self._sample(
@@ -269,7 +273,10 @@ class BatchedLM(abc.ABC):
         context = list(self._request(prompt)[1])  # validated before the first await
         eos = set(self._vocab.eos_token_ids if eos_token_ids is None else eos_token_ids)
         generated: list[int] = []
-        while len(generated) < max_tokens:
+        limit = self.max_context_length
+        # Stop, like vLLM's length cap, rather than lose the tokens drawn so far when the
+        # growing context would be refused.
+        while len(generated) < max_tokens and (limit is None or len(context) <= limit):
             logprobs = await self.next_token_logprobs(context)
             token = sample_token(logprobs, rng, temperature)
             generated.append(token)
