@@ -9,7 +9,7 @@ import pytest
 from support.bytes_lms import FixedLM, brute_force_prefix_logprob, run
 
 from genlm.bytes import EOS, ByteLM, ByteLMClosedError, UnreachableByteError
-from genlm.core import Vocabulary
+from genlm.core import InvalidContextError, Vocabulary
 from genlm.core.mock import MockLM
 
 TOKENS = (b"<s>", b"</s>", b"a", b"b", b"c", b".", b"ab", b"ba", b"abc", b"bc", b".a")
@@ -193,5 +193,24 @@ def test_bytes_prompt_without_bos_uses_the_first_token():
         state = await ByteLM.from_prompt(lm, b"abcb", K=None)
         assert state.candidates[0].context[0] == vocab.tokens.index(b"abc")
         assert state.data == b"b"
+
+    run(scenario())
+
+
+def test_a_context_past_the_models_limit_raises_invalid_context_error():
+    """Advancing past the model's max_context_length raises core's InvalidContextError
+    itself, which callers (and the CLI) can catch and report; it used to arrive wrapped in
+    an ExceptionGroup ('unhandled errors in a TaskGroup (2 sub-exceptions)' from
+    `genlm bytes --sample 2500`), which `except InvalidContextError` does not catch."""
+
+    async def scenario():
+        async with MockLM(VOCAB, max_context_length=3) as lm:
+            byte_lm = ByteLM(lm, K=None)
+            state = await byte_lm.initial()
+            with pytest.raises(InvalidContextError, match="maximum of 3") as info:
+                for byte in b"a.b.c.a.b.c.":
+                    await state.logp_next()
+                    state = await state.advance(byte)
+            assert isinstance(info.value.__context__, ExceptionGroup)
 
     run(scenario())
