@@ -184,6 +184,33 @@ def test_bad_inputs_raise_clear_errors():
     run(scenario())
 
 
+@pytest.mark.parametrize(
+    ("prompt", "says"),
+    [([0, 2.5], "float"), ([0, True], "bool"), ({0, 2}, "set"), ({0: 2}, "dict")],
+)
+def test_token_id_prompts_are_checked_like_core_contexts(prompt, says):
+    """initial() checks token ids as core does: [0, 2.5] used to start from (0, 2), a set
+    or dict from its iteration order, True from token 1."""
+
+    async def scenario():
+        with pytest.raises(InvalidContextError, match=says):
+            await ByteLM(FixedLM(VOCAB, np.ones(len(TOKENS)))).initial(prompt)
+
+    run(scenario())
+
+
+def test_a_memoryview_prompt_is_bytes():
+    """A memoryview is raw bytes like bytes and bytearray (it was read as token ids)."""
+
+    async def scenario():
+        byte_lm = ByteLM(FixedLM(VOCAB, np.ones(len(TOKENS))))
+        viewed = await (await byte_lm.initial(memoryview(b"ab."))).logp_next()
+        given = await (await byte_lm.initial(b"ab.")).logp_next()
+        np.testing.assert_array_equal(viewed.logprobs, given.logprobs)
+
+    run(scenario())
+
+
 def test_bytes_prompt_without_bos_uses_the_first_token():
     """Without BOS, a bytes prompt starts from its longest first token and prefills the rest."""
 

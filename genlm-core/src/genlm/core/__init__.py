@@ -38,6 +38,7 @@ _EXPORTS = {
     "load_model_by_name": "_registry",
     "resolve_model_path": "_embedded",
     "set_trie_pool_limit": "_trie",
+    "validate_context": "_model",
 }
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "load_model_by_name",
     "resolve_model_path",
     "set_trie_pool_limit",
+    "validate_context",
 ]
 
 
@@ -90,7 +92,7 @@ if _TYPE_CHECKING:
         VocabularyMismatchError,
     )
     from genlm.core._lazy import lazy_exports
-    from genlm.core._model import BatchedLM
+    from genlm.core._model import BatchedLM, validate_context
     from genlm.core._output_cache import OutputCache
     from genlm.core._prefix_cache import PrefixCache, PrefixHit
     from genlm.core._protocol import AsyncLM

@@ -39,7 +39,19 @@ def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ..
     Accepted: any ordered iterable of integers (list, tuple, range, a 1-D numpy integer
     array, a generator). Rejected: raw text and bytes (``str``, ``bytes``, ``bytearray``,
     ``memoryview``: tokenize them first), unordered collections (``set``, ``dict``: their
-    iteration order is not a context), booleans and non-integer ids.
+    iteration order is not a context), booleans and non-integer ids. Public so that code
+    taking contexts for any ``AsyncLM`` (genlm-bytes) checks them the same way.
+
+    Args:
+        token_ids: the context to check.
+        vocab_size: ids must lie in ``[0, vocab_size)``.
+
+    Returns:
+        The ids as a tuple of Python ints.
+
+    Raises:
+        InvalidContextError: the context is empty, not an ordered sequence of integers, or
+            holds an id outside the vocabulary.
     """
     if isinstance(token_ids, (str, bytes, bytearray, memoryview)):
         raise InvalidContextError(
