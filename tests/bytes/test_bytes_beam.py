@@ -241,3 +241,20 @@ def test_a_context_past_the_models_limit_raises_invalid_context_error():
             assert isinstance(info.value.__context__, ExceptionGroup)
 
     run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("temperature", "error"),
+    [(float("nan"), ValueError), (float("inf"), ValueError), (-1.0, ValueError), (True, TypeError)],
+)
+def test_byte_sampling_checks_the_temperature_like_core(temperature, error):
+    """sample() refuses what core's sample refuses: NaN used to fail as 'no byte and no EOS
+    has positive probability here', inf as numpy's 'Probabilities contain NaN', and True
+    sampled at temperature 1."""
+
+    async def scenario():
+        state = await ByteLM(FixedLM(VOCAB, np.ones(len(TOKENS)))).initial(b"a")
+        with pytest.raises(error, match="temperature must be"):
+            await state.sample(3, seed=0, temperature=temperature)
+
+    run(scenario())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from genlm.core import EOS_EDGE
+from genlm.core import EOS_EDGE, check_temperature
 
 #: Index of end-of-sequence in :attr:`NextByteLogprobs.logprobs` (256: one past the last
 #: byte, the same label as the trie's EOS edge).
@@ -83,9 +83,14 @@ class NextByteLogprobs:
         return int(np.argmax(self.logprobs))
 
     def sample(self, rng: np.random.Generator, temperature: float = 1.0) -> int:
-        """Draw the next symbol (a byte or :data:`EOS`); ``temperature=0`` is :meth:`argmax`."""
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        """Draw the next symbol (a byte or :data:`EOS`); ``temperature=0`` is :meth:`argmax`.
+
+        Raises:
+            TypeError, ValueError: a ``temperature`` that is not a finite real >= 0 (see
+                :func:`genlm.core.check_temperature`; NaN used to surface as "no byte and
+                no EOS has positive probability here").
+        """
+        check_temperature(temperature)
         if temperature == 0:
             return self.argmax()
         logits = self.logprobs / temperature
