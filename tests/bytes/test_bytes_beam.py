@@ -9,7 +9,7 @@ import pytest
 from support.bytes_lms import FixedLM, brute_force_prefix_logprob, run
 
 from genlm.bytes import EOS, ByteLM, ByteLMClosedError, UnreachableByteError
-from genlm.core import Vocabulary
+from genlm.core import InvalidContextError, Vocabulary
 from genlm.core.mock import MockLM
 
 TOKENS = (b"<s>", b"</s>", b"a", b"b", b"c", b".", b"ab", b"ba", b"abc", b"bc", b".a")
@@ -184,6 +184,33 @@ def test_bad_inputs_raise_clear_errors():
     run(scenario())
 
 
+@pytest.mark.parametrize(
+    ("prompt", "says"),
+    [([0, 2.5], "float"), ([0, True], "bool"), ({0, 2}, "set"), ({0: 2}, "dict")],
+)
+def test_token_id_prompts_are_checked_like_core_contexts(prompt, says):
+    """initial() checks token ids as core does: [0, 2.5] used to start from (0, 2), a set
+    or dict from its iteration order, True from token 1."""
+
+    async def scenario():
+        with pytest.raises(InvalidContextError, match=says):
+            await ByteLM(FixedLM(VOCAB, np.ones(len(TOKENS)))).initial(prompt)
+
+    run(scenario())
+
+
+def test_a_memoryview_prompt_is_bytes():
+    """A memoryview is raw bytes like bytes and bytearray (it was read as token ids)."""
+
+    async def scenario():
+        byte_lm = ByteLM(FixedLM(VOCAB, np.ones(len(TOKENS))))
+        viewed = await (await byte_lm.initial(memoryview(b"ab."))).logp_next()
+        given = await (await byte_lm.initial(b"ab.")).logp_next()
+        np.testing.assert_array_equal(viewed.logprobs, given.logprobs)
+
+    run(scenario())
+
+
 def test_bytes_prompt_without_bos_uses_the_first_token():
     """Without BOS, a bytes prompt starts from its longest first token and prefills the rest."""
 
@@ -193,5 +220,41 @@ def test_bytes_prompt_without_bos_uses_the_first_token():
         state = await ByteLM.from_prompt(lm, b"abcb", K=None)
         assert state.candidates[0].context[0] == vocab.tokens.index(b"abc")
         assert state.data == b"b"
+
+    run(scenario())
+
+
+def test_a_context_past_the_models_limit_raises_invalid_context_error():
+    """Advancing past the model's max_context_length raises core's InvalidContextError
+    itself, which callers (and the CLI) can catch and report; it used to arrive wrapped in
+    an ExceptionGroup ('unhandled errors in a TaskGroup (2 sub-exceptions)' from
+    `genlm bytes --sample 2500`), which `except InvalidContextError` does not catch."""
+
+    async def scenario():
+        async with MockLM(VOCAB, max_context_length=3) as lm:
+            byte_lm = ByteLM(lm, K=None)
+            state = await byte_lm.initial()
+            with pytest.raises(InvalidContextError, match="maximum of 3") as info:
+                for byte in b"a.b.c.a.b.c.":
+                    await state.logp_next()
+                    state = await state.advance(byte)
+            assert isinstance(info.value.__context__, ExceptionGroup)
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("temperature", "error"),
+    [(float("nan"), ValueError), (float("inf"), ValueError), (-1.0, ValueError), (True, TypeError)],
+)
+def test_byte_sampling_checks_the_temperature_like_core(temperature, error):
+    """sample() refuses what core's sample refuses: NaN used to fail as 'no byte and no EOS
+    has positive probability here', inf as numpy's 'Probabilities contain NaN', and True
+    sampled at temperature 1."""
+
+    async def scenario():
+        state = await ByteLM(FixedLM(VOCAB, np.ones(len(TOKENS)))).initial(b"a")
+        with pytest.raises(error, match="temperature must be"):
+            await state.sample(3, seed=0, temperature=temperature)
 
     run(scenario())

@@ -54,3 +54,31 @@ def test_no_limit_by_default_and_a_bad_limit_is_refused():
     lm.close()
     with pytest.raises(ValueError, match="max_context_length"):
         MockLM(VOCAB, max_context_length=0)
+
+
+def test_sampling_stops_at_the_limit_and_returns_what_it_drew():
+    """Sampling that reaches max_context_length returns its tokens instead of raising
+    (it used to raise InvalidContextError, losing them): the last token is drawn from a
+    context of exactly the limit, and each token is the one an unlimited model draws with
+    the same seed (the limit only truncates). A prompt over the limit still raises."""
+    limited = MockLM(VOCAB, max_context_length=6)
+    free = MockLM(VOCAB)
+    prompt = [1, 2, 3]
+
+    async def both():
+        return (
+            await limited.sample(prompt, 20, eos_token_ids=[], seed=7),
+            await free.sample(prompt, 20, eos_token_ids=[], seed=7),
+            await limited.batch_sample([prompt, [5] * 6], 20, eos_token_ids=[], seed=3),
+            await free.batch_sample([prompt, [5] * 6], 20, eos_token_ids=[], seed=3),
+        )
+
+    capped, full, capped_batch, full_batch = asyncio.run(both())
+    assert len(full) == 20 and capped == full[: 6 + 1 - len(prompt)]
+    assert [len(t) for t in capped_batch] == [4, 1]
+    assert capped_batch == [full_batch[0][:4], full_batch[1][:1]]
+    assert max(len(c) for batch in limited.batches for c in batch) == 6
+    with pytest.raises(InvalidContextError, match="maximum of 6"):
+        asyncio.run(limited.sample([1] * 7, 3))
+    limited.close()
+    free.close()

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from scipy.special import logsumexp
 
+from genlm.core import InvalidContextError
 from genlm.core.mock import MockLM, mock_logprobs
 from genlm.core.smc import effective_sample_size, forbid_bytes, smc, systematic_resample
 
@@ -89,12 +90,22 @@ def test_resampling_helpers():
 
 
 def test_bad_arguments_are_rejected():
-    """Zero particles or a non-positive temperature is a clear ValueError."""
+    """Zero particles, a non-positive or non-finite temperature (NaN used to end in a
+    misleading "mask allows no token" RuntimeError), or a non-integer or negative
+    max_tokens (-1 used to return empty particles) is a clear error before any work."""
     lm = MockLM(VOCAB)
     with pytest.raises(ValueError, match="n_particles"):
         asyncio.run(smc(lm, [0], n_particles=0))
-    with pytest.raises(ValueError, match="temperature"):
-        asyncio.run(smc(lm, [0], temperature=0))
+    for temperature in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature"):
+            asyncio.run(smc(lm, [0], temperature=temperature))
+    with pytest.raises(TypeError, match="temperature"):
+        asyncio.run(smc(lm, [0], temperature=True))
+    with pytest.raises(TypeError, match="max_tokens"):
+        asyncio.run(smc(lm, [0], max_tokens=2.5))
+    with pytest.raises(ValueError, match="max_tokens"):
+        asyncio.run(smc(lm, [0], max_tokens=-1))
+    assert lm.batches == []
     lm.close()
 
 
@@ -208,3 +219,22 @@ def test_bad_masks_are_rejected():
     with pytest.raises(ValueError, match="allows no token"):
         asyncio.run(smc(lm, [0], token_mask=[False] * 5))
     lm.close()
+
+
+def test_particles_stop_at_the_models_context_limit():
+    """With max_tokens past max_context_length the particles stop at the limit (the last
+    token drawn from a context of exactly the limit) and equal an unlimited model's run
+    truncated there, instead of the whole run failing with InvalidContextError once the
+    contexts pass it (`genlm smc --max-tokens 600` on stories260K failed at 513 tokens).
+    A prompt already over the limit still raises."""
+    limited, free = MockLM(VOCAB, max_context_length=5), MockLM(VOCAB)
+    kwargs = {"n_particles": 4, "seed": 2, "eos_token_ids": [], "ess_threshold": 0.0}
+    capped = asyncio.run(smc(limited, [0, 1], max_tokens=50, **kwargs))
+    truncated = asyncio.run(smc(free, [0, 1], max_tokens=4, **kwargs))
+    assert [p.tokens for p in capped.particles] == [p.tokens for p in truncated.particles]
+    assert all(len(p.tokens) == 4 for p in capped.particles)
+    assert capped.log_marginal == pytest.approx(truncated.log_marginal)
+    with pytest.raises(InvalidContextError, match="maximum of 5"):
+        asyncio.run(smc(limited, [0] * 6, max_tokens=3))
+    limited.close()
+    free.close()

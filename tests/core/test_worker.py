@@ -2,8 +2,11 @@
 
 import asyncio
 import concurrent.futures
+import gc
 import logging
 import threading
+import time
+import weakref
 
 import pytest
 from hypothesis import given, settings
@@ -242,3 +245,45 @@ def test_random_submit_cancel_close_interleavings(ops):
         expected.append(x)
     assert ran == expected
     assert not worker._thread.is_alive()
+
+
+def wait_collected(ref, timeout_s=5.0):
+    """Whether ``ref``'s object is collected within ``timeout_s`` (the worker drops its
+    references just after delivering, on its own thread, so the test polls)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        gc.collect()
+        if ref() is None:
+            return True
+        time.sleep(0.001)
+    return False
+
+
+class Payload:
+    """A weakly referenceable stand-in for a batch's arguments and result arrays."""
+
+
+def test_an_idle_worker_holds_no_reference_to_its_last_call():
+    """After a call the worker, waiting for the next one, keeps neither its arguments and
+    result (submit) nor its event loop, asyncio future and result (run_async). It used to
+    keep its last queue item in a local variable: one batch per model, until the next call."""
+    worker = ModelWorker("test")
+    argument = Payload()
+    future = worker.submit(lambda payload: Payload(), argument)
+    result_ref = weakref.ref(future.result(timeout=5))
+    argument_ref = weakref.ref(argument)
+    del argument, future
+    assert wait_collected(argument_ref) and wait_collected(result_ref)
+
+    refs = {}
+
+    async def one_call():
+        loop = asyncio.get_running_loop()
+        pending = worker.run_async(Payload)
+        refs["loop"], refs["future"] = weakref.ref(loop), weakref.ref(pending)
+        refs["result"] = weakref.ref(await pending)
+
+    asyncio.run(one_call())
+    assert {name: wait_collected(ref) for name, ref in refs.items()} == dict.fromkeys(refs, True)
+    assert_serving(worker)
+    worker.close()

@@ -97,3 +97,26 @@ def test_seeded_sampling_is_core_sampling_over_the_rows(vllm_lm):
             want.append(sample_token(vllm_lm.next_token_logprobs_sync(ctx), rng, 1.0))
             ctx.append(want[-1])
         assert got == want
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        ({"temperature": float("nan")}, ValueError),
+        ({"temperature": float("inf")}, ValueError),
+        ({"temperature": -1.0}, ValueError),
+        ({"max_tokens": 2.5}, TypeError),
+        ({"max_tokens": -1}, ValueError),
+    ],
+)
+def test_native_sampling_checks_arguments_like_core(vllm_lm, arguments, error):
+    """Unseeded (vLLM's sampler) sample and batch_sample refuse what core's sample refuses,
+    before the engine runs: NaN and inf temperatures and max_tokens=2.5 used to reach
+    vLLM's SamplingParams (only negative values were checked)."""
+    call = {"max_tokens": 3, "temperature": 1.0, **arguments}
+    with pytest.raises(error, match="max_tokens|temperature"):
+        asyncio.run(vllm_lm.sample([5, 6], call["max_tokens"], temperature=call["temperature"]))
+    with pytest.raises(error, match="max_tokens|temperature"):
+        asyncio.run(
+            vllm_lm.batch_sample([[5, 6]], call["max_tokens"], temperature=call["temperature"])
+        )

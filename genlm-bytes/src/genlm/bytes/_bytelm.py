@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from typing import Any
 
 from genlm.bytes._beam import ByteBeamState
 from genlm.bytes._model import ByteModel
+from genlm.core import InvalidContextError, validate_context
 
 
 class ByteLM(ByteModel):
@@ -51,10 +52,12 @@ class ByteLM(ByteModel):
     async def initial(self, prompt: Sequence[int] | bytes | str = b"") -> ByteBeamState:
         """The state after a prompt: token ids, or bytes/text.
 
-        Token ids are the context as given (non-empty). Bytes (or text, UTF-8 encoded)
-        start from the BOS token and are prefilled byte by byte, summing over their
-        tokenizations; a vocabulary without BOS uses the prompt's first token (longest
-        match) as the context instead.
+        Token ids are the context as given (non-empty; checked by
+        :func:`genlm.core.validate_context`, as core checks every context). Bytes
+        (``bytes``, ``bytearray``, ``memoryview``; or text, UTF-8 encoded) start from the
+        BOS token and are prefilled byte by byte, summing over their tokenizations; a
+        vocabulary without BOS uses the prompt's first token (longest match) as the
+        context instead.
 
         Args:
             prompt: token ids (a sequence of ints), or bytes, or text (a ``str``).
@@ -64,14 +67,15 @@ class ByteLM(ByteModel):
             after the prompt's bytes (no bytes consumed yet for an empty one).
 
         Raises:
-            ValueError: an empty token-id prompt, or (without BOS) no token starts the
-                prompt's bytes.
+            InvalidContextError: token ids that are empty, not an ordered sequence of
+                integers, or out of the vocabulary.
+            ValueError: (without BOS) no token starts the prompt's bytes.
             UnreachableByteError: no tokenization reaches some byte of the prompt.
             ByteLMClosedError: this model was closed.
         """
         if isinstance(prompt, str):
             prompt = prompt.encode("utf-8")
-        if isinstance(prompt, (bytes, bytearray)):
+        if isinstance(prompt, (bytes, bytearray, memoryview)):
             data = bytes(prompt)
             bos = self.lm.vocab.bos_token_id
             if bos is not None:
@@ -82,10 +86,12 @@ class ByteLM(ByteModel):
                 data = data[len(self.lm.vocab.tokens[first]) :]
             state = ByteBeamState.at_context(self, context)
             return await state.prefill(data) if data else state
-        context = tuple(int(t) for t in prompt)
-        if not context:
-            raise ValueError("empty token context: start from the BOS token or give prompt bytes")
-        return ByteBeamState.at_context(self, context)
+        if isinstance(prompt, Sized) and len(prompt) == 0:
+            raise InvalidContextError(
+                "empty token context: start from the BOS token or give prompt bytes"
+            )
+        # Core's check: no floats (2.5 became 2), bools, sets or dicts as token ids.
+        return ByteBeamState.at_context(self, validate_context(prompt, len(self.lm.vocab)))
 
     @classmethod
     async def from_prompt(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from genlm.core import EOS_EDGE
+from genlm.core import EOS_EDGE, check_temperature
 
 EOS = EOS_EDGE
 """Index of end-of-sequence in :attr:`NextByteLogprobs.logprobs` (256: one past the last
@@ -109,11 +109,12 @@ class NextByteLogprobs:
             A byte value 0..255, or :data:`EOS`.
 
         Raises:
-            ValueError: ``temperature`` is negative, or no byte and no EOS has positive
-                probability.
+            TypeError: ``temperature`` is not a real number (see
+                :func:`genlm.core.check_temperature`).
+            ValueError: ``temperature`` is NaN, infinite or negative, or no byte and no
+                EOS has positive probability.
         """
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        check_temperature(temperature)
         if temperature == 0:
             return self.argmax()
         logits = self.logprobs / temperature

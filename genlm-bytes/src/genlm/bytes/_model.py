@@ -35,9 +35,17 @@ async def gather_all(aws: Iterable[Awaitable[T]]) -> list[T]:
 
     Unlike a bare ``asyncio.gather``, no task outlives the call, so a failed or
     cancelled step leaves nothing pending behind.
+
+    Raises:
+        Exception: the first failure itself (e.g. ``InvalidContextError``), not the
+            ``ExceptionGroup`` a ``TaskGroup`` wraps it in, so callers can catch it as
+            documented; the group, with any other failures, is its ``__context__``.
     """
-    async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(_as_coroutine(a)) for a in aws]
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(_as_coroutine(a)) for a in aws]
+    except ExceptionGroup as failures:
+        raise failures.exceptions[0]  # noqa: B904 - the group stays as __context__
     return [t.result() for t in tasks]
 
 

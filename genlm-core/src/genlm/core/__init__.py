@@ -38,6 +38,8 @@ _EXPORTS = {
     "load_model_by_name": "_registry",
     "resolve_model_path": "_embedded",
     "set_trie_pool_limit": "_trie",
+    "check_temperature": "_sampling",
+    "validate_context": "_model",
 }
 
 __all__ = [
@@ -69,6 +71,8 @@ __all__ = [
     "load_model_by_name",
     "resolve_model_path",
     "set_trie_pool_limit",
+    "check_temperature",
+    "validate_context",
 ]
 
 
@@ -90,11 +94,12 @@ if _TYPE_CHECKING:
         VocabularyMismatchError,
     )
     from genlm.core._lazy import lazy_exports
-    from genlm.core._model import BatchedLM
+    from genlm.core._model import BatchedLM, validate_context
     from genlm.core._output_cache import OutputCache
     from genlm.core._prefix_cache import PrefixCache, PrefixHit
     from genlm.core._protocol import AsyncLM
     from genlm.core._registry import Registry, get_registry, load_model_by_name
+    from genlm.core._sampling import check_temperature
     from genlm.core._scheduler import AutoBatcher
     from genlm.core._trie import EOS_EDGE, TokenByteTrie, set_trie_pool_limit
     from genlm.core._vocab import Vocabulary, decode_vocab

@@ -39,7 +39,19 @@ def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ..
     Accepted: any ordered iterable of integers (list, tuple, range, a 1-D numpy integer
     array, a generator). Rejected: raw text and bytes (``str``, ``bytes``, ``bytearray``,
     ``memoryview``: tokenize them first), unordered collections (``set``, ``dict``: their
-    iteration order is not a context), booleans and non-integer ids.
+    iteration order is not a context), booleans and non-integer ids. Public so that code
+    taking contexts for any ``AsyncLM`` (genlm-bytes) checks them the same way.
+
+    Args:
+        token_ids: the context to check.
+        vocab_size: ids must lie in ``[0, vocab_size)``.
+
+    Returns:
+        The ids as a tuple of Python ints.
+
+    Raises:
+        InvalidContextError: the context is empty, not an ordered sequence of integers, or
+            holds an id outside the vocabulary.
     """
     if isinstance(token_ids, (str, bytes, bytearray, memoryview)):
         raise InvalidContextError(
@@ -238,6 +250,15 @@ class BatchedLM(abc.ABC):
         check_rows(out, contexts, self._label())
         return [np.array(row) for row in out]  # own memory: cache accounting stays exact
 
+    @staticmethod
+    def _check_sampling_args(max_tokens: object, temperature: object) -> None:
+        """Core's check of ``sample`` arguments, for backends that sample natively.
+
+        Raises:
+            TypeError, ValueError: see :func:`~genlm.core._sampling.check_sampling_args`.
+        """
+        check_sampling_args(max_tokens, temperature)
+
     def _label(self) -> str:
         """Names the backend in error messages: class and model name."""
         return f"{type(self).__name__} {self.name!r}"
@@ -253,12 +274,16 @@ class BatchedLM(abc.ABC):
         """Ancestral sampling; returns the new tokens, the EOS token included if one ended it.
 
         ``eos_token_ids=None`` uses ``vocab.eos_token_ids``; ``temperature=0`` is greedy.
-        The same seed gives the same tokens.
+        The same seed gives the same tokens. Sampling also stops, returning the tokens
+        drawn so far, once the context (prompt and new tokens) is longer than
+        :attr:`max_context_length`: the last token is drawn from a context of exactly
+        that length, so at most ``max_context_length + 1 - len(prompt)`` tokens come back.
 
         Raises:
             TypeError, ValueError: bad ``max_tokens`` or ``temperature`` (see
                 :func:`~genlm.core._sampling.check_sampling_args`), checked before any work.
-            InvalidContextError: a bad prompt.
+            InvalidContextError: a bad prompt (one longer than ``max_context_length``
+                included).
         """
         check_sampling_args(max_tokens, temperature)
         return await self._sample(
@@ -269,7 +294,10 @@ class BatchedLM(abc.ABC):
         context = list(self._request(prompt)[1])  # validated before the first await
         eos = set(self._vocab.eos_token_ids if eos_token_ids is None else eos_token_ids)
         generated: list[int] = []
-        while len(generated) < max_tokens:
+        limit = self.max_context_length
+        # Stop, like vLLM's length cap, rather than lose the tokens drawn so far when the
+        # growing context would be refused.
+        while len(generated) < max_tokens and (limit is None or len(context) <= limit):
             logprobs = await self.next_token_logprobs(context)
             token = sample_token(logprobs, rng, temperature)
             generated.append(token)

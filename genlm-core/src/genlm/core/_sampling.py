@@ -23,6 +23,19 @@ def check_sampling_args(max_tokens: object, temperature: object) -> None:
         )
     if max_tokens < 0:
         raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+    check_temperature(temperature)
+
+
+def check_temperature(temperature: object) -> None:
+    """Reject a sampling temperature that would silently misbehave (NaN draws token 0).
+
+    Args:
+        temperature: the value to check; ``0`` (greedy) and any finite positive real pass.
+
+    Raises:
+        TypeError: ``temperature`` is not a real number, or is a bool.
+        ValueError: ``temperature`` is negative, NaN or infinite.
+    """
     if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real):
         raise TypeError(
             f"temperature must be a real number, got {temperature!r} ({type(temperature).__name__})"

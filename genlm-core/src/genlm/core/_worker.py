@@ -96,6 +96,9 @@ class ModelWorker:
                 if item is _STOP:
                     return
                 self._execute(*item)
+                # Waiting for the next call must not keep this one's loop, future,
+                # arguments and result alive (one batch per model, held indefinitely).
+                del item
         finally:
             self.stopped.set_result(None)
 

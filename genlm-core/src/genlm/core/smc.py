@@ -28,6 +28,7 @@ import numpy as np
 from scipy.special import logsumexp
 
 from genlm.core._protocol import AsyncLM
+from genlm.core._sampling import check_sampling_args
 
 
 @attrs.define
@@ -122,7 +123,9 @@ async def smc(
         lm: the model; all particles of a step are evaluated as one batch.
         prompt: token ids to continue.
         n_particles: how many particles.
-        max_tokens: most tokens per particle.
+        max_tokens: most tokens per particle; fewer if the prompt and the new tokens
+            would pass ``lm.max_context_length`` (where the model has one): particles
+            stop with their last token drawn from a context of exactly that length.
         temperature: the proposal's temperature (the target stays the model's).
         ess_threshold: resample when the ESS falls below this fraction of particles.
         eos_token_ids: tokens that end a particle (default ``lm.vocab.eos_token_ids``).
@@ -136,14 +139,17 @@ async def smc(
         that resampled.
 
     Raises:
-        ValueError: a bad argument, or a mask that allows no token.
+        TypeError: ``max_tokens`` is not an integer or ``temperature`` not a real number.
+        ValueError: a bad argument (``temperature`` must be finite and > 0), or a mask
+            that allows no token.
         RuntimeError: every particle reached a context where the mask allows no token
             the model gives positive probability.
     """
     if n_particles < 1:
         raise ValueError(f"n_particles must be >= 1, got {n_particles}")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    check_sampling_args(max_tokens, temperature)  # NaN, inf, bools, 2.5 tokens
+    if temperature == 0:
+        raise ValueError("temperature must be > 0 (SMC proposes by sampling), got 0")
     if not 0 <= ess_threshold <= 1:
         raise ValueError(f"ess_threshold must be in [0, 1], got {ess_threshold}")
     mask = None
@@ -156,6 +162,11 @@ async def smc(
     rng = np.random.default_rng(seed)
     eos = set(lm.vocab.eos_token_ids if eos_token_ids is None else eos_token_ids)
     prompt = list(prompt)
+    limit = getattr(lm, "max_context_length", None)
+    if limit is not None and len(prompt) <= limit:  # a longer prompt raises at step 1
+        # Like sample: stop once the contexts would pass the model's limit (the last
+        # token is drawn from a context of exactly the limit) rather than fail.
+        max_tokens = min(max_tokens, limit + 1 - len(prompt))
     particles = [Particle([]) for _ in range(n_particles)]
     log_marginal, resampled_at = 0.0, []
     for step in range(max_tokens):

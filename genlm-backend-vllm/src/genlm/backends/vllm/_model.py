@@ -446,15 +446,13 @@ class VLLMLM(BatchedLM):
         If the caller is cancelled, the run stops at the next engine step and aborts its
         requests (see :meth:`_run`).
         """
-        from vllm import SamplingParams
-
+        # Core's checks: NaN or inf temperatures and max_tokens=2.5 must not reach vLLM.
+        self._check_sampling_args(max_tokens, temperature)
         requests = [self._request(p) for p in prompts]
-        if max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
         if max_tokens == 0 or not requests:
             return [[] for _ in requests]
+        from vllm import SamplingParams
+
         eos = list(self.vocab.eos_token_ids if eos_token_ids is None else eos_token_ids)
         jobs = []
         for _, context in requests:
