@@ -276,6 +276,10 @@ class HFLM(BatchedLM):
         past, new = max(r.past for r in rows), max(r.new for r in rows)
         buffer, resident = self._batch_buffer(rows, marker, past, new)
         batch = BatchInputs(rows, buffer, self._pad_id)
+        # The kept buffer is about to be overwritten (pasts, then new KV): forget what it
+        # held now, so a forward that fails (e.g. out of memory) leaves no stale record.
+        # Only a successful pass records its rows again.
+        self._resident = None
         batch.fill_past(skip=resident)
         self.kv_stats["resident_rows"] += len(resident)
         cache = BufferedCache(batch.buffer, batch.past)
