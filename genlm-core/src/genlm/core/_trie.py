@@ -56,6 +56,13 @@ unmaps it on free, so without the pool each call paid for zeroing and faulting i
 every page again (15 ms a call instead of 9). A block is reused only once
 nothing references it, so outputs a caller keeps are never overwritten.
 
+Torch rows
+----------
+Every method also takes torch tensors, on any device: they are reduced there
+(``_trie_torch``, float64, one gather and one scatter over (node, token) pairs)
+and the result is a float64 tensor on the same device. torch is imported only
+when a caller hands the trie a tensor; ``genlm.core`` itself never imports it.
+
 Every sum is a sum of the node's own tokens' weights and its children's sums,
 so no difference of large numbers is ever taken: a node's sum has relative
 error ``O(depth * eps)`` whatever the sizes of the other masses. (A prefix-sum
