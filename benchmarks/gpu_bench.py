@@ -55,7 +55,8 @@ REFERENCE = ("genlm-backend==0.3.1", "genlm-bytes==0.2.0", "arsenal")
 REFERENCE_HELPERS = ("ipython",)
 #: Heavier imports of the reference (numba, pandas) many GPU images already have; add
 #: them with ``prepare --heavy`` when ``python -c "import numba, pandas"`` fails there
-#: (llvmlite alone is ~57 MB of the 64 MiB a device call may carry).
+#: (llvmlite alone is ~57 MB of the 64 MiB a device call may carry, so each goes to its
+#: own ``.gpu-wheels-NAME/`` folder, carried in a call of its own).
 REFERENCE_HEAVY = ("numba", "llvmlite", "pandas")
 #: Never installed into a side's folder: the machine's own builds are used.
 MACHINE_PACKAGES = ("numpy", "torch", "scipy", "transformers")
@@ -108,22 +109,35 @@ def tokenizer_source() -> Path:
 
 
 def prepare(args: argparse.Namespace) -> None:
-    """Download the reference's wheels for the device's Python into ``.gpu-wheels/``."""
-    WHEELS.mkdir(exist_ok=True)
+    """Download the reference's wheels for the device's Python into ``.gpu-wheels*/``.
+
+    ``.gpu-wheels/`` gets the reference, its small imports and the tokenizer; with
+    ``--heavy``, each heavy package goes to its own ``.gpu-wheels-NAME/`` so that each
+    folder fits in one device call. Wheels already there are removed first (a folder
+    holds one Python's set).
+    """
     target = ["--python-version", args.python_version, "--only-binary=:all:"]
     for tag in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"):
         target += ["--platform", tag]
-    pip = [sys.executable, "-m", "pip", "download", "--dest", str(WHEELS), *target]
-    subprocess.run([*pip, "--no-deps", *REFERENCE], check=True)
-    subprocess.run([*pip, *REFERENCE_HELPERS], check=True)
+    downloads = [(WHEELS, ["--no-deps", *REFERENCE]), (WHEELS, list(REFERENCE_HELPERS))]
     if args.heavy:
-        subprocess.run([*pip, *REFERENCE_HEAVY], check=True)
-    for wheel in WHEELS.glob("*.whl"):  # dependencies the machine has its own builds of
-        if wheel.name.split("-")[0].lower() in MACHINE_PACKAGES:
+        for name in REFERENCE_HEAVY:  # numba's one dependency that matters is llvmlite
+            deps = [] if name == "pandas" else ["--no-deps"]
+            downloads.append((REPO / f".gpu-wheels-{name}", [*deps, name]))
+    for folder in dict.fromkeys(folder for folder, _ in downloads):
+        folder.mkdir(exist_ok=True)
+        for wheel in folder.glob("*.whl"):
             wheel.unlink()
+    for folder, packages in downloads:
+        pip = [sys.executable, "-m", "pip", "download", "--dest", str(folder), *target]
+        subprocess.run([*pip, *packages], check=True)
     shutil.copytree(tokenizer_source(), WHEELS / "llama3.2", dirs_exist_ok=True)
-    size = sum(f.stat().st_size for f in WHEELS.rglob("*") if f.is_file())
-    logger.info("%s: %.1f MiB (a device call carries at most 64 MiB)", WHEELS, size / 2**20)
+    for folder in dict.fromkeys(folder for folder, _ in downloads):
+        for wheel in folder.glob("*.whl"):  # dependencies the machine has its own builds of
+            if wheel.name.split("-")[0].lower() in MACHINE_PACKAGES:
+                wheel.unlink()
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        logger.info("%s: %.1f MiB (a device call carries at most 64 MiB)", folder, size / 2**20)
 
 
 # ---- installing both sides -------------------------------------------------------------
@@ -138,7 +152,7 @@ def install_sides(python: str) -> dict[str, Path]:
     sides = {"ours": WORK / "ours", "ref": WORK / "ref"}
     wheels = [
         str(w)
-        for w in sorted(WHEELS.glob("*.whl"))
+        for w in sorted(REPO.glob(".gpu-wheels*/*.whl"))
         if w.name.split("-")[0].lower() not in MACHINE_PACKAGES
     ]
     if not any(Path(w).name.startswith("genlm_backend-0.3.1") for w in wheels):
