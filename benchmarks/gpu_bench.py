@@ -295,7 +295,11 @@ async def smc_steps(side: Side, particles: int, prompt_len: int, steps: int) -> 
 
 
 async def byte_lm(side: Side, tokenizer, text: bytes, K: int) -> dict:
-    """Bytes per second byte by byte (next-byte distribution, then advance) and prefill."""
+    """Seconds to score ``text`` byte by byte and with ``prefill``, each from a cold start.
+
+    Byte by byte: the next-byte distribution, then prune and advance, per byte (output
+    and KV caches are cleared before each mode).
+    """
     result = {}
     for mode in ("byte_by_byte", "prefill"):
         side.clear()

@@ -23,7 +23,12 @@ TOKENIZERS = next(
     (d / "shared" / "models" / "tokenizers" for d in REPO.parents if (d / "shared").is_dir()),
     REPO.parent / "shared" / "models" / "tokenizers",
 )
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+    ),
+]
 #: The two kernels add the same terms in other orders: float64 summation-order noise,
 #: relative for masses, absolute for log-masses (a relative error of the mass).
 RTOL = 1e-12
