@@ -108,7 +108,7 @@ if _TYPE_CHECKING:
     from genlm.core._output_cache import OutputCache
     from genlm.core._prefix_cache import PrefixCache, PrefixHit
     from genlm.core._protocol import AsyncLM
-    from genlm.core._registry import BackendSpec, Registry, get_registry, load_model_by_name
+    from genlm.core._registry import Registry, get_registry, load_model_by_name
     from genlm.core._row_plan import (
         ResidentRows,
         RowPlan,

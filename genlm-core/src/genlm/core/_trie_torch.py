@@ -42,20 +42,30 @@ parent scaled by ``exp(max_child - max_parent) <= 1``. Exact for any finite logp
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from genlm.core._trie import TokenByteTrie
+
+class TrieArrays(Protocol):
+    """What the kernel reads of a :class:`~genlm.core.TokenByteTrie` (a protocol, so this
+    module does not import ``_trie``, which imports it: no import circle)."""
+
+    token_node: np.ndarray
+    parent: np.ndarray
+    depth: np.ndarray
+    _level: np.ndarray
+    vocab_size: int
+    num_nodes: int
+
 
 #: Levels 0..FOLD_DEPTH are folded level by level; deeper nodes get all their pairs.
 FOLD_DEPTH = 1
 
 
 def pairs_and_folds(
-    trie: TokenByteTrie, fold_depth: int = FOLD_DEPTH
+    trie: TrieArrays, fold_depth: int = FOLD_DEPTH
 ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int, np.ndarray]]]:
     """The (node, token) pairs and the fold steps of the torch kernel, as numpy arrays.
 
@@ -87,7 +97,7 @@ def pairs_and_folds(
 class TorchTrieKernel:
     """Weight sums and maxes of torch rows, computed on the rows' device (float64)."""
 
-    def __init__(self, trie: TokenByteTrie):
+    def __init__(self, trie: TrieArrays):
         self.vocab_size = trie.vocab_size
         self.num_nodes = trie.num_nodes
         self._host = pairs_and_folds(trie)
