@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import enum
 import logging
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 
 from genlm.core._errors import InvalidContextError, ModelClosedError
 from genlm.core._output_cache import OutputCache
+from genlm.core._rows import Output, as_output, check_output, is_torch, split_torch, stack_output
 from genlm.core._sampling import sample_token
 from genlm.core._scheduler import AutoBatcher
 from genlm.core._vocab import Vocabulary
@@ -28,6 +30,15 @@ logger = logging.getLogger(__name__)
 
 #: A request as the scheduler sees it: (variant, token ids).
 Request = tuple[Hashable, tuple[int, ...]]
+
+
+class _Current(enum.Enum):
+    VARIANT = "the model's current variant"
+
+
+#: ``variant=`` default: the variant the model's state selects (:meth:`BatchedLM._variant`,
+#: e.g. hf's ``set_lora``). Any other value names the variant of this one request.
+CURRENT_VARIANT = _Current.VARIANT
 
 
 def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
@@ -128,6 +139,19 @@ class BatchedLM(abc.ABC):
         """
         return None
 
+    def _check_variant(self, variant: Hashable) -> Hashable:
+        """Validate a per-request ``variant=`` (runs on the caller, before queueing).
+
+        The base model has one variant, None; a backend with adapters overrides this to
+        accept their names (hf: a loaded LoRA adapter's name).
+
+        Raises:
+            ValueError: ``variant`` is not one this model serves.
+        """
+        if variant is not None:
+            raise ValueError(f"{self.name} has no variants (adapters); got variant={variant!r}")
+        return variant
+
     def _clear_backend_cache(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Drop backend state such as KV caches (runs on the worker thread)."""
 
@@ -148,31 +172,89 @@ class BatchedLM(abc.ABC):
     def tokenizer(self) -> Any:
         return self._tokenizer
 
-    def _request(self, token_ids: Sequence[int]) -> Request:
+    def _request(self, token_ids: Sequence[int], variant: Hashable = CURRENT_VARIANT) -> Request:
         if self._closed:
             raise ModelClosedError(f"{self.name} is closed")
-        return (self._variant(), validate_context(token_ids, len(self._vocab)))
+        ids = validate_context(token_ids, len(self._vocab))
+        if variant is CURRENT_VARIANT:
+            return (self._variant(), ids)
+        return (self._check_variant(variant), ids)
 
-    async def next_token_logprobs(self, token_ids: Sequence[int]) -> np.ndarray:
-        request = self._request(token_ids)
-        cached = self.output_cache.get(request)
-        if cached is not None:
-            return cached
-        return await self.batcher.submit(request)
+    async def next_token_logprobs(
+        self,
+        token_ids: Sequence[int],
+        *,
+        variant: Hashable = CURRENT_VARIANT,
+        output: Output = "numpy",
+    ) -> Any:
+        """Log-probabilities of the next token after ``token_ids``, shape ``(V,)``, float32.
 
-    def next_token_logprobs_sync(self, token_ids: Sequence[int]) -> np.ndarray:
-        return self.batch_next_token_logprobs_sync([token_ids])[0]
+        Args:
+            token_ids: the context, at least one token id.
+            variant: what besides the context selects the distribution, for this request
+                only (hf: a LoRA adapter name, None for the base model); by default the
+                model's current one (``set_lora``).
+            output: ``"numpy"`` (an array, read-only when shared with the cache) or
+                ``"torch"`` (a tensor on the device the backend computed it on; torch is
+                imported only then). See ``genlm.core._rows``.
 
-    async def batch_next_token_logprobs(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
-        requests = [self._request(c) for c in contexts]  # validate all before queueing any
-        rows = await asyncio.gather(*(self.next_token_logprobs(r[1]) for r in requests))
-        return _stack(rows, len(self._vocab))
+        Raises:
+            InvalidContextError: bad token ids. ValueError: unknown ``variant`` or ``output``.
+            ModelClosedError: the model is closed.
+        """
+        check_output(output)
+        request = self._request(token_ids, variant)
+        row = self.output_cache.get(request)
+        if row is None:
+            row = await self.batcher.submit(request)
+        return as_output(row, output)
 
-    def batch_next_token_logprobs_sync(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
-        requests = [self._request(c) for c in contexts]
-        rows: list[np.ndarray | None] = [self.output_cache.get(r) for r in requests]
+    def next_token_logprobs_sync(
+        self,
+        token_ids: Sequence[int],
+        *,
+        variant: Hashable = CURRENT_VARIANT,
+        output: Output = "numpy",
+    ) -> Any:
+        """The blocking twin of :meth:`next_token_logprobs` (same arguments)."""
+        check_output(output)
+        row = self._rows_sync([self._request(token_ids, variant)])[0]
+        return as_output(row, output)
+
+    async def batch_next_token_logprobs(
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        variant: Hashable = CURRENT_VARIANT,
+        output: Output = "numpy",
+    ) -> Any:
+        """One row per context, shape ``(len(contexts), V)``; arguments as for one context."""
+        check_output(output)
+        requests = [self._request(c, variant) for c in contexts]  # validate all first
+        rows = await asyncio.gather(*(self._row(r) for r in requests))
+        return stack_output(rows, len(self._vocab), output)
+
+    def batch_next_token_logprobs_sync(
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        variant: Hashable = CURRENT_VARIANT,
+        output: Output = "numpy",
+    ) -> Any:
+        """The blocking twin of :meth:`batch_next_token_logprobs` (same arguments)."""
+        check_output(output)
+        rows = self._rows_sync([self._request(c, variant) for c in contexts])
+        return stack_output(rows, len(self._vocab), output)
+
+    async def _row(self, request: Request) -> Any:
+        row = self.output_cache.get(request)
+        return row if row is not None else await self.batcher.submit(request)
+
+    def _rows_sync(self, requests: list[Request]) -> list[Any]:
+        """Rows of validated requests, in their stored form, computed on the worker thread."""
+        rows: list[Any] = [self.output_cache.get(r) for r in requests]
         missing = list(dict.fromkeys(r for r, row in zip(requests, rows) if row is None))
-        computed: dict[Request, np.ndarray] = {}
+        computed: dict[Request, Any] = {}
         for variant in dict.fromkeys(r[0] for r in missing):
             group = [r for r in missing if r[0] == variant]
             for start in range(0, len(group), self.batcher.max_batch_size):
@@ -180,15 +262,16 @@ class BatchedLM(abc.ABC):
                 results = self.worker.call(self._run_requests, chunk)
                 for request, row in zip(chunk, results):
                     computed[request] = self.output_cache.put(request, row)
-        rows = [row if row is not None else computed[r] for r, row in zip(requests, rows)]
-        return _stack(rows, len(self._vocab))
+        return [row if row is not None else computed[r] for r, row in zip(requests, rows)]
 
     def _run_requests(self, requests: list[Request]) -> list[np.ndarray]:
         """Worker-thread side of a batch: call the backend and check what it returns."""
         variant = requests[0][0]
         out = self._logprobs_batch([r[1] for r in requests], variant)
-        out = np.asarray(out)
         expected = (len(requests), len(self._vocab))
+        if is_torch(out):  # rows stay on the backend's device
+            return split_torch(out, expected, self.name)
+        out = np.asarray(out)
         if out.shape != expected:
             raise RuntimeError(
                 f"{self.name}: backend returned log-probabilities of shape {out.shape}, "
@@ -284,9 +367,3 @@ class BatchedLM(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} vocab={len(self._vocab)}>"
-
-
-def _stack(rows: Sequence[np.ndarray], width: int) -> np.ndarray:
-    if not rows:
-        return np.empty((0, width), dtype=np.float32)
-    return np.stack(rows)

@@ -55,9 +55,10 @@ class OutputCache:
     def put(self, key: Hashable, value: np.ndarray) -> np.ndarray:
         """Store ``value`` (made read-only) and evict the least recently used to fit.
 
-        Returns the stored array. A value larger than the whole budget is not stored.
+        Returns the stored array. A value larger than the whole budget is not stored. A torch
+        row (see ``genlm.core._rows``) is stored as it is: torch has no read-only flag.
         """
-        if value.flags.writeable:
+        if isinstance(value, np.ndarray) and value.flags.writeable:
             value.setflags(write=False)
         size = value.nbytes
         if size > self.max_bytes:

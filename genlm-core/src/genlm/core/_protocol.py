@@ -17,6 +17,12 @@ class AsyncLM(Protocol):
     Log-probabilities are numpy ``float32`` arrays of shape ``(len(vocab),)``, normalized
     (``logsumexp == 0``), one entry per vocabulary token id. Arrays may be read-only
     (they can be shared with a cache): copy before modifying.
+
+    The four log-probability methods also take two keywords (:class:`BatchedLM` has them):
+    ``variant=`` selects what besides the context changes the distribution for this request
+    only (hf: a LoRA adapter name, None for the base model; by default the model's current
+    one), and ``output="torch"`` returns float32 torch tensors on the device the backend
+    computed them on instead of numpy arrays (see ``genlm.core._rows``).
     """
 
     @property
@@ -31,16 +37,20 @@ class AsyncLM(Protocol):
     def tokenizer(self) -> Any:
         """The model's tokenizer, or None when it has none."""
 
-    async def next_token_logprobs(self, token_ids: Sequence[int]) -> np.ndarray:
+    async def next_token_logprobs(self, token_ids: Sequence[int], **options: Any) -> np.ndarray:
         """Log-probabilities of the next token after ``token_ids``."""
 
-    def next_token_logprobs_sync(self, token_ids: Sequence[int]) -> np.ndarray:
+    def next_token_logprobs_sync(self, token_ids: Sequence[int], **options: Any) -> np.ndarray:
         """The blocking twin of :meth:`next_token_logprobs`."""
 
-    async def batch_next_token_logprobs(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
+    async def batch_next_token_logprobs(
+        self, contexts: Sequence[Sequence[int]], **options: Any
+    ) -> np.ndarray:
         """One row per context: shape ``(len(contexts), len(vocab))``."""
 
-    def batch_next_token_logprobs_sync(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
+    def batch_next_token_logprobs_sync(
+        self, contexts: Sequence[Sequence[int]], **options: Any
+    ) -> np.ndarray:
         """The blocking twin of :meth:`batch_next_token_logprobs`."""
 
     async def sample(
