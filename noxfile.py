@@ -1,6 +1,6 @@
 """The test matrix: one session per distribution, plus lint and benchmarks.
 
-`nox` runs the default sessions (lint, core, hf, bytes, mlx, vllm): the README's test
+`nox` runs the default sessions (lint, core, hf, bytes, mlx, vllm, backend): the README's test
 command and what CI runs. Benchmark sessions (`bench_*`) run only when named.
 Sessions that need torch install `torch==2.13.0` first, so pip takes the CPU build
 instead of resolving a multi-GB CUDA one.
@@ -12,7 +12,7 @@ import platform
 
 import nox
 
-nox.options.sessions = ["lint", "core", "hf", "bytes", "mlx", "vllm"]
+nox.options.sessions = ["lint", "core", "hf", "bytes", "mlx", "vllm", "backend"]
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
 
@@ -98,6 +98,14 @@ def vllm(session: nox.Session) -> None:
         env=env,
         success_codes=[0, 5],
     )
+
+
+@nox.session(python=PYTHON)
+def backend(session: nox.Session) -> None:
+    """genlm.backend, the documented genlm-backend 0.3 API as a facade over core and hf."""
+    session.install(TORCH)
+    install_core(session, TRANSFORMERS, "peft", "graphviz", "./genlm-backend-hf", "./genlm-backend")
+    pytest(session, "tests/backend")
 
 
 def reference_venv(session: nox.Session, *packages: str) -> str:
