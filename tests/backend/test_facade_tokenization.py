@@ -24,6 +24,8 @@ def test_token_is_bytes_with_an_id_and_hashes_by_id():
     assert hash(a) == hash(3) and b"ab" not in {a}  # a set of tokens is keyed by id
     assert Token.is_plain_bytes(b"ab") and not Token.is_plain_bytes(a)
     assert not Token.is_plain_bytes("ab")
+    assert type(Token.as_bytes(a)) is bytes and Token.as_bytes(a) == b"ab"
+    assert Token.as_bytes(bytearray(b"x")) == b"x"
     for clone in (pickle.loads(pickle.dumps(a)), copy.deepcopy(a)):
         assert type(clone) is Token and clone.token_id == 3 and clone == a
     assert repr(a) == "Token(3, b'ab')"

@@ -61,6 +61,11 @@ class Token(bytes):
         return (Token, (self.token_id, self.byte_string))
 
     @staticmethod
+    def as_bytes(x: bytes) -> bytes:
+        """The plain bytes of a :class:`Token` (its ``byte_string``) or of any bytes object."""
+        return x.byte_string if isinstance(x, Token) else bytes(x)
+
+    @staticmethod
     def is_plain_bytes(x: object) -> bool:
         """Whether ``x`` is a ``bytes`` object that is not a :class:`Token`."""
         return isinstance(x, bytes) and not isinstance(x, Token)
