@@ -81,10 +81,18 @@ def test_layout_and_masses_match_brute_force(cls):
     assert sums[0, trie.root] == pytest.approx(ws[0].sum(), rel=1e-14)
 
 
-def test_plain_bytes_and_str_become_tokens_with_their_position():
-    trie = TokenCharacterTrie(["a", b"b", "ab"])
-    assert [(t.token_id, t.byte_string) for t in trie.decode] == [(0, b"a"), (1, b"b"), (2, b"ab")]
-    assert all(isinstance(t, Token) for t in trie.decode)
+def test_plain_bytes_and_str_entries_are_keyed_by_themselves():
+    """Bytes edges are ints, str edges are characters; plain entries are their own keys."""
+    trie = TokenCharacterTrie(["ab", b"a", b"ab", "a", End()])
+    assert trie.decode[0] == "ab" and trie.decode[1] == b"a"
+    for position, entry in enumerate(trie.decode):
+        leaf = trie.children[walk(trie, list(entry))][(None, position)]
+        assert trie.word2leaf[entry] == leaf
+    ws = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
+    sums, maxes = trie.weight_sum(ws), trie.weight_max(ws)
+    assert sums[trie.root] == 31.0 and maxes[trie.root] == 16.0
+    assert sums[walk(trie, [97])] == 6.0 and sums[walk(trie, ["a"])] == 9.0
+    assert maxes[walk(trie, ["a", "b"])] == 1.0
     with pytest.raises(ValueError, match="weights"):
         trie.weight_sum([1.0, 2.0])
 

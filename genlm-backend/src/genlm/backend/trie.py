@@ -24,25 +24,26 @@ class TokenCharacterTrie:
     """A trie over the bytes of a vocabulary, with per-node weight sums and maxima.
 
     Args:
-        decode: the vocabulary; weights are indexed by position in it. :class:`Token` objects
-            keep their ids; bytes and str (UTF-8) become Tokens whose id is their position.
-            Any other entry (e.g. genlm-control's ``EOS``) is a word whose letters are the
-            items it iterates over: it gets its own nodes below the root.
+        decode: the vocabulary; weights are indexed by position in it. Bytes entries
+            (:class:`Token` or plain bytes) are spelled by their bytes (edges are ints) and
+            summed by core's trie. Any other entry (a str, genlm-control's ``EOS``) is a word
+            whose letters are the items it iterates over (a str's characters): it gets its own
+            nodes, and its weight is added along its path.
 
     Attributes:
-        decode (list): the vocabulary, bytes and str turned into Tokens.
+        decode (list): the vocabulary, as given.
         root (int): the root node (0).
         children (list[dict]): ``children[node]`` maps a letter (a byte as an int, or another
             entry's item) to a child, and ``(None, token_id)`` to that token's leaf (``(None,
             position)`` for entries that are not Tokens).
-        word2leaf (dict): ``(byte_string, token_id)`` (a Token) or the entry itself -> leaf.
+        word2leaf (dict): ``(byte_string, token_id)`` for a Token, else the entry -> leaf.
         leaf2word (dict): leaf node -> its ``word2leaf`` key.
         token_id_to_leaf (np.ndarray): ``(V, 2)`` rows of ``(token_id or position, leaf)``.
         core (genlm.core.TokenByteTrie): the core trie that computes the prefix masses.
     """
 
     def __init__(self, decode: Sequence[Any]):
-        self.decode = [_as_entry(i, t) for i, t in enumerate(decode)]
+        self.decode = list(decode)
         self.core = TokenByteTrie([_spelling(t) for t in self.decode])
         self.root = self.core.root
         prefix_nodes = self.num_prefix_nodes = self.core.num_nodes
@@ -54,25 +55,29 @@ class TokenCharacterTrie:
             self.children[parent][edge] = node
         token_node = self.core.token_node.tolist()
         self.word2leaf: dict[Any, int] = {}
-        #: (position, nodes from the root to the leaf's parent) of the entries core cannot
-        #: sum (non-bytes words and empty tokens): their weight is added along that path.
-        self._extra: list[tuple[int, list[int]]] = []
+        # Entries core cannot sum (str and other words, empty byte strings) add their weight
+        # along their path: node ids and entry positions, one pair per path node.
+        extra_nodes: list[int] = []
+        extra_positions: list[int] = []
         ids = []
         for position, entry in enumerate(self.decode):
             leaf = prefix_nodes + position
-            if isinstance(entry, Token) and token_node[position] >= 0:
-                parent, key = token_node[position], (entry.byte_string, entry.token_id)
+            if isinstance(entry, bytes) and token_node[position] >= 0:
+                parent = token_node[position]
             else:
                 path = self._add_path(entry)
                 parent = path[-1]
-                key = (entry.byte_string, entry.token_id) if isinstance(entry, Token) else entry
-                self._extra.append((position, path))
+                extra_nodes += path
+                extra_positions += [position] * len(path)
+            key = (entry.byte_string, entry.token_id) if isinstance(entry, Token) else entry
             tid = entry.token_id if isinstance(entry, Token) else position
             if key in self.word2leaf:
                 raise ValueError(f"vocabulary entry {position} repeats {key!r}")
             self.children[parent][(None, tid)] = leaf
             self.word2leaf[key] = leaf
             ids.append(tid)
+        self._extra_nodes = np.asarray(extra_nodes, dtype=np.int64)
+        self._extra_positions = np.asarray(extra_positions, dtype=np.int64)
         self.leaf2word = {leaf: word for word, leaf in self.word2leaf.items()}
         self.token_id_to_leaf = np.stack(
             [np.asarray(ids, dtype=np.int64), prefix_nodes + np.arange(V, dtype=np.int64)], axis=1
@@ -81,7 +86,7 @@ class TokenCharacterTrie:
     def _add_path(self, entry: Any) -> list[int]:
         """Nodes for a word core does not hold, created as needed; returns its root path."""
         node, path = self.root, [self.root]
-        letters = [] if isinstance(entry, Token) else list(entry)
+        letters = [] if isinstance(entry, bytes) else list(entry)
         for letter in letters:
             child = self.children[node].get(letter)
             if child is None:
@@ -115,11 +120,10 @@ class TokenCharacterTrie:
         out[..., :n] = prefix
         out[..., n : n + V] = w
         out[..., n + V :] = -np.inf if use_max else 0.0
-        for position, path in self._extra:
-            if use_max:
-                out[..., path] = np.maximum(out[..., path], w[..., position : position + 1])
-            else:
-                out[..., path] += w[..., position : position + 1]
+        if len(self._extra_nodes):
+            flat, wf = out.reshape(-1, self.num_nodes), w.reshape(-1, V)
+            where = (slice(None), self._extra_nodes)
+            (np.maximum if use_max else np.add).at(flat, where, wf[:, self._extra_positions])
         return out
 
     def weight_sum(self, ws: Any) -> np.ndarray:
@@ -230,17 +234,6 @@ class AsyncTokenCharacterTrie:
         """Kept for compatibility; :meth:`cleanup` releases everything."""
 
 
-def _as_entry(i: int, t: Any) -> Any:
-    """Bytes and str as Tokens whose id is their position; Tokens and other words as given."""
-    if isinstance(t, Token):
-        return t
-    if isinstance(t, str):
-        return Token(i, t.encode("utf-8"))
-    if isinstance(t, bytes):
-        return Token(i, t)
-    return t
-
-
 def _spelling(entry: Any) -> bytes:
-    """What core's trie holds for an entry: a Token's bytes, b"" (nothing) for other words."""
-    return entry.byte_string if isinstance(entry, Token) else b""
+    """What core's trie holds for an entry: its bytes, or b"" (nothing) for other words."""
+    return bytes(entry) if isinstance(entry, bytes) else b""
