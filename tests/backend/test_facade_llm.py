@@ -146,3 +146,43 @@ def test_constructor_maps_batch_size_and_timeout():
     )
     assert llm.core_lm.batcher.max_batch_size == 3 and llm.core_lm.batcher.max_wait_s == 0.5
     llm.close()
+
+
+def test_lora_name_selects_the_adapter_per_call(tmp_path):
+    """``lora_name=`` rows equal the core model's rows under that variant, and differ from the
+    base model's; concurrent calls under both batch without switching the model's state."""
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    from genlm.core import resolve_model_path
+
+    path = resolve_model_path("stories260K")
+    torch.manual_seed(0)
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    peft.get_peft_model(
+        transformers.AutoModelForCausalLM.from_pretrained(path), config
+    ).save_pretrained(tmp_path)
+    llm = AsyncTransformer(
+        transformers.AutoModelForCausalLM.from_pretrained(path),
+        transformers.AutoTokenizer.from_pretrained(path),
+    )
+    llm.add_new_lora(str(tmp_path), "a")
+
+    async def run():
+        return await asyncio.gather(
+            llm.next_token_logprobs(CONTEXTS[0], lora_name="a"),
+            llm.next_token_logprobs(CONTEXTS[0]),
+            llm.batch_next_token_logprobs(CONTEXTS[:2], lora_name="a"),
+        )
+
+    adapted, base, batch = asyncio.run(run())
+    core = llm.core_lm
+    np.testing.assert_array_equal(
+        adapted.numpy(), core.next_token_logprobs_sync(CONTEXTS[0], variant="a")
+    )
+    np.testing.assert_array_equal(
+        base.numpy(), core.next_token_logprobs_sync(CONTEXTS[0], variant=None)
+    )
+    np.testing.assert_array_equal(batch[0].numpy(), adapted.numpy())
+    assert (adapted - base).abs().max() > 1e-3  # the adapter changes the distribution
+    llm.close()
