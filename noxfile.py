@@ -1,7 +1,8 @@
 """The test matrix: one session per distribution, plus lint and benchmarks.
 
-`nox` runs the default sessions (lint, core, hf, bytes, mlx, vllm, docs): the README's test
-command and what CI runs. Benchmark sessions (`bench_*`) run only when named.
+`nox` runs the default sessions (lint, core, hf, bytes, mlx, vllm, backend, clients,
+docs): the README's test command and what CI runs. Benchmark sessions (`bench_*`) run
+only when named.
 Sessions that need torch install its CPU build first (`install_torch`): on Linux, PyPI's
 `torch` wheel is the CUDA build (526 MB plus gigabytes of nvidia-* CUDA wheels), so
 the CPU build `torch==2.13.0+cpu` is taken from PyTorch's CPU wheel index, or from a local
@@ -17,7 +18,7 @@ import subprocess
 
 import nox
 
-nox.options.sessions = ["lint", "core", "hf", "bytes", "mlx", "vllm", "docs"]
+nox.options.sessions = ["lint", "core", "hf", "bytes", "mlx", "vllm", "backend", "clients", "docs"]
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
 
@@ -173,6 +174,93 @@ def docs(session: nox.Session) -> None:
     session.run("mkdocs", "build", "--strict", env={**ENV, "NO_MKDOCS_2_WARNING": "1"})
     pytest(session, "tests/docs")
     session.run("python", "docs/check_docstrings.py")
+
+
+@nox.session(python=PYTHON)
+def backend(session: nox.Session) -> None:
+    """genlm.backend, the documented genlm-backend 0.3 API as a facade over core and hf."""
+    install_torch(session)
+    install_core(session, TRANSFORMERS, "peft", "graphviz", "./genlm-backend-hf", "./genlm-backend")
+    pytest(session, "tests/backend")
+
+
+#: The real clients of the documented API, run from their sdists against GenLM.
+CLIENTS = ["genlm-control==0.4.1", "llamppl==0.2.3"]
+#: Their own pure dependencies (never the original genlm-backend or genlm-bytes).
+CLIENT_DEPS = [
+    *("arsenal", "IPython", "json-stream", "jsonschema[format-nongpl]", "regex", "lark"),
+    *("interegular", "frozendict", "nltk", "graphviz", "pandas", "protobuf"),
+    *("pytest-asyncio", "pytest-mock", "pytest-benchmark", "hypothesis-jsonschema"),
+    "hypothesis==6.130.13",  # genlm-control's pin: hypothesis-jsonschema fails on newer ones
+]
+#: genlm-control statistics tests over mock potentials (no GenLM code runs in them) that take
+#: 1-3.5 minutes each on 2 CPUs; left out to keep the session to a few minutes.
+_SLOW_PURE = "slow pure genlm-control test over mock potentials (no GenLM code runs)"
+#: Client tests that cannot run here, each with its reason (genlm-backend/README.md lists them).
+CLIENT_DESELECT = {
+    "llamppl": {
+        "tests/test_examples.py": "imports examples/haiku.py, which downloads NLTK's cmudict",
+    },
+    "genlm_control": {
+        **{
+            f"tests/sampler/test_awrs.py::test_awrs_{name}": _SLOW_PURE
+            for name in (
+                "is_unbiased",
+                "no_pruning",
+                "improper_weights_no_pruning",
+                "with_different_limits",
+                "with_uniform_proposal_is_unbiased",
+                "with_perturbed_proposal_is_unbiased",
+                "with_proposal_and_no_pruning",
+            )
+        },
+        "tests/potential/test_json.py::test_parser_for_arbitrary_json_can_parse_arbitrary_json": (
+            _SLOW_PURE
+        ),
+    },
+}
+
+
+@nox.session(python=PYTHON)
+def clients(session: nox.Session) -> None:
+    """genlm-control 0.4.1 and llamppl 0.2.3's own test suites, unchanged, against GenLM.
+
+    The clients are installed with --no-deps (they declare the original genlm-backend and
+    genlm-bytes, which GenLM's distributions replace); their Hub model names resolve in an
+    offline Hub cache built by tests/clients/hub_cache.py (see genlm-backend/README.md).
+    """
+    import tarfile
+
+    install_torch(session)
+    install_core(session, TRANSFORMERS, "./genlm-backend-hf", "./genlm-bytes", "./genlm-backend")
+    session.install("--no-deps", *CLIENTS, "genlm-grammar==0.2.0")
+    session.install(*CLIENT_DEPS)
+    tmp = session.create_tmp()
+    session.run("pip", "download", "-q", "--no-binary", ":all:", "--no-deps", *CLIENTS, "-d", tmp)
+    cache = f"{tmp}/hub"
+    session.run("python", "tests/clients/hub_cache.py", cache)
+    env = {**ENV, "HF_HUB_CACHE": cache}
+    for name, version in (("genlm_control", "0.4.1"), ("llamppl", "0.2.3")):
+        with tarfile.open(f"{tmp}/{name}-{version}.tar.gz") as sdist:
+            sdist.extractall(tmp, filter="data")
+        deselect = [  # a whole module is ignored (not even imported), a test deselected
+            f"--deselect={test}" if "::" in test else f"--ignore={test}"
+            for test in CLIENT_DESELECT[name]
+        ]
+        with session.chdir(f"{tmp}/{name}-{version}"):
+            session.run(
+                "python",
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "--timeout=300",
+                "-rfEs",
+                "tests",
+                *deselect,
+                *session.posargs,
+                env=env,
+            )
 
 
 def reference_venv(session: nox.Session, *packages: str) -> str:

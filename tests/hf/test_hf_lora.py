@@ -129,3 +129,28 @@ def test_unknown_or_duplicate_adapter_is_a_clear_error(lm, adapters):
     with pytest.raises(ValueError, match="'a'"):
         lm.add_lora(adapters["a"][0], "a")
     assert np.isfinite(lm.next_token_logprobs_sync(CONTEXTS[1])).all()
+
+
+def test_per_request_variant_without_touching_state(lm, adapters, base_model, check):
+    """``variant=`` picks the adapter of one request; concurrent requests under a, b and the base
+    model each get their own adapter's rows, and the model's active adapter never changes."""
+
+    async def scenario():
+        return await asyncio.gather(
+            lm.next_token_logprobs(CONTEXTS[0], variant="a"),
+            lm.next_token_logprobs(CONTEXTS[0], variant="b"),
+            lm.next_token_logprobs(CONTEXTS[0]),
+            lm.batch_next_token_logprobs(CONTEXTS[:2], variant="b"),
+        )
+
+    a, b, base, batch_b = asyncio.run(scenario())
+    assert lm.active_lora is None
+    check(adapters["a"][1], CONTEXTS[0], a)
+    check(adapters["b"][1], CONTEXTS[0], b)
+    check(base_model, CONTEXTS[0], base)
+    for context, row in zip(CONTEXTS[:2], batch_b):
+        check(adapters["b"][1], context, row)
+    lm.set_lora("a")  # variant=None asks for the base model even while an adapter is active
+    check(base_model, CONTEXTS[1], lm.next_token_logprobs_sync(CONTEXTS[1], variant=None))
+    with pytest.raises(KeyError, match="nope"):
+        lm.next_token_logprobs_sync(CONTEXTS[1], variant="nope")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import concurrent.futures
+import enum
 import logging
 import threading
 from collections.abc import Hashable, Mapping, Sequence
@@ -22,6 +23,15 @@ import numpy as np
 
 from genlm.core._errors import BackendError, InvalidContextError, ModelClosedError
 from genlm.core._output_cache import OutputCache
+from genlm.core._rows import (
+    Output,
+    as_output,
+    check_output,
+    is_torch,
+    row_summary,
+    split_torch,
+    stack_output,
+)
 from genlm.core._sampling import check_sampling_args, sample_token
 from genlm.core._scheduler import AutoBatcher
 from genlm.core._vocab import Vocabulary
@@ -31,6 +41,15 @@ logger = logging.getLogger(__name__)
 
 #: A request as the scheduler sees it: (variant, token ids).
 Request = tuple[Hashable, tuple[int, ...]]
+
+
+class _Current(enum.Enum):
+    VARIANT = "the model's current variant"
+
+
+#: ``variant=`` default: the variant the model's state selects (:meth:`BatchedLM._variant`,
+#: e.g. hf's ``set_lora``). Any other value names the variant of this one request.
+CURRENT_VARIANT = _Current.VARIANT
 
 
 def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
@@ -168,6 +187,19 @@ class BatchedLM(abc.ABC):
         """
         return None
 
+    def _check_variant(self, variant: Hashable) -> Hashable:
+        """Validate a per-request ``variant=`` (runs on the caller, before queueing).
+
+        The base model has one variant, None; a backend with adapters overrides this to
+        accept their names (hf: a loaded LoRA adapter's name).
+
+        Raises:
+            ValueError: ``variant`` is not one this model serves.
+        """
+        if variant is not None:
+            raise ValueError(f"{self.name} has no variants (adapters); got variant={variant!r}")
+        return variant
+
     def _clear_backend_cache(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Drop backend state such as KV caches (runs on the worker thread)."""
 
@@ -188,7 +220,7 @@ class BatchedLM(abc.ABC):
     def tokenizer(self) -> Any:
         return self._tokenizer
 
-    def _request(self, token_ids: Sequence[int]) -> Request:
+    def _request(self, token_ids: Sequence[int], variant: Hashable = CURRENT_VARIANT) -> Request:
         if self._closed:
             raise ModelClosedError(f"{self.name} is closed")
         ids = validate_context(token_ids, len(self._vocab))
@@ -197,28 +229,85 @@ class BatchedLM(abc.ABC):
                 f"context of {len(ids)} tokens is longer than {self.name}'s maximum of "
                 f"{self.max_context_length} tokens (max_context_length)"
             )
-        return (self._variant(), ids)
+        if variant is CURRENT_VARIANT:
+            return (self._variant(), ids)
+        return (self._check_variant(variant), ids)
 
-    async def next_token_logprobs(self, token_ids: Sequence[int]) -> np.ndarray:
-        request = self._request(token_ids)
-        cached = self.output_cache.get(request)
-        if cached is not None:
-            return cached
-        return await self.batcher.submit(request)
+    async def next_token_logprobs(
+        self,
+        token_ids: Sequence[int],
+        *,
+        variant: Hashable = CURRENT_VARIANT,
+        output: Output = "numpy",
+    ) -> Any:
+        """Log-probabilities of the next token after ``token_ids``, shape ``(V,)``, float32.
 
-    def next_token_logprobs_sync(self, token_ids: Sequence[int]) -> np.ndarray:
-        return self.batch_next_token_logprobs_sync([token_ids])[0]
+        Args:
+            token_ids: the context, at least one token id.
+            variant: what besides the context selects the distribution, for this request
+                only (hf: a LoRA adapter name, None for the base model); by default the
+                model's current one (``set_lora``).
+            output: ``"numpy"`` (an array, read-only when shared with the cache) or
+                ``"torch"`` (a tensor on the device the backend computed it on; torch is
+                imported only then). See ``genlm.core._rows``.
 
-    async def batch_next_token_logprobs(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
-        requests = [self._request(c) for c in contexts]  # validate all before queueing any
-        rows = await asyncio.gather(*(self.next_token_logprobs(r[1]) for r in requests))
-        return _stack(rows, len(self._vocab))
+        Raises:
+            InvalidContextError: bad token ids. ValueError: unknown ``variant`` or ``output``.
+            ModelClosedError: the model is closed.
+        """
+        check_output(output)
+        request = self._request(token_ids, variant)
+        row = self.output_cache.get(request)
+        if row is None:
+            row = await self.batcher.submit(request)
+        return as_output(row, output)
 
-    def batch_next_token_logprobs_sync(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
-        requests = [self._request(c) for c in contexts]
-        rows: list[np.ndarray | None] = [self.output_cache.get(r) for r in requests]
+    def next_token_logprobs_sync(
+        self,
+        token_ids: Sequence[int],
+        *,
+        variant: Hashable = CURRENT_VARIANT,
+        output: Output = "numpy",
+    ) -> Any:
+        """The blocking twin of :meth:`next_token_logprobs` (same arguments)."""
+        check_output(output)
+        row = self._rows_sync([self._request(token_ids, variant)])[0]
+        return as_output(row, output)
+
+    async def batch_next_token_logprobs(
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        variant: Hashable = CURRENT_VARIANT,
+        output: Output = "numpy",
+    ) -> Any:
+        """One row per context, shape ``(len(contexts), V)``; arguments as for one context."""
+        check_output(output)
+        requests = [self._request(c, variant) for c in contexts]  # validate all first
+        rows = await asyncio.gather(*(self._row(r) for r in requests))
+        return stack_output(rows, len(self._vocab), output)
+
+    def batch_next_token_logprobs_sync(
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        variant: Hashable = CURRENT_VARIANT,
+        output: Output = "numpy",
+    ) -> Any:
+        """The blocking twin of :meth:`batch_next_token_logprobs` (same arguments)."""
+        check_output(output)
+        rows = self._rows_sync([self._request(c, variant) for c in contexts])
+        return stack_output(rows, len(self._vocab), output)
+
+    async def _row(self, request: Request) -> Any:
+        row = self.output_cache.get(request)
+        return row if row is not None else await self.batcher.submit(request)
+
+    def _rows_sync(self, requests: list[Request]) -> list[Any]:
+        """Rows of validated requests, in their stored form, computed on the worker thread."""
+        rows: list[Any] = [self.output_cache.get(r) for r in requests]
         missing = list(dict.fromkeys(r for r, row in zip(requests, rows) if row is None))
-        computed: dict[Request, np.ndarray] = {}
+        computed: dict[Request, Any] = {}
         for variant in dict.fromkeys(r[0] for r in missing):
             group = [r for r in missing if r[0] == variant]
             for start in range(0, len(group), self.batcher.max_batch_size):
@@ -226,8 +315,7 @@ class BatchedLM(abc.ABC):
                 results = self.worker.call(self._run_requests, chunk)
                 for request, row in zip(chunk, results):
                     computed[request] = self.output_cache.put(request, row)
-        rows = [row if row is not None else computed[r] for r, row in zip(requests, rows)]
-        return _stack(rows, len(self._vocab))
+        return [row if row is not None else computed[r] for r, row in zip(requests, rows)]
 
     def _run_requests(self, requests: list[Request]) -> list[np.ndarray]:
         """Worker-thread side of a batch: call the backend and check what it returns.
@@ -239,15 +327,20 @@ class BatchedLM(abc.ABC):
         """
         variant = requests[0][0]
         contexts = [r[1] for r in requests]
-        out = np.asarray(self._logprobs_batch(contexts, variant))
+        out = self._logprobs_batch(contexts, variant)
         expected = (len(requests), len(self._vocab))
+        if is_torch(out):  # rows stay on the backend's device
+            rows = split_torch(out, expected, self._label())
+            check_rows(*row_summary(out), contexts, self._label())
+            return rows
+        out = np.asarray(out)
         if out.shape != expected or out.dtype.kind != "f":
             raise BackendError(
                 f"{self._label()}: backend returned log-probabilities of shape {out.shape} "
                 f"and dtype {out.dtype}, expected floats of shape {expected}"
             )
         out = out.astype(np.float32, copy=False)
-        check_rows(out, contexts, self._label())
+        check_rows(*row_summary(out), contexts, self._label())
         return [np.array(row) for row in out]  # own memory: cache accounting stays exact
 
     @staticmethod
@@ -402,20 +495,39 @@ class BatchedLM(abc.ABC):
 NORMALIZATION_TOLERANCE = 1e-3
 
 
-def check_rows(out: np.ndarray, contexts: Sequence[tuple[int, ...]], label: str) -> None:
-    """Check a ``(B, V)`` batch of backend rows; raise :class:`BackendError` if one is bad.
+def check_rows(
+    row_max: np.ndarray,
+    first_logsumexp: float,
+    width: int,
+    contexts: Sequence[tuple[int, ...]],
+    label: str,
+) -> None:
+    """Check a ``(B, V)`` batch of backend rows from its summary; raise :class:`BackendError`.
+
+    The summary (:func:`genlm.core._rows.row_summary`: each row's maximum and the first
+    row's float64 ``logsumexp``) is computed where the rows are, so rows on a GPU cost one
+    ``max`` there and a copy of ``B + 1`` numbers to the host.
 
     Every row: no NaN, no ``+inf``, not every entry ``-inf`` (``-inf`` alone is the
     legitimate log-probability of an impossible token), and a maximum within
     ``[-log V, 0]`` (give or take :data:`NORMALIZATION_TOLERANCE`), which any normalized
-    row satisfies and raw logits rarely do. All of that is one ``max`` over the batch.
-    The first row's ``logsumexp`` (float64) must also be 0 within the tolerance, which
-    catches a backend that never normalizes at the cost of one row. A single
-    unnormalized row elsewhere in the batch whose maximum is in range goes unnoticed.
+    row satisfies and raw logits rarely do. The first row's ``logsumexp`` must also be 0
+    within the tolerance, which catches a backend that never normalizes at the cost of one
+    row. A single unnormalized row elsewhere in the batch whose maximum is in range goes
+    unnoticed.
+
+    Args:
+        row_max: each row's maximum, shape ``(B,)`` (NaN where a row holds NaN).
+        first_logsumexp: the first row's ``logsumexp``.
+        width: the vocabulary size ``V``.
+        contexts: the batch's contexts, for the message.
+        label: names the backend in the message.
+
+    Raises:
+        BackendError: a row breaks one of the rules above.
     """
     tol = NORMALIZATION_TOLERANCE
-    row_max = out.max(axis=1)  # NaN propagates; +inf and all -inf show here too
-    ok = (row_max <= tol) & (row_max >= -np.log(out.shape[1]) - tol)  # False for NaN
+    ok = (row_max <= tol) & (row_max >= -np.log(width) - tol)  # False for NaN
     if not ok.all():
         bad = np.flatnonzero(~ok)
         i, top = int(bad[0]), float(row_max[bad[0]])
@@ -431,16 +543,14 @@ def check_rows(out: np.ndarray, contexts: Sequence[tuple[int, ...]], label: str)
             problem = f"has no log-probability above {top:.4g}, so its mass is below 1"
         more = f" ({len(bad) - 1} more bad rows)" if len(bad) > 1 else ""
         raise BackendError(
-            f"{label}: row {i} of a batch of {len(out)} (context {_show(contexts[i])}) "
+            f"{label}: row {i} of a batch of {len(row_max)} (context {_show(contexts[i])}) "
             f"{problem}{more}; backends must return finite, normalized log-probabilities"
         )
-    top = float(row_max[0])
-    logsum = top + float(np.log(np.exp(out[0].astype(np.float64) - top).sum()))
-    if abs(logsum) > tol:
+    if abs(first_logsumexp) > tol:
         raise BackendError(
-            f"{label}: row 0 of a batch of {len(out)} (context {_show(contexts[0])}) "
-            f"has total probability {np.exp(logsum):.6g}, not 1; backends must return "
-            "normalized log-probabilities"
+            f"{label}: row 0 of a batch of {len(row_max)} (context {_show(contexts[0])}) "
+            f"has total probability {np.exp(first_logsumexp):.6g}, not 1; backends must "
+            "return normalized log-probabilities"
         )
 
 
@@ -449,9 +559,3 @@ def _show(context: tuple[int, ...]) -> str:
     if len(context) <= 8:
         return str(context)
     return f"of {len(context)} tokens ({', '.join(map(str, context[:4]))}, ..., {context[-1]})"
-
-
-def _stack(rows: Sequence[np.ndarray], width: int) -> np.ndarray:
-    if not rows:
-        return np.empty((0, width), dtype=np.float32)
-    return np.stack(rows)

@@ -99,9 +99,10 @@ class OutputCache:
         Returns:
             ``value``, now read-only. An entry (array and key) larger than the whole
             budget is returned without being stored (an entry already stored for ``key``
-            then stays). Storing a key again replaces its entry (counted once).
+            then stays). Storing a key again replaces its entry (counted once). A torch
+            row (see ``genlm.core._rows``) is stored as it is: torch has no read-only flag.
         """
-        if value.flags.writeable:
+        if isinstance(value, np.ndarray) and value.flags.writeable:
             value.setflags(write=False)
         size = value.nbytes + key_nbytes(key)
         if size > self.max_bytes:

@@ -22,6 +22,12 @@ class AsyncLM(Protocol):
     Every GenLM backend (a :class:`~genlm.core.BatchedLM`) satisfies this protocol, and
     ``isinstance(lm, AsyncLM)`` checks it at run time. Concurrent calls are batched:
     awaiting many requests at once is the fast path, never a hazard.
+
+    The four log-probability methods also take two keywords (:class:`BatchedLM` has them):
+    ``variant=`` selects what besides the context changes the distribution for this request
+    only (hf: a LoRA adapter name, None for the base model; by default the model's current
+    one), and ``output="torch"`` returns float32 torch tensors on the device the backend
+    computed them on instead of numpy arrays (see ``genlm.core._rows``).
     """
 
     @property
@@ -36,12 +42,14 @@ class AsyncLM(Protocol):
     def tokenizer(self) -> Any:
         """The model's tokenizer, or None when it has none."""
 
-    async def next_token_logprobs(self, token_ids: Sequence[int]) -> np.ndarray:
+    async def next_token_logprobs(self, token_ids: Sequence[int], **options: Any) -> np.ndarray:
         """Log-probabilities of the next token after ``token_ids``.
 
         Args:
             token_ids: the context, a non-empty sequence of token ids (ints in
                 ``range(len(vocab))``; raw text is refused).
+            **options: ``variant=`` and ``output=``, as :class:`~genlm.core.BatchedLM`
+                takes them.
 
         Returns:
             A read-only float32 row of shape ``(len(vocab),)``, normalized.
@@ -51,11 +59,13 @@ class AsyncLM(Protocol):
             ModelClosedError: the model was closed.
         """
 
-    def next_token_logprobs_sync(self, token_ids: Sequence[int]) -> np.ndarray:
+    def next_token_logprobs_sync(self, token_ids: Sequence[int], **options: Any) -> np.ndarray:
         """The blocking twin of :meth:`next_token_logprobs`, for code without an event loop.
 
         Args:
             token_ids: the context, as for :meth:`next_token_logprobs`.
+            **options: ``variant=`` and ``output=``, as :class:`~genlm.core.BatchedLM`
+                takes them.
 
         Returns:
             The same row :meth:`next_token_logprobs` returns.
@@ -65,11 +75,15 @@ class AsyncLM(Protocol):
             ModelClosedError: the model was closed.
         """
 
-    async def batch_next_token_logprobs(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
+    async def batch_next_token_logprobs(
+        self, contexts: Sequence[Sequence[int]], **options: Any
+    ) -> np.ndarray:
         """Log-probabilities after each of several contexts, in one call.
 
         Args:
             contexts: token-id contexts, each as for :meth:`next_token_logprobs`.
+            **options: ``variant=`` and ``output=``, as :class:`~genlm.core.BatchedLM`
+                takes them.
 
         Returns:
             A float32 array of shape ``(len(contexts), len(vocab))``, row ``i`` for
@@ -80,11 +94,15 @@ class AsyncLM(Protocol):
             ModelClosedError: the model was closed.
         """
 
-    def batch_next_token_logprobs_sync(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
+    def batch_next_token_logprobs_sync(
+        self, contexts: Sequence[Sequence[int]], **options: Any
+    ) -> np.ndarray:
         """The blocking twin of :meth:`batch_next_token_logprobs`.
 
         Args:
             contexts: token-id contexts, each as for :meth:`next_token_logprobs`.
+            **options: ``variant=`` and ``output=``, as :class:`~genlm.core.BatchedLM`
+                takes them.
 
         Returns:
             The same array :meth:`batch_next_token_logprobs` returns.

@@ -213,6 +213,12 @@ class HFLM(BatchedLM):
     def _variant(self) -> Hashable:
         return self._active_lora
 
+    def _check_variant(self, variant: Hashable) -> Hashable:
+        """A per-request ``variant=`` is a loaded adapter's name, or None for the base model."""
+        if variant is not None and variant not in self._adapters:
+            raise KeyError(f"no LoRA adapter named {variant!r}; loaded: {sorted(self._adapters)}")
+        return variant
+
     @contextlib.contextmanager
     def _use_variant(self, variant: Hashable) -> Iterator[None]:
         """Activate the adapter a batch was requested with (the base model for None)."""

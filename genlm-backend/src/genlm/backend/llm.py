@@ -1,0 +1,512 @@
+"""The language-model classes of genlm-backend 0.3, as thin facades over genlm-core models.
+
+Each concrete class wraps one core model (a :class:`genlm.core.BatchedLM` of a backend plugin)
+and exposes it as ``core_lm``. Everything is the core model's: the scheduler (autobatching),
+the output cache, the KV reuse, the worker thread. The facade converts arguments (``lora_name``
+becomes core's per-request ``variant``, ``batch_size``/``timeout`` become ``max_batch_size``/
+``max_wait_s``) and asks core for torch rows (``output="torch"``: float32 tensors on the device
+the backend computed them on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from genlm.backend.tokenization import decode_vocab, vocab_lists
+from genlm.core import BatchedLM, Vocabulary, resolve_model_path
+from genlm.core._rows import as_output
+
+
+class AsyncLM(ABC):
+    """Abstract base of the asynchronous language models (genlm-backend's ``AsyncLM``).
+
+    A subclass implements :meth:`next_token_logprobs` and :meth:`next_token_logprobs_sync`;
+    the batch methods, :meth:`sample` and :meth:`batch_sample` are built on them. The classes
+    of this module do not use these defaults: they forward everything to their ``core_lm``.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer; ``byte_vocab`` and ``str_vocab`` come from it.
+
+    Attributes:
+        tokenizer: the tokenizer.
+        byte_vocab (list[Token]): the exact bytes of every token id.
+        str_vocab (list[str]): a readable string for every token id.
+    """
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.byte_vocab, self.str_vocab = decode_vocab(tokenizer)
+
+    @abstractmethod
+    async def next_token_logprobs(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Normalized log-probabilities of the next token, a ``(V,)`` tensor."""
+
+    @abstractmethod
+    def next_token_logprobs_sync(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """The blocking twin of :meth:`next_token_logprobs`."""
+
+    async def batch_next_token_logprobs(
+        self, token_ids_list: Sequence[Sequence[int]]
+    ) -> torch.Tensor:
+        """One row per context, concurrently: a ``(len(token_ids_list), V)`` tensor."""
+        rows = await asyncio.gather(*(self.next_token_logprobs(ids) for ids in token_ids_list))
+        return torch.stack(rows)
+
+    def batch_next_token_logprobs_sync(
+        self, token_ids_list: Sequence[Sequence[int]]
+    ) -> torch.Tensor:
+        """The blocking twin of :meth:`batch_next_token_logprobs`."""
+        return torch.stack([self.next_token_logprobs_sync(ids) for ids in token_ids_list])
+
+    def clear_cache(self) -> None:  # noqa: B027 - documented no-op default
+        """Forget cached results; the base class caches nothing."""
+
+    async def sample(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        eos_token_ids: Sequence[int],
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> list[int]:
+        """Draw up to ``max_tokens`` tokens after the prompt; stops at (and drops) an EOS token.
+
+        Args:
+            prompt_token_ids: the prompt.
+            max_tokens: the most tokens to draw.
+            eos_token_ids: ids that end the draw; the EOS token is not returned.
+            temperature: divides the log-probabilities before normalizing (> 0).
+            seed: seeds a private torch generator; the same seed gives the same tokens.
+
+        Returns:
+            The drawn token ids, EOS excluded.
+        """
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        eos = set(eos_token_ids)
+        out: list[int] = []
+        for _ in range(max_tokens):
+            logprobs = await self.next_token_logprobs(list(prompt_token_ids) + out)
+            probs = torch.softmax(logprobs.cpu().double() / temperature, dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=generator).item())
+            if token in eos:
+                break
+            out.append(token)
+        return out
+
+    async def batch_sample(
+        self,
+        prompt_token_ids_list: Sequence[Sequence[int]],
+        max_tokens: int,
+        eos_token_ids: Sequence[int],
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> list[list[int]]:
+        """:meth:`sample` for each prompt, concurrently, each with the same ``seed``."""
+        return list(
+            await asyncio.gather(
+                *(
+                    self.sample(p, max_tokens, eos_token_ids, temperature, seed)
+                    for p in prompt_token_ids_list
+                )
+            )
+        )
+
+
+class _CoreBacked(AsyncLM):
+    """What every facade shares: all calls go to ``self.core_lm``, a genlm-core model.
+
+    Attributes:
+        core_lm (genlm.core.BatchedLM): the wrapped core model (genlm-bytes' ``ByteBeamState``
+            and any genlm.core API take it directly).
+    """
+
+    core_lm: BatchedLM
+
+    def _attach(self, core_lm: BatchedLM) -> None:
+        """Set the facade's attributes from a core model (its tokenizer and vocabulary)."""
+        self.core_lm = core_lm
+        self.tokenizer = core_lm.tokenizer
+        self.byte_vocab, self.str_vocab = vocab_lists(core_lm.vocab, core_lm.tokenizer)
+
+    @classmethod
+    def _wrap(cls, core_lm: BatchedLM) -> Any:
+        """A facade of class ``cls`` around an existing core model (no second model)."""
+        self = cls.__new__(cls)
+        self._attach(core_lm)
+        return self
+
+    @staticmethod
+    def _variant(lora_name: str | None) -> dict[str, Any]:
+        """``lora_name`` as core's per-request ``variant`` (None: the model's current one)."""
+        return {} if lora_name is None else {"variant": lora_name}
+
+    async def next_token_logprobs(
+        self, token_ids: Sequence[int], lora_name: str | None = None
+    ) -> torch.Tensor:
+        """Normalized log-probabilities of the next token: a float32 ``(V,)`` tensor.
+
+        Concurrent calls are batched by core's scheduler; results are cached.
+
+        Args:
+            token_ids: the context (at least one token id).
+            lora_name: the LoRA adapter to run under for this call only (hf); None: the
+                model's current adapter (the base model unless ``set_lora`` chose one).
+
+        Raises:
+            ValueError: an empty or invalid context (``genlm.core.InvalidContextError``),
+                or a backend without adapters given a ``lora_name``.
+            KeyError: no adapter named ``lora_name`` is loaded.
+        """
+        return await self.core_lm.next_token_logprobs(
+            token_ids, output="torch", **self._variant(lora_name)
+        )
+
+    def next_token_logprobs_sync(
+        self, token_ids: Sequence[int], lora_name: str | None = None
+    ) -> torch.Tensor:
+        """The blocking twin of :meth:`next_token_logprobs` (still cached and batched by id)."""
+        return self.core_lm.next_token_logprobs_sync(
+            token_ids, output="torch", **self._variant(lora_name)
+        )
+
+    async def batch_next_token_logprobs(
+        self, token_ids_list: Sequence[Sequence[int]], lora_name: str | None = None
+    ) -> torch.Tensor:
+        """One row per context: a float32 ``(len(token_ids_list), V)`` tensor."""
+        return await self.core_lm.batch_next_token_logprobs(
+            token_ids_list, output="torch", **self._variant(lora_name)
+        )
+
+    def batch_next_token_logprobs_sync(
+        self, token_ids_list: Sequence[Sequence[int]], lora_name: str | None = None
+    ) -> torch.Tensor:
+        """The blocking twin of :meth:`batch_next_token_logprobs`."""
+        return self.core_lm.batch_next_token_logprobs_sync(
+            token_ids_list, output="torch", **self._variant(lora_name)
+        )
+
+    def next_token_logprobs_uncached(
+        self, token_ids: Sequence[int], lora_name: str | None = None
+    ) -> torch.Tensor:
+        """A fresh computation: bypasses the output cache and the scheduler.
+
+        The backend still resumes from its KV cache where it has one (the result equals a
+        full forward up to float rounding); use :meth:`clear_kv_cache` first to avoid that.
+        """
+        core = self.core_lm
+        request = core._request(token_ids, **self._variant(lora_name))
+        (row,) = core.worker.call(core._run_requests, [request])
+        return as_output(row, "torch")
+
+    def clear_cache(self) -> None:
+        """Forget cached rows and the backend's unpinned KV (prompts pinned by cache_kv stay)."""
+        self.core_lm.clear_cache()
+
+    def clear_kv_cache(self) -> None:
+        """Drop the backend's KV cache, pinned prompts included (output rows stay cached)."""
+        clear = getattr(self.core_lm, "clear_kv_cache", None)
+        if clear is not None:
+            clear()
+
+    def cache_kv(self, prompt_tokens: Sequence[int]) -> None:
+        """Compute and keep the KV of a prompt so later contexts extending it run only new tokens.
+
+        Backends without pinning (vllm's own prefix cache) compute the prompt once.
+        """
+        cache_kv = getattr(self.core_lm, "cache_kv", None)
+        if cache_kv is not None:
+            cache_kv(prompt_tokens)
+        else:
+            self.core_lm.next_token_logprobs_sync(prompt_tokens)
+
+    def reset_async_queries(self) -> None:
+        """Nothing to reset: core drops queued requests whose callers are gone, and its
+        scheduler state is per event loop, so an interrupted run leaves no stale queries."""
+
+    async def sample(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        eos_token_ids: Sequence[int],
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> list[int]:
+        """Draw up to ``max_tokens`` tokens; stops at an EOS token, which is not returned.
+
+        Draws are exact (core's Gumbel-max over the float32 row); the same seed gives the same
+        tokens, though not the same tokens as genlm-backend's torch.multinomial draws.
+        """
+        tokens = await self.core_lm.sample(
+            prompt_token_ids, max_tokens, list(eos_token_ids), temperature, seed
+        )
+        if tokens and tokens[-1] in set(eos_token_ids):
+            tokens.pop()
+        return tokens
+
+    @property
+    def vocab(self) -> Vocabulary:
+        """The core model's :class:`~genlm.core.Vocabulary`."""
+        return self.core_lm.vocab
+
+    def close(self) -> None:
+        """Release the model (its worker thread and backend); later calls raise."""
+        self.core_lm.close()
+
+    async def aclose(self) -> None:
+        """Awaitable :meth:`close`: fails queued requests and waits for the running batch."""
+        await self.core_lm.aclose()
+
+
+def _core_opts(
+    batch_size: int | None = None, timeout: float | None = None, **opts: Any
+) -> dict[str, Any]:
+    """genlm-backend's scheduler options as core options.
+
+    ``batch_size`` -> ``max_batch_size``; ``timeout`` -> ``max_wait_s`` (core fires a batch at
+    most that long after its first request, never pushing the timer back).
+    """
+    if batch_size is not None:
+        opts["max_batch_size"] = batch_size
+    if timeout is not None:
+        opts["max_wait_s"] = timeout
+    return opts
+
+
+class AsyncTransformer(_CoreBacked):
+    """A Hugging Face causal LM (genlm-backend's ``AsyncTransformer``) on the ``hf`` backend.
+
+    Args:
+        hf_model: a transformers causal LM (or a peft model with adapters).
+        hf_tokenizer: its tokenizer.
+        batch_size: most contexts per forward pass (core's ``max_batch_size``).
+        timeout: longest wait for a batch to fill, in seconds (core's ``max_wait_s``).
+        **opts: further :class:`genlm.backends.hf.HFLM` options (``kv_cache_bytes``,
+            ``cache_bytes``, ``max_forward_tokens``, ...).
+
+    Attributes:
+        core_lm (genlm.backends.hf.HFLM): the wrapped core model.
+    """
+
+    def __init__(
+        self,
+        hf_model: Any,
+        hf_tokenizer: Any,
+        batch_size: int = 20,
+        timeout: float = 0.02,
+        **opts: Any,
+    ):
+        from genlm.backends.hf import HFLM
+
+        core = HFLM(hf_model, hf_tokenizer, **_core_opts(batch_size, timeout, **opts))
+        self._attach(core)
+
+    @classmethod
+    def from_name(
+        cls,
+        model_id: str,
+        bitsandbytes_opts: dict[str, Any] | None = None,
+        hf_opts: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> AsyncTransformer:
+        """Load a model by Hub id or local directory (names go through genlm-core's resolution).
+
+        Args:
+            model_id: the model's name or path.
+            bitsandbytes_opts: ``transformers.BitsAndBytesConfig`` arguments (quantization).
+            hf_opts: extra ``AutoModelForCausalLM.from_pretrained`` arguments.
+            **kwargs: ``batch_size``, ``timeout`` and :meth:`genlm.backends.hf.HFLM.from_name`
+                options (``device``, ``dtype``, ``kv_cache_bytes``, ``cache_bytes``, ...).
+        """
+        from genlm.backends.hf import HFLM
+
+        opts = dict(hf_opts or {})
+        if bitsandbytes_opts:
+            import transformers
+
+            opts["quantization_config"] = transformers.BitsAndBytesConfig(**bitsandbytes_opts)
+            opts.setdefault("device_map", "cuda" if torch.cuda.is_available() else "cpu")
+        batch_size = kwargs.pop("batch_size", 20)
+        timeout = kwargs.pop("timeout", 0.02)
+        core = HFLM.from_name(model_id, hf_opts=opts, **_core_opts(batch_size, timeout, **kwargs))
+        return cls._wrap(core)
+
+    @property
+    def model(self) -> Any:
+        """The transformers model (a peft model once an adapter is loaded)."""
+        return self.core_lm.model
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the model's weights (rows are computed there)."""
+        return self.core_lm.shape.device
+
+    def add_new_lora(self, lora_path: str, lora_name: str = "lora_1") -> None:
+        """Load the peft adapter saved at ``lora_path`` as ``lora_name`` (needs peft)."""
+        self.core_lm.add_lora(lora_path, lora_name)
+
+    def set_lora(self, lora_path: str | None = None, lora_name: str = "lora_1") -> None:
+        """Make ``lora_name`` the adapter of later calls without ``lora_name=``; a
+        ``lora_path`` not loaded yet is loaded first."""
+        if lora_path is not None and lora_name not in self.core_lm._adapters:
+            self.add_new_lora(lora_path, lora_name)
+        self.core_lm.set_lora(lora_name)
+
+    def clear_lora(self) -> None:
+        """Later calls without ``lora_name=`` use the base model."""
+        self.core_lm.clear_lora()
+
+
+class AsyncVirtualLM(_CoreBacked):
+    """A vLLM model (genlm-backend's ``AsyncVirtualLM``) on the ``vllm`` backend.
+
+    GenLM's vllm backend builds and owns its engine, so the constructor takes a core
+    ``genlm.backends.vllm.VLLMLM`` (what :meth:`from_name` builds), not a vLLM engine.
+
+    Args:
+        async_llm_engine: a ``genlm.backends.vllm.VLLMLM``.
+        cache_size: accepted for compatibility; the core model's output cache was sized
+            when it was built (``from_name(cache_size=...)`` sizes it).
+        cache_opts: accepted and ignored (genlm-backend's LRU options; core's cache is an
+            LRU bounded in bytes).
+
+    Raises:
+        TypeError: ``async_llm_engine`` is a vLLM engine (use :meth:`from_name`).
+    """
+
+    def __init__(self, async_llm_engine: Any, cache_size: int = 0, cache_opts: dict | None = None):
+        if not isinstance(async_llm_engine, BatchedLM):
+            raise TypeError(
+                "GenLM's vllm backend builds its own engine: use "
+                "AsyncVirtualLM.from_name(model_name, engine_opts={...})"
+            )
+        self._attach(async_llm_engine)
+
+    @classmethod
+    def from_name(
+        cls, model_name: str, engine_opts: dict[str, Any] | None = None, **kwargs: Any
+    ) -> AsyncVirtualLM:
+        """Start a vLLM engine for ``model_name`` (needs genlm-backend-vllm and a GPU).
+
+        Args:
+            model_name: the model's name or path.
+            engine_opts: ``vllm.LLM`` arguments, passed through.
+            **kwargs: ``cache_size`` (rows kept in core's output cache; 0, the documented
+                default, disables it), ``cache_opts`` (ignored), ``batch_size``, ``timeout``
+                and core options.
+        """
+        from genlm.backends.vllm import VLLMLM
+
+        cache_size = kwargs.pop("cache_size", 0)
+        kwargs.pop("cache_opts", None)
+        kwargs.setdefault("cache_bytes", 0)
+        core = VLLMLM.from_name(model_name, engine_opts, **_core_opts(**kwargs))
+        if cache_size:  # rows are V float32s; the width is known once the model is loaded
+            core.output_cache.max_bytes = int(cache_size) * len(core.vocab) * 4
+        return cls._wrap(core)
+
+
+class AsyncMlxLM(_CoreBacked):
+    """An MLX model (genlm-backend's ``AsyncMlxLM``) on the ``mlx`` backend (Apple silicon).
+
+    Args:
+        mlx_lm_model: an mlx-lm model.
+        tokenizer: its tokenizer.
+        batch_size: core's ``max_batch_size``.
+        timeout: core's ``max_wait_s``.
+        prefill_step_size: tokens per prefill chunk (core's ``prefill_chunk_size``).
+        cache_size: accepted for compatibility: GenLM bounds the KV cache in bytes
+            (``kv_cache_bytes=``), not in entries.
+        **opts: further ``genlm.backends.mlx.MLXLM`` options.
+    """
+
+    def __init__(
+        self,
+        mlx_lm_model: Any,
+        tokenizer: Any,
+        batch_size: int = 5,
+        timeout: float = 0.001,
+        prefill_step_size: int = 2048,
+        cache_size: int = 400,
+        **opts: Any,
+    ):
+        from genlm.backends.mlx import MLXLM
+
+        opts = _core_opts(batch_size, timeout, prefill_chunk_size=prefill_step_size, **opts)
+        self._attach(MLXLM(mlx_lm_model, tokenizer, **opts))
+
+    @classmethod
+    def from_name(cls, model_name: str, **kwargs: Any) -> AsyncMlxLM:
+        """Load an mlx-lm model by name or path; options as for the constructor."""
+        from genlm.backends.mlx import MLXLM
+
+        kwargs.pop("cache_size", None)
+        if "prefill_step_size" in kwargs:
+            kwargs["prefill_chunk_size"] = kwargs.pop("prefill_step_size")
+        return cls._wrap(MLXLM.from_name(model_name, **_core_opts(**kwargs)))
+
+
+class MockAsyncLM(_CoreBacked):
+    """A deterministic fake model over a tokenizer's vocabulary (genlm-backend's ``MockAsyncLM``).
+
+    Rows are core's :class:`genlm.core.mock.MockLM` rows: a pure function of the whole
+    context, normalized, different for different contexts (not genlm-backend's values).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        **opts: :class:`genlm.core.mock.MockLM` options (``seed``, ``latency_s``, ...).
+    """
+
+    def __init__(self, tokenizer: Any, **opts: Any):
+        from genlm.core.mock import MockLM
+
+        self._attach(MockLM(Vocabulary.from_tokenizer(tokenizer), tokenizer=tokenizer, **opts))
+
+    @classmethod
+    def from_name(cls, model_name: str, **kwargs: Any) -> MockAsyncLM:
+        """A mock over the tokenizer of ``model_name`` (Hub id, path or ``"stories260K"``)."""
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(resolve_model_path(model_name)), **kwargs)
+
+
+def load_model_by_name(
+    name: str, backend: str | None = None, llm_opts: dict[str, Any] | None = None
+) -> AsyncLM:
+    """Load a model by name with one of genlm-backend's backends.
+
+    Args:
+        name: a Hub id, a local path, or a name genlm-core resolves (``"stories260K"``).
+        backend: ``"vllm"``, ``"hf"``, ``"mock"`` or ``"mlx"``; None picks ``"vllm"`` when
+            CUDA is available and the vllm backend is installed, else ``"hf"``.
+        llm_opts: options for the class's ``from_name``.
+
+    Returns:
+        An :class:`AsyncVirtualLM`, :class:`AsyncTransformer`, :class:`MockAsyncLM` or
+        :class:`AsyncMlxLM`.
+
+    Raises:
+        ValueError: an unknown backend.
+    """
+    classes = {
+        "vllm": AsyncVirtualLM,
+        "hf": AsyncTransformer,
+        "mock": MockAsyncLM,
+        "mlx": AsyncMlxLM,
+    }
+    if backend is None:
+        backend = "vllm" if torch.cuda.is_available() and _has_vllm() else "hf"
+    if backend not in classes:
+        raise ValueError(f"Invalid backend: {backend!r}; choose one of {sorted(classes)}")
+    return classes[backend].from_name(name, **(llm_opts or {}))
+
+
+def _has_vllm() -> bool:
+    from genlm.core import get_registry
+
+    registry = get_registry()
+    return "vllm" in registry.backends and registry.backends["vllm"].unavailable_reason() is None

@@ -1,0 +1,142 @@
+"""``Token`` and ``decode_vocab``: the byte vocabulary in the form genlm-backend 0.3 documents.
+
+The bytes come from :class:`genlm.core.Vocabulary` (one reader of tokenizers for the whole
+project); this module only wraps them as :class:`Token` objects and derives the display strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from genlm.core import Vocabulary
+
+#: Text the exactness probe encodes: letters, case, punctuation, digits and spaces.
+_PROBE = "Hello, world! It's 42 degrees."
+
+
+class Token(bytes):
+    """A vocabulary entry: the token's bytes (it *is* a ``bytes``) and its id.
+
+    Two ids may spell the same bytes, so a token's identity is its id: tokens hash by
+    ``token_id`` and two tokens are equal when both id and bytes are. A token still compares
+    equal to plain bytes with the same content, but it does not hash like them, so a dict or
+    set of tokens is not found by plain bytes (use ``byte_string`` keys for that).
+
+    Args:
+        token_id: the id of the token in its model's vocabulary.
+        byte_string: the exact bytes the token contributes to the decoded stream.
+
+    Attributes:
+        token_id (int): the token id.
+        byte_string (bytes): the bytes, as a plain ``bytes`` object.
+    """
+
+    token_id: int
+    byte_string: bytes
+
+    def __new__(cls, token_id: int, byte_string: bytes) -> Token:
+        if not isinstance(byte_string, bytes):
+            raise TypeError(f"byte_string must be bytes, got {type(byte_string).__name__}")
+        self = super().__new__(cls, byte_string)
+        self.token_id = int(token_id)
+        self.byte_string = bytes(byte_string)
+        return self
+
+    def __hash__(self) -> int:
+        return hash(self.token_id)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Token):
+            return self.token_id == other.token_id and self.byte_string == other.byte_string
+        return bytes.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __repr__(self) -> str:
+        return f"Token({self.token_id}, {self.byte_string!r})"
+
+    def __reduce__(self) -> tuple[type, tuple[int, bytes]]:
+        return (Token, (self.token_id, self.byte_string))
+
+    @staticmethod
+    def as_bytes(x: bytes) -> bytes:
+        """The plain bytes of a :class:`Token` (its ``byte_string``) or of any bytes object."""
+        return x.byte_string if isinstance(x, Token) else bytes(x)
+
+    @staticmethod
+    def is_plain_bytes(x: object) -> bool:
+        """Whether ``x`` is a ``bytes`` object that is not a :class:`Token`."""
+        return isinstance(x, bytes) and not isinstance(x, Token)
+
+
+def decode_vocab(
+    tokenizer: Any,
+    byte2str_fallback: Literal["tokenizer", "latin1", "replace"] = "tokenizer",
+) -> tuple[list[Token], list[str]]:
+    """The byte and string form of every token id of a Hugging Face tokenizer.
+
+    Args:
+        tokenizer: a transformers tokenizer (fast or slow).
+        byte2str_fallback: how ``str_vocab`` spells tokens whose bytes are not valid UTF-8
+            (a piece of a multi-byte character): ``"tokenizer"`` (``tokenizer.decode([id])``),
+            ``"latin1"`` (one character per byte) or ``"replace"`` (U+FFFD).
+
+    Returns:
+        ``(byte_vocab, str_vocab)``: ``byte_vocab[i]`` is the :class:`Token` of id ``i`` (its
+        exact bytes, the canonical form), ``str_vocab[i]`` a readable string for it.
+
+    Raises:
+        ValueError: the tokenizer's bytes cannot be recovered exactly (e.g. WordPiece, whose
+            ``##`` pieces lose the spaces): the message starts "Could not decode byte
+            representation", or ``byte2str_fallback`` is unknown.
+    """
+    if byte2str_fallback not in ("tokenizer", "latin1", "replace"):
+        raise ValueError(
+            "byte2str_fallback must be 'tokenizer', 'latin1' or 'replace', "
+            f"got {byte2str_fallback!r}"
+        )
+    try:
+        vocab = Vocabulary.from_tokenizer(tokenizer)
+    except Exception as e:
+        raise ValueError(f"Could not decode byte representation of {tokenizer!r}: {e}") from e
+    _check_exact(vocab, tokenizer)
+    return vocab_lists(vocab, tokenizer, byte2str_fallback)
+
+
+def vocab_lists(
+    vocab: Vocabulary, tokenizer: Any, byte2str_fallback: str = "tokenizer"
+) -> tuple[list[Token], list[str]]:
+    """``(byte_vocab, str_vocab)`` of a core :class:`~genlm.core.Vocabulary` (see decode_vocab)."""
+    byte_vocab = [Token(i, b) for i, b in enumerate(vocab.tokens)]
+    return byte_vocab, [_to_str(t, tokenizer, byte2str_fallback) for t in byte_vocab]
+
+
+def _to_str(token: Token, tokenizer: Any, fallback: str) -> str:
+    try:
+        return token.byte_string.decode("utf-8")
+    except UnicodeDecodeError:
+        if fallback == "latin1":
+            return token.byte_string.decode("latin1")
+        if fallback == "tokenizer" and tokenizer is not None:
+            return tokenizer.decode([token.token_id])
+        return token.byte_string.decode("utf-8", errors="replace")
+
+
+def _check_exact(vocab: Vocabulary, tokenizer: Any) -> None:
+    """Raise unless the bytes of a probe text's tokens join back to the text.
+
+    Tokenizers that prepend a space (SentencePiece ``▁``) give the text with one leading space.
+    """
+    encode = getattr(tokenizer, "encode", None)
+    if encode is None:
+        return
+    ids: Sequence[int] = encode(_PROBE, add_special_tokens=False)
+    joined = vocab.decode(ids)
+    text = _PROBE.encode("utf-8")
+    if joined not in (text, b" " + text):
+        raise ValueError(
+            f"Could not decode byte representation of {type(tokenizer).__name__}: its tokens of "
+            f"{_PROBE!r} join to {joined!r} (e.g. a WordPiece vocabulary, which drops spaces)"
+        )

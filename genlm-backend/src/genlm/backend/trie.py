@@ -1,0 +1,239 @@
+"""genlm-backend's token-character tries, as facades over :class:`genlm.core.TokenByteTrie`.
+
+Node layout (what genlm-backend documents and its clients walk): ``children[node]`` maps a byte
+(an int) to the child node, and ``(None, token_id)`` to the *leaf* of that token; ``root`` is 0.
+The prefix nodes are core's (same ids: ``0 .. core.num_nodes - 1``); token ``i``'s leaf is node
+``core.num_nodes + i``. ``weight_sum``/``weight_max`` return one value per node: core's prefix
+masses (float64, computed by its C kernel), then each token's own weight at its leaf. There is one
+trie implementation, core's; ``ParallelTokenCharacterTrie`` is the same CPU trie (core's kernel
+splits batches over threads), taking the device argument for compatibility.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from genlm.backend.tokenization import Token
+from genlm.core import AsyncTokenByteTrie, TokenByteTrie
+
+
+class TokenCharacterTrie:
+    """A trie over the bytes of a vocabulary, with per-node weight sums and maxima.
+
+    Args:
+        decode: the vocabulary; weights are indexed by position in it. Bytes entries
+            (:class:`Token` or plain bytes) are spelled by their bytes (edges are ints) and
+            summed by core's trie. Any other entry (a str, genlm-control's ``EOS``) is a word
+            whose letters are the items it iterates over (a str's characters): it gets its own
+            nodes, and its weight is added along its path.
+
+    Attributes:
+        decode (list): the vocabulary, as given.
+        root (int): the root node (0).
+        children (list[dict]): ``children[node]`` maps a letter (a byte as an int, or another
+            entry's item) to a child, and ``(None, token_id)`` to that token's leaf (``(None,
+            position)`` for entries that are not Tokens).
+        word2leaf (dict): ``(byte_string, token_id)`` for a Token, else the entry -> leaf.
+        leaf2word (dict): leaf node -> its ``word2leaf`` key.
+        token_id_to_leaf (np.ndarray): ``(V, 2)`` rows of ``(token_id or position, leaf)``.
+        core (genlm.core.TokenByteTrie): the core trie that computes the prefix masses.
+    """
+
+    def __init__(self, decode: Sequence[Any]):
+        self.decode = list(decode)
+        self.core = TokenByteTrie([_spelling(t) for t in self.decode])
+        self.root = self.core.root
+        prefix_nodes = self.num_prefix_nodes = self.core.num_nodes
+        V = len(self.decode)
+        self.children: list[dict[Any, int]] = [{} for _ in range(prefix_nodes + V)]
+        for node, (parent, edge) in enumerate(
+            zip(self.core.parent[1:].tolist(), self.core.edge[1:].tolist()), start=1
+        ):
+            self.children[parent][edge] = node
+        token_node = self.core.token_node.tolist()
+        self.word2leaf: dict[Any, int] = {}
+        # Entries core cannot sum (str and other words, empty byte strings) add their weight
+        # along their path: node ids and entry positions, one pair per path node.
+        extra_nodes: list[int] = []
+        extra_positions: list[int] = []
+        ids = []
+        for position, entry in enumerate(self.decode):
+            leaf = prefix_nodes + position
+            if isinstance(entry, bytes) and token_node[position] >= 0:
+                parent = token_node[position]
+            else:
+                path = self._add_path(entry)
+                parent = path[-1]
+                extra_nodes += path
+                extra_positions += [position] * len(path)
+            key = (entry.byte_string, entry.token_id) if isinstance(entry, Token) else entry
+            tid = entry.token_id if isinstance(entry, Token) else position
+            if key in self.word2leaf:
+                raise ValueError(f"vocabulary entry {position} repeats {key!r}")
+            self.children[parent][(None, tid)] = leaf
+            self.word2leaf[key] = leaf
+            ids.append(tid)
+        self._extra_nodes = np.asarray(extra_nodes, dtype=np.int64)
+        self._extra_positions = np.asarray(extra_positions, dtype=np.int64)
+        self.leaf2word = {leaf: word for word, leaf in self.word2leaf.items()}
+        self.token_id_to_leaf = np.stack(
+            [np.asarray(ids, dtype=np.int64), prefix_nodes + np.arange(V, dtype=np.int64)], axis=1
+        )
+
+    def _add_path(self, entry: Any) -> list[int]:
+        """Nodes for a word core does not hold, created as needed; returns its root path."""
+        node, path = self.root, [self.root]
+        letters = [] if isinstance(entry, bytes) else list(entry)
+        for letter in letters:
+            child = self.children[node].get(letter)
+            if child is None:
+                child = len(self.children)
+                self.children.append({})
+                self.children[node][letter] = child
+            node = child
+            path.append(node)
+        return path
+
+    @property
+    def num_nodes(self) -> int:
+        """Prefix nodes, one leaf per entry, and the nodes of non-bytes words."""
+        return len(self.children)
+
+    def _weights(self, ws: Any) -> np.ndarray:
+        """``ws`` (a list, numpy array or torch tensor on any device) as a float64 array."""
+        if hasattr(ws, "detach"):
+            ws = ws.detach().cpu().numpy()
+        w = np.asarray(ws, dtype=np.float64)
+        if w.ndim == 0 or w.shape[-1] != len(self.decode):
+            raise ValueError(
+                f"weights of shape {w.shape} do not match a vocabulary of {len(self.decode)}"
+            )
+        return w
+
+    def _with_leaves(self, prefix: np.ndarray, w: np.ndarray, use_max: bool) -> np.ndarray:
+        """Core's prefix values, then each entry's weight at its leaf, then the extra words."""
+        out = np.empty((*w.shape[:-1], self.num_nodes), dtype=np.float64)
+        n, V = self.num_prefix_nodes, len(self.decode)
+        out[..., :n] = prefix
+        out[..., n : n + V] = w
+        out[..., n + V :] = -np.inf if use_max else 0.0
+        if len(self._extra_nodes):
+            flat, wf = out.reshape(-1, self.num_nodes), w.reshape(-1, V)
+            where = (slice(None), self._extra_nodes)
+            (np.maximum if use_max else np.add).at(flat, where, wf[:, self._extra_positions])
+        return out
+
+    def weight_sum(self, ws: Any) -> np.ndarray:
+        """Total weight of the entries below each node (a leaf: its entry's weight).
+
+        Args:
+            ws: one weight per entry (``(V,)``), numpy, list or torch on any device.
+
+        Returns:
+            A float64 ``(num_nodes,)`` array.
+
+        Raises:
+            ValueError: ``ws`` does not have one weight per entry.
+        """
+        w = self._weights(ws)
+        return self._with_leaves(self.core.weight_sum(w), w, use_max=False)
+
+    def weight_max(self, ws: Any) -> np.ndarray:
+        """Largest weight of the entries below each node (-inf where none); ``(num_nodes,)``."""
+        w = self._weights(ws)
+        return self._with_leaves(self.core.weight_max(w), w, use_max=True)
+
+    def batch_weight_sum(self, ws: Any) -> np.ndarray:
+        """Row-wise :meth:`weight_sum`: ``(B, V)`` -> ``(B, num_nodes)``."""
+        w = self._weights(ws)
+        return self._with_leaves(self.core.batch_weight_sum(w), w, use_max=False)
+
+    def batch_weight_max(self, ws: Any) -> np.ndarray:
+        """Row-wise :meth:`weight_max`: ``(B, V)`` -> ``(B, num_nodes)``."""
+        w = self._weights(ws)
+        return self._with_leaves(self.core.batch_weight_max(w), w, use_max=True)
+
+    def visualize(self, ws: Any = None) -> Any:
+        """A graphviz ``Digraph`` of the trie, nodes labelled with ``ws``'s sums if given.
+
+        Meant for small vocabularies (it draws every node). Needs the ``graphviz`` package.
+        """
+        import graphviz
+
+        mass = None if ws is None else self.weight_sum(ws)
+        dot = graphviz.Digraph(graph_attr={"rankdir": "LR"})
+        for node, edges in enumerate(self.children):
+            label = "" if mass is None else f"{mass[node]:.3g}"
+            if node in self.leaf2word:
+                key = self.leaf2word[node]
+                word = key[0].decode("utf-8", errors="replace") if isinstance(key, tuple) else key
+                dot.node(str(node), f"{word!r}\n{label}", shape="box")
+            else:
+                dot.node(str(node), label or str(node), shape="circle")
+            for key, child in edges.items():
+                text = (
+                    "EOT"
+                    if isinstance(key, tuple)
+                    else repr(chr(key) if isinstance(key, int) else key)
+                )
+                dot.edge(str(node), str(child), label=text)
+        return dot
+
+
+class ParallelTokenCharacterTrie(TokenCharacterTrie):
+    """genlm-backend's GPU trie; here the same trie (core's threaded CPU kernel).
+
+    Args:
+        decode: as for :class:`TokenCharacterTrie`.
+        device: accepted for compatibility (``"cpu"`` or ``"cuda"``); weights on any device
+            are read, results are numpy float64.
+        **kwargs: accepted for compatibility (e.g. ``max_batch_size``) and ignored.
+    """
+
+    def __init__(self, decode: Sequence[Any], device: str | None = None, **kwargs: Any):
+        super().__init__(decode)
+        self.device = device or "cpu"
+
+
+class AsyncTokenCharacterTrie:
+    """Concurrent ``weight_sum``/``weight_max`` calls batched into one kernel call.
+
+    Batching is core's :class:`genlm.core.AsyncTokenByteTrie` (the project's one scheduler);
+    this adds the leaves.
+
+    Args:
+        trie: a :class:`TokenCharacterTrie`.
+        **kwargs: :class:`genlm.core.AsyncTokenByteTrie` options (``max_batch_size``, ...).
+    """
+
+    def __init__(self, trie: TokenCharacterTrie, **kwargs: Any):
+        self.trie = trie
+        self.core = AsyncTokenByteTrie(trie.core, **kwargs)
+
+    async def weight_sum(self, ws: Any) -> np.ndarray:
+        """:meth:`TokenCharacterTrie.weight_sum`, batched with concurrent calls."""
+        w = self.trie._weights(ws)
+        return self.trie._with_leaves(await self.core.weight_sum(w), w, use_max=False)
+
+    async def weight_max(self, ws: Any) -> np.ndarray:
+        """:meth:`TokenCharacterTrie.weight_max`, batched with concurrent calls."""
+        w = self.trie._weights(ws)
+        return self.trie._with_leaves(await self.core.weight_max(w), w, use_max=True)
+
+    def start(self) -> None:
+        """Nothing to start: batches run when requests arrive (kept for compatibility)."""
+
+    async def cleanup(self) -> None:
+        """Release the batching machinery; later calls raise."""
+        await self.core.aclose()
+
+    def shutdown(self) -> None:
+        """Kept for compatibility; :meth:`cleanup` releases everything."""
+
+
+def _spelling(entry: Any) -> bytes:
+    """What core's trie holds for an entry: its bytes, or b"" (nothing) for other words."""
+    return bytes(entry) if isinstance(entry, bytes) else b""

@@ -1,0 +1,118 @@
+"""Rows in the form the caller asked for: numpy arrays, or torch tensors kept on their device.
+
+A backend's ``_logprobs_batch`` may return a numpy array or a torch tensor (e.g. rows left on
+the GPU). Core keeps each row in the form it came in (the output cache holds it as is) and
+converts only at the edge, in :func:`as_output` and :func:`stack_output`, for the form the
+caller asked for with ``output=``. torch is imported only when a caller asks for torch rows or
+a backend hands torch rows in, so genlm-core stays torch-free.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from genlm.core._errors import BackendError
+
+#: What ``output=`` accepts: ``"numpy"`` (float32 arrays on the host, read-only when shared
+#: with the cache) or ``"torch"`` (float32 tensors on the device the backend computed them on).
+Output = Literal["numpy", "torch"]
+
+OUTPUTS = ("numpy", "torch")
+
+
+def check_output(output: str) -> None:
+    """Raise ``ValueError`` unless ``output`` is one of :data:`OUTPUTS`."""
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be 'numpy' or 'torch', got {output!r}")
+
+
+def is_torch(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor (without importing torch when nobody has)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def split_torch(out: Any, expected: tuple[int, int], name: str) -> list[Any]:
+    """A backend's ``(B, V)`` torch batch as B float32 rows that own their memory, on its device.
+
+    Each row is its own copy (on the device, no host transfer) so the output cache's byte
+    accounting stays exact and a cached row does not keep the whole batch alive.
+    """
+    import torch
+
+    if tuple(out.shape) != expected or not out.is_floating_point():
+        raise BackendError(
+            f"{name}: backend returned log-probabilities of shape {tuple(out.shape)} "
+            f"and dtype {out.dtype}, expected floats of shape {expected}"
+        )
+    out = out.detach().to(torch.float32)
+    return [row.clone() for row in out]
+
+
+def as_output(row: Any, output: Output) -> Any:
+    """One row in the requested form.
+
+    numpy rows asked for as torch are copied once into a fresh CPU tensor (the cached array is
+    read-only, a tensor view of it would let callers write into the cache); torch rows asked
+    for as torch are returned as they are (shared with the cache: do not modify in place).
+    """
+    if output == "torch":
+        import torch
+
+        return row if isinstance(row, torch.Tensor) else torch.from_numpy(np.array(row))
+    if is_torch(row):
+        array = row.cpu().numpy()
+        array.setflags(write=False)
+        return array
+    return row
+
+
+def stack_output(rows: Sequence[Any], width: int, output: Output) -> Any:
+    """Rows stacked into one ``(len(rows), width)`` batch in the requested form.
+
+    Stacking copies once; a torch batch stays on the rows' device, a numpy batch of torch rows
+    crosses to the host in one transfer.
+    """
+    torch_rows = bool(rows) and is_torch(rows[0])
+    if output == "torch" or torch_rows:
+        import torch
+
+        if not rows:
+            batch = torch.empty((0, width), dtype=torch.float32)
+        elif torch_rows:
+            device = rows[0].device
+            batch = torch.stack(
+                [r if is_torch(r) else torch.from_numpy(np.array(r)).to(device) for r in rows]
+            )
+        else:
+            batch = torch.from_numpy(np.stack(rows))
+        return batch if output == "torch" else batch.cpu().numpy()
+    if not rows:
+        return np.empty((0, width), dtype=np.float32)
+    return np.stack(rows)
+
+
+def row_summary(out: Any) -> tuple[np.ndarray, float]:
+    """Each row's maximum and the first row's float64 ``logsumexp``, for the row checks.
+
+    Computed where the rows are (numpy, or torch on its device: one ``max`` and one
+    ``logsumexp`` there, then ``B + 1`` numbers to the host), so checking device rows costs
+    no copy of the rows themselves. An empty batch gives an empty maximum and 0.
+    """
+    if len(out) == 0:
+        return np.empty(0), 0.0
+    if is_torch(out):
+        import torch
+
+        row_max = out.detach().amax(dim=1).float().cpu().numpy()
+        first = float(torch.logsumexp(out[0].detach().double(), dim=0))
+        return row_max, first
+    row_max = out.max(axis=1)
+    top = float(row_max[0])
+    if not np.isfinite(top):
+        return row_max, top
+    return row_max, top + float(np.log(np.exp(out[0].astype(np.float64) - top).sum()))

@@ -1,0 +1,188 @@
+"""genlm.backend.llm: documented classes, torch rows equal to independent forwards, sampling."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from genlm.backend.llm import (
+    AsyncLM,
+    AsyncMlxLM,
+    AsyncTransformer,
+    AsyncVirtualLM,
+    MockAsyncLM,
+    load_model_by_name,
+)
+from genlm.backend.tokenization import Token
+from genlm.core.mock import mock_logprobs
+
+CONTEXTS = [[1, 403, 407, 261, 378], [1, 20, 30], [1, 403, 407]]
+
+
+def test_classes_are_real_subclasses_of_async_lm():
+    for cls in (AsyncTransformer, AsyncVirtualLM, AsyncMlxLM, MockAsyncLM):
+        assert issubclass(cls, AsyncLM)
+    with pytest.raises(TypeError):
+        AsyncLM(None)  # abstract
+
+
+def test_rows_are_float32_tensors_equal_to_a_plain_forward(hf_llm, reference):
+    assert isinstance(hf_llm, AsyncTransformer)
+    V = len(hf_llm.byte_vocab)
+    row = hf_llm.next_token_logprobs_sync(CONTEXTS[0])
+    assert isinstance(row, torch.Tensor) and row.dtype == torch.float32 and row.shape == (V,)
+    assert row.device == hf_llm.device
+    torch.testing.assert_close(row.double(), reference(CONTEXTS[0]), atol=5e-5, rtol=0)
+
+    async def run():
+        return await asyncio.gather(
+            hf_llm.batch_next_token_logprobs(CONTEXTS),
+            *(hf_llm.next_token_logprobs(c) for c in CONTEXTS),
+        )
+
+    batch, *singles = asyncio.run(run())
+    assert batch.shape == (len(CONTEXTS), V) and batch.dtype == torch.float32
+    for context, b, s in zip(CONTEXTS, batch, singles):
+        torch.testing.assert_close(b.double(), reference(context), atol=5e-5, rtol=0)
+        torch.testing.assert_close(b, s, atol=0, rtol=0)
+    sync_batch = hf_llm.batch_next_token_logprobs_sync(CONTEXTS)
+    torch.testing.assert_close(sync_batch, batch, atol=0, rtol=0)
+    uncached = hf_llm.next_token_logprobs_uncached(CONTEXTS[1])
+    torch.testing.assert_close(uncached.double(), reference(CONTEXTS[1]), atol=5e-5, rtol=0)
+
+
+def test_rows_equal_the_wrapped_core_models_rows(hf_llm):
+    """The facade adds no computation: its rows are core_lm's rows, as tensors."""
+    core_rows = hf_llm.core_lm.batch_next_token_logprobs_sync(CONTEXTS)
+    assert isinstance(core_rows, np.ndarray)
+    np.testing.assert_array_equal(
+        hf_llm.batch_next_token_logprobs_sync(CONTEXTS).numpy(), core_rows
+    )
+
+
+def test_byte_vocab_holds_tokens_of_the_core_vocabulary(hf_llm):
+    tokens = hf_llm.core_lm.vocab.tokens
+    assert len(hf_llm.byte_vocab) == len(tokens) == len(hf_llm.str_vocab)
+    for i, token in enumerate(hf_llm.byte_vocab):
+        assert isinstance(token, Token) and token.token_id == i and token.byte_string == tokens[i]
+    space = hf_llm.tokenizer.convert_tokens_to_ids("▁the")
+    assert hf_llm.byte_vocab[space] == b" the" and hf_llm.str_vocab[space] == " the"
+
+
+def test_cache_management_keeps_results(hf_llm, reference):
+    prompt = CONTEXTS[0]
+    hf_llm.cache_kv(prompt)
+    before = hf_llm.core_lm.kv_stats["computed_tokens"]
+    row = hf_llm.next_token_logprobs_sync(prompt + [40])
+    assert hf_llm.core_lm.kv_stats["computed_tokens"] - before == 1  # the pinned prompt is reused
+    torch.testing.assert_close(row.double(), reference(prompt + [40]), atol=5e-5, rtol=0)
+    hf_llm.clear_cache()
+    hf_llm.clear_kv_cache()
+    hf_llm.reset_async_queries()
+    assert len(hf_llm.core_lm.output_cache) == 0 and hf_llm.core_lm.kv.nbytes == 0
+    again = hf_llm.next_token_logprobs_sync(prompt + [40])
+    torch.testing.assert_close(again, row, atol=5e-5, rtol=0)
+
+
+def test_sample_stops_before_eos_and_is_seeded(hf_llm):
+    prompt = CONTEXTS[2]
+    probe = hf_llm.next_token_logprobs_sync(prompt)
+    likely = int(probe.argmax())  # make the most likely first token an "EOS"
+    draws = [
+        asyncio.run(hf_llm.sample(prompt, max_tokens=5, eos_token_ids=[likely], seed=s))
+        for s in range(8)
+    ]
+    assert all(likely not in d and len(d) <= 5 for d in draws)
+    assert any(len(d) < 5 for d in draws)  # some draw met the EOS, which is not returned
+    same = asyncio.run(hf_llm.sample(prompt, max_tokens=5, eos_token_ids=[likely], seed=3))
+    assert same == draws[3]
+    greedy = asyncio.run(hf_llm.sample(prompt, max_tokens=3, eos_token_ids=[], temperature=0))
+    assert greedy[0] == likely and len(greedy) == 3
+    batch = asyncio.run(hf_llm.batch_sample([prompt, prompt], 4, [likely], seed=7))
+    assert batch[0] == batch[1]  # the documented batch_sample gives every prompt the seed
+
+
+def test_lora_name_errors_name_the_problem(hf_llm):
+    with pytest.raises(KeyError, match="nope"):
+        hf_llm.next_token_logprobs_sync(CONTEXTS[0], lora_name="nope")
+    with pytest.raises(ValueError):
+        hf_llm.next_token_logprobs_sync([])
+
+
+def test_mock_async_lm_rows_are_core_mock_rows():
+    mock = MockAsyncLM.from_name("stories260K")
+    assert isinstance(mock, MockAsyncLM)
+    V = len(mock.byte_vocab)
+    row = mock.next_token_logprobs_sync(CONTEXTS[1])
+    assert row.dtype == torch.float32 and row.shape == (V,)
+    np.testing.assert_array_equal(row.numpy(), mock_logprobs(CONTEXTS[1], V).astype(np.float32))
+    with pytest.raises(ValueError, match="no variants"):
+        mock.next_token_logprobs_sync(CONTEXTS[1], lora_name="a")
+    mock.close()
+
+
+def test_load_model_by_name_rejects_unknown_backends_and_engines():
+    with pytest.raises(ValueError, match="Invalid backend"):
+        load_model_by_name("stories260K", backend="tpu")
+    assert isinstance(load_model_by_name("stories260K", backend="mock"), MockAsyncLM)
+    with pytest.raises(TypeError, match="from_name"):
+        AsyncVirtualLM(object())
+
+
+def test_constructor_maps_batch_size_and_timeout():
+    import transformers
+
+    from genlm.core import resolve_model_path
+
+    path = resolve_model_path("stories260K")
+    llm = AsyncTransformer(
+        transformers.AutoModelForCausalLM.from_pretrained(path),
+        transformers.AutoTokenizer.from_pretrained(path),
+        batch_size=3,
+        timeout=0.5,
+    )
+    assert llm.core_lm.batcher.max_batch_size == 3 and llm.core_lm.batcher.max_wait_s == 0.5
+    llm.close()
+
+
+def test_lora_name_selects_the_adapter_per_call(tmp_path):
+    """``lora_name=`` rows equal the core model's rows under that variant, and differ from the
+    base model's; concurrent calls under both batch without switching the model's state."""
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    from genlm.core import resolve_model_path
+
+    path = resolve_model_path("stories260K")
+    torch.manual_seed(0)
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    peft.get_peft_model(
+        transformers.AutoModelForCausalLM.from_pretrained(path), config
+    ).save_pretrained(tmp_path)
+    llm = AsyncTransformer(
+        transformers.AutoModelForCausalLM.from_pretrained(path),
+        transformers.AutoTokenizer.from_pretrained(path),
+    )
+    llm.add_new_lora(str(tmp_path), "a")
+
+    async def run():
+        return await asyncio.gather(
+            llm.next_token_logprobs(CONTEXTS[0], lora_name="a"),
+            llm.next_token_logprobs(CONTEXTS[0]),
+            llm.batch_next_token_logprobs(CONTEXTS[:2], lora_name="a"),
+        )
+
+    adapted, base, batch = asyncio.run(run())
+    core = llm.core_lm
+    np.testing.assert_array_equal(
+        adapted.numpy(), core.next_token_logprobs_sync(CONTEXTS[0], variant="a")
+    )
+    np.testing.assert_array_equal(
+        base.numpy(), core.next_token_logprobs_sync(CONTEXTS[0], variant=None)
+    )
+    np.testing.assert_array_equal(batch[0].numpy(), adapted.numpy())
+    assert (adapted - base).abs().max() > 1e-3  # the adapter changes the distribution
+    llm.close()

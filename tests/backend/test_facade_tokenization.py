@@ -1,0 +1,61 @@
+"""genlm.backend.tokenization: Token semantics and decode_vocab's exactness check."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from pathlib import Path
+
+import pytest
+import transformers
+
+from genlm.backend import decode_vocab as top_level_decode_vocab
+from genlm.backend.tokenization import Token, decode_vocab
+from genlm.core import Vocabulary
+
+GPT2_TOKENIZER = Path(__file__).parents[1] / "fixtures" / "tokenizers" / "gpt2"
+
+
+def test_token_is_bytes_with_an_id_and_hashes_by_id():
+    a, b = Token(3, b"ab"), Token(7, b"ab")
+    assert isinstance(a, bytes) and a == b"ab" and a.decode() == "ab"
+    assert (a.token_id, a.byte_string, type(a.byte_string)) == (3, b"ab", bytes)
+    assert a != b and len({a, b}) == 2  # same bytes, different ids: different tokens
+    assert hash(a) == hash(3) and b"ab" not in {a}  # a set of tokens is keyed by id
+    assert Token.is_plain_bytes(b"ab") and not Token.is_plain_bytes(a)
+    assert not Token.is_plain_bytes("ab")
+    assert type(Token.as_bytes(a)) is bytes and Token.as_bytes(a) == b"ab"
+    assert Token.as_bytes(bytearray(b"x")) == b"x"
+    for clone in (pickle.loads(pickle.dumps(a)), copy.deepcopy(a)):
+        assert type(clone) is Token and clone.token_id == 3 and clone == a
+    assert repr(a) == "Token(3, b'ab')"
+    with pytest.raises(TypeError):
+        Token(1, "ab")
+
+
+def test_decode_vocab_equals_the_core_vocabulary_on_gpt2():
+    tok = transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER)
+    byte_vocab, str_vocab = decode_vocab(tok)
+    expected = Vocabulary.from_tokenizer(tok).tokens
+    assert [t.byte_string for t in byte_vocab] == list(expected)
+    assert [t.token_id for t in byte_vocab] == list(range(len(expected)))
+    space_the = tok.convert_tokens_to_ids("Ġthe")
+    assert byte_vocab[space_the] == b" the" and str_vocab[space_the] == " the"
+    # a lone byte of a multi-byte character: str_vocab falls back to the tokenizer's decode
+    partial = tok.convert_tokens_to_ids("Ã")  # GPT-2's character for byte 0xC3
+    assert byte_vocab[partial] == b"\xc3"
+    assert str_vocab[partial] == tok.decode([partial])
+    assert decode_vocab(tok, byte2str_fallback="latin1")[1][partial] == "\xc3"
+    assert top_level_decode_vocab is decode_vocab
+
+
+def test_decode_vocab_raises_on_a_wordpiece_tokenizer(tmp_path):
+    """WordPiece drops the spaces between words: its bytes cannot be recovered exactly."""
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello", ",", "world", "!", "it", "'", "s"]
+    words += ["42", "degrees", ".", "##s"]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    bert = transformers.BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"))
+    with pytest.raises(ValueError, match="Could not decode byte representation"):
+        decode_vocab(bert)
+    with pytest.raises(ValueError, match="byte2str_fallback"):
+        decode_vocab(transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER), "bogus")

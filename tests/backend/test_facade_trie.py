@@ -1,0 +1,127 @@
+"""genlm.backend.trie: the documented node layout, checked against brute-force masses."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from genlm.backend.tokenization import Token
+from genlm.backend.trie import (
+    AsyncTokenCharacterTrie,
+    ParallelTokenCharacterTrie,
+    TokenCharacterTrie,
+)
+
+
+class End:
+    """A non-bytes vocabulary entry, like genlm-control's EOS: iterates as itself."""
+
+    def __iter__(self):
+        return iter([self])
+
+    def __hash__(self):
+        return 1
+
+    def __eq__(self, other):
+        return isinstance(other, End)
+
+
+VOCAB = [b"cat", b"cats", b"dog", b"dogs", b"ca", b"", b"do", b"cat"]
+
+
+def walk(trie, word):
+    """Follow a word's letters, then its leaf marker, from the root."""
+    node = trie.root
+    for letter in word:
+        node = trie.children[node][letter]
+    return node
+
+
+def below(trie, node):
+    """Positions of the entries whose leaves are below ``node`` (brute force over the layout)."""
+    leaf_pos = {leaf: p for p, leaf in enumerate(trie.token_id_to_leaf[:, 1].tolist())}
+    out, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        if n in leaf_pos:
+            out.append(leaf_pos[n])
+        stack.extend(trie.children[n].values())
+    return out
+
+
+@pytest.mark.parametrize("cls", [TokenCharacterTrie, ParallelTokenCharacterTrie])
+def test_layout_and_masses_match_brute_force(cls):
+    tokens = [Token(i, b) for i, b in enumerate(VOCAB)] + [End()]
+    trie = cls(tokens)
+    assert trie.decode == tokens and trie.root == 0
+    for p, entry in enumerate(tokens):
+        if isinstance(entry, Token):
+            key, letters, tid = (entry.byte_string, entry.token_id), list(entry.byte_string), p
+        else:
+            key, letters, tid = entry, [entry], p
+        parent = walk(trie, letters)
+        leaf = trie.children[parent][(None, tid)]
+        assert trie.word2leaf[key] == leaf and trie.leaf2word[leaf] == key
+        assert trie.token_id_to_leaf[p].tolist() == [tid, leaf]
+    rng = np.random.default_rng(0)
+    ws = rng.random((3, len(tokens)))
+    ws[0, 2] = 0.0
+    sums, maxes = trie.batch_weight_sum(ws), trie.batch_weight_max(torch.tensor(ws))
+    for b in range(3):
+        single = trie.weight_sum(ws[b])
+        np.testing.assert_allclose(single, sums[b], rtol=1e-15, atol=0)
+        for node in range(trie.num_nodes):
+            members = below(trie, node)
+            assert single[node] == pytest.approx(ws[b, members].sum(), rel=1e-14)
+            expected_max = ws[b, members].max() if members else -np.inf
+            assert maxes[b, node] == expected_max
+    assert sums[0, trie.root] == pytest.approx(ws[0].sum(), rel=1e-14)
+
+
+def test_plain_bytes_and_str_entries_are_keyed_by_themselves():
+    """Bytes edges are ints, str edges are characters; plain entries are their own keys."""
+    trie = TokenCharacterTrie(["ab", b"a", b"ab", "a", End()])
+    assert trie.decode[0] == "ab" and trie.decode[1] == b"a"
+    for position, entry in enumerate(trie.decode):
+        leaf = trie.children[walk(trie, list(entry))][(None, position)]
+        assert trie.word2leaf[entry] == leaf
+    ws = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
+    sums, maxes = trie.weight_sum(ws), trie.weight_max(ws)
+    assert sums[trie.root] == 31.0 and maxes[trie.root] == 16.0
+    assert sums[walk(trie, [97])] == 6.0 and sums[walk(trie, ["a"])] == 9.0
+    assert maxes[walk(trie, ["a", "b"])] == 1.0
+    with pytest.raises(ValueError, match="weights"):
+        trie.weight_sum([1.0, 2.0])
+
+
+def test_async_trie_batches_and_equals_the_sync_trie():
+    trie = TokenCharacterTrie([Token(i, b) for i, b in enumerate(VOCAB)] + [End()])
+    rng = np.random.default_rng(1)
+    rows = rng.random((5, len(trie.decode)))
+
+    async def run():
+        atrie = AsyncTokenCharacterTrie(trie)
+        out = await asyncio.gather(
+            *(atrie.weight_sum(r) for r in rows), *(atrie.weight_max(r) for r in rows)
+        )
+        await atrie.cleanup()
+        return out
+
+    out = asyncio.run(run())
+    for r, s, m in zip(rows, out[:5], out[5:]):
+        np.testing.assert_array_equal(s, trie.weight_sum(r))
+        np.testing.assert_array_equal(m, trie.weight_max(r))
+
+
+def test_visualize_draws_every_node():
+    graphviz = pytest.importorskip("graphviz")
+    trie = TokenCharacterTrie([b"cat", b"cats", b"dog"])
+    dot = trie.visualize([0.4, 0.1, 0.5])
+    assert isinstance(dot, graphviz.Digraph)
+    assert (
+        sum(line.strip().startswith(tuple("0123456789")) and "->" not in line for line in dot.body)
+        == trie.num_nodes
+    )

@@ -1,0 +1,107 @@
+"""The output seam: ``output="torch"`` rows, backends that hand torch rows in, and ``variant=``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from genlm.core import InvalidContextError
+from genlm.core.mock import MockLM, mock_logprobs
+
+VOCAB = [b"a", b"b", b"c", b"ab", b"<eos>"]
+CONTEXTS = [[0], [0, 1], [2, 3, 1]]
+
+
+def expected(context):
+    return mock_logprobs(context, len(VOCAB)).astype(np.float32)
+
+
+class TorchMock(MockLM):
+    """The mock's rows, handed to core as a torch tensor (as a GPU backend would)."""
+
+    def _logprobs_batch(self, contexts, variant):
+        import torch
+
+        return torch.from_numpy(super()._logprobs_batch(contexts, variant))
+
+
+def test_unknown_output_or_variant_is_a_clear_error():
+    lm = MockLM(VOCAB)
+    with pytest.raises(ValueError, match="output must be"):
+        lm.next_token_logprobs_sync([0], output="jax")
+    with pytest.raises(ValueError, match="no variants"):
+        lm.next_token_logprobs_sync([0], variant="adapter")
+    with pytest.raises(InvalidContextError):
+        lm.batch_next_token_logprobs_sync([[0], []], output="numpy")
+    lm.close()
+
+
+def test_numpy_output_is_unchanged_and_needs_no_torch():
+    lm = MockLM(VOCAB)
+    rows = lm.batch_next_token_logprobs_sync(CONTEXTS)
+    assert isinstance(rows, np.ndarray) and rows.dtype == np.float32
+    np.testing.assert_array_equal(rows, [expected(c) for c in CONTEXTS])
+    lm.close()
+
+
+def test_torch_output_equals_numpy_rows_and_never_aliases_the_cache():
+    torch = pytest.importorskip("torch")
+    lm = MockLM(VOCAB)
+    row = lm.next_token_logprobs_sync(CONTEXTS[1], output="torch")
+    assert isinstance(row, torch.Tensor) and row.dtype == torch.float32 and row.shape == (5,)
+    np.testing.assert_array_equal(row.numpy(), expected(CONTEXTS[1]))
+    row += 1.0  # the cached numpy row stays intact
+    np.testing.assert_array_equal(lm.next_token_logprobs_sync(CONTEXTS[1]), expected(CONTEXTS[1]))
+
+    async def both():
+        return await asyncio.gather(
+            lm.batch_next_token_logprobs(CONTEXTS, output="torch"),
+            lm.next_token_logprobs(CONTEXTS[2], output="torch"),
+        )
+
+    batch, single = asyncio.run(both())
+    assert batch.shape == (3, 5) and batch.dtype == torch.float32
+    np.testing.assert_array_equal(batch.numpy(), [expected(c) for c in CONTEXTS])
+    np.testing.assert_array_equal(single.numpy(), expected(CONTEXTS[2]))
+    empty = lm.batch_next_token_logprobs_sync([], output="torch")
+    assert isinstance(empty, torch.Tensor) and empty.shape == (0, 5)
+    lm.close()
+
+
+def test_backend_torch_rows_are_cached_as_torch_and_converted_for_numpy_callers():
+    torch = pytest.importorskip("torch")
+    lm = TorchMock(VOCAB)
+    first = lm.next_token_logprobs_sync(CONTEXTS[0], output="torch")
+    again = lm.next_token_logprobs_sync(CONTEXTS[0], output="torch")
+    assert again is first  # served from the cache as the tensor itself: no copy
+    assert len(lm.batches) == 1
+    as_numpy = lm.next_token_logprobs_sync(CONTEXTS[0])
+    assert isinstance(as_numpy, np.ndarray) and not as_numpy.flags.writeable
+    np.testing.assert_array_equal(as_numpy, expected(CONTEXTS[0]))
+    batch = asyncio.run(lm.batch_next_token_logprobs(CONTEXTS))
+    assert isinstance(batch, np.ndarray) and batch.shape == (3, 5)
+    np.testing.assert_array_equal(batch, [expected(c) for c in CONTEXTS])
+    tbatch = lm.batch_next_token_logprobs_sync(CONTEXTS, output="torch")
+    assert isinstance(tbatch, torch.Tensor)
+    np.testing.assert_array_equal(tbatch.numpy(), batch)
+    # each cached row owns its memory (a (V,) float32 row, not a view of the batch)
+    assert lm.output_cache.nbytes == 3 * 5 * 4
+    assert asyncio.run(lm.sample(CONTEXTS[0], max_tokens=3, seed=1))  # sampling reads numpy
+    lm.close()
+
+
+def test_backend_torch_rows_of_the_wrong_shape_are_rejected():
+    pytest.importorskip("torch")
+
+    class Short(MockLM):
+        def _logprobs_batch(self, contexts, variant):
+            import torch
+
+            return torch.zeros((len(contexts), 2))
+
+    lm = Short(VOCAB)
+    with pytest.raises(RuntimeError, match="shape"):
+        lm.next_token_logprobs_sync([0])
+    lm.close()
