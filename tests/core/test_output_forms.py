@@ -86,8 +86,12 @@ def test_backend_torch_rows_are_cached_as_torch_and_converted_for_numpy_callers(
     tbatch = lm.batch_next_token_logprobs_sync(CONTEXTS, output="torch")
     assert isinstance(tbatch, torch.Tensor)
     np.testing.assert_array_equal(tbatch.numpy(), batch)
-    # each cached row owns its memory (a (V,) float32 row, not a view of the batch)
-    assert lm.output_cache.nbytes == 3 * 5 * 4
+    # each cached row owns its memory (a (V,) float32 row, not a view of the batch); the
+    # cache also counts each entry's key
+    from genlm.core._output_cache import key_nbytes
+
+    keys = sum(key_nbytes((None, tuple(c))) for c in CONTEXTS)
+    assert lm.output_cache.nbytes == 3 * 5 * 4 + keys
     assert asyncio.run(lm.sample(CONTEXTS[0], max_tokens=3, seed=1))  # sampling reads numpy
     lm.close()
 
@@ -104,4 +108,24 @@ def test_backend_torch_rows_of_the_wrong_shape_are_rejected():
     lm = Short(VOCAB)
     with pytest.raises(RuntimeError, match="shape"):
         lm.next_token_logprobs_sync([0])
+    lm.close()
+
+
+@pytest.mark.parametrize("bad", ["nan", "logits"])
+def test_backend_torch_rows_are_checked_like_numpy_rows(bad):
+    """A torch batch holding NaN or raw logits fails with BackendError and is not cached."""
+    import torch
+
+    from genlm.core import BackendError
+
+    class Bad(MockLM):
+        def _logprobs_batch(self, contexts, variant):
+            rows = torch.from_numpy(super()._logprobs_batch(contexts, variant)).clone()
+            rows[-1, 0] = float("nan") if bad == "nan" else 3.0
+            return rows
+
+    lm = Bad(VOCAB)
+    with pytest.raises(BackendError, match="NaN" if bad == "nan" else "raw logits"):
+        lm.batch_next_token_logprobs_sync(CONTEXTS, output="torch")
+    assert lm.output_cache.nbytes == 0
     lm.close()

@@ -331,7 +331,7 @@ class BatchedLM(abc.ABC):
         expected = (len(requests), len(self._vocab))
         if is_torch(out):  # rows stay on the backend's device
             rows = split_torch(out, expected, self._label())
-            check_rows(*row_summary(out), contexts, self._label())
+            check_rows(*row_summary(out), expected[1], contexts, self._label())
             return rows
         out = np.asarray(out)
         if out.shape != expected or out.dtype.kind != "f":
@@ -340,7 +340,7 @@ class BatchedLM(abc.ABC):
                 f"and dtype {out.dtype}, expected floats of shape {expected}"
             )
         out = out.astype(np.float32, copy=False)
-        check_rows(*row_summary(out), contexts, self._label())
+        check_rows(*row_summary(out), expected[1], contexts, self._label())
         return [np.array(row) for row in out]  # own memory: cache accounting stays exact
 
     @staticmethod
