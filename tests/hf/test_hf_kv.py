@@ -193,3 +193,41 @@ def test_sample_is_seeded_and_greedy_follows_full_forward(lm, reference):
     for token in greedy:
         assert token == int(np.argmax(reference(lm.model, context)))
         context.append(token)
+
+
+class _FailOnce:
+    """Wraps a model: the next call raises (as a CUDA out-of-memory would), later calls pass."""
+
+    def __init__(self, model):
+        self.model = model
+        self.armed = True
+
+    def __call__(self, *args, **kwargs):
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("CUDA out of memory (injected)")
+        return self.model(*args, **kwargs)
+
+
+def test_failed_forward_never_leaves_stale_resident_rows(loaded, check, monkeypatch):
+    """A forward that fails after the batch buffer was refilled must not leave a stale record.
+
+    Step 2 leaves each particle's KV in its row of the kept buffer. The failing step puts
+    particle 1's past into row 0 (a resampled batch) and then the forward raises. The next
+    step extends each particle in place: row 0 must not be taken as still holding particle 0.
+    """
+    model, tok = loaded("stories260K-fp64")
+    lm = HFLM(model, tok, cache_bytes=0, max_wait_s=0.01)
+    prompt = [1, 403, 407, 261, 300, 310, 320, 330]
+    particles = [prompt + [t] for t in (11, 12, 13, 14)]  # distinct last tokens
+    gather(lm, [prompt])
+    gather(lm, particles)
+    resampled = [particles[1] + [5], particles[0] + [6], particles[3] + [7], particles[2] + [8]]
+    monkeypatch.setattr(lm, "model", _FailOnce(model))
+    with pytest.raises(RuntimeError, match="injected"):
+        gather(lm, resampled)
+    monkeypatch.undo()
+    extended = [p + [9] for p in particles]
+    for context, row in zip(extended, gather(lm, extended)):
+        check(model, context, row)
+    lm.close()

@@ -29,12 +29,17 @@ _EXPORTS = {
     "PrefixCache": "_prefix_cache",
     "PrefixHit": "_prefix_cache",
     "Registry": "_registry",
+    "ResidentRows": "_row_plan",
+    "RowPlan": "_row_plan",
     "Vocabulary": "_vocab",
     "VocabularyMismatchError": "_errors",
     "decode_vocab": "_vocab",
     "get_registry": "_registry",
+    "group_equal": "_row_plan",
+    "group_padded": "_row_plan",
     "lazy_exports": "_lazy",
     "load_model_by_name": "_registry",
+    "plan_rows": "_row_plan",
     "resolve_model_path": "_models",
     "set_trie_pool_limit": "_trie",
 }
@@ -58,13 +63,18 @@ __all__ = [
     "PrefixCache",
     "PrefixHit",
     "Registry",
+    "ResidentRows",
+    "RowPlan",
     "TokenByteTrie",
     "Vocabulary",
     "VocabularyMismatchError",
     "decode_vocab",
     "get_registry",
+    "group_equal",
+    "group_padded",
     "lazy_exports",
     "load_model_by_name",
+    "plan_rows",
     "resolve_model_path",
     "set_trie_pool_limit",
 ]
@@ -91,6 +101,13 @@ if _TYPE_CHECKING:
     from genlm.core._prefix_cache import PrefixCache, PrefixHit
     from genlm.core._protocol import AsyncLM
     from genlm.core._registry import BackendSpec, Registry, get_registry, load_model_by_name
+    from genlm.core._row_plan import (
+        ResidentRows,
+        RowPlan,
+        group_equal,
+        group_padded,
+        plan_rows,
+    )
     from genlm.core._scheduler import AutoBatcher
     from genlm.core._trie import EOS_EDGE, TokenByteTrie, set_trie_pool_limit
     from genlm.core._vocab import Vocabulary, decode_vocab

@@ -4,6 +4,10 @@ A byte-level model with a beam of K candidates asks for K trie sums per step, fr
 concurrent coroutines. Stacking them into one ``(K, V)`` call is much faster than K
 single calls (one pass over the trie's index arrays), and running it on a worker
 thread keeps the event loop free, exactly as for a model's forward pass.
+
+Rows may be numpy arrays or torch tensors (on any device): a batch holds rows of one
+kind and device, stacked where they are, and torch rows get float64 tensors on their
+device back (see ``_trie_torch``).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from genlm.core._scheduler import AutoBatcher
-from genlm.core._trie import TokenByteTrie
+from genlm.core._trie import TokenByteTrie, _is_torch
 from genlm.core._worker import ModelWorker
 
 #: Operation name -> the batched trie method computing it.
@@ -41,25 +45,33 @@ class AsyncTokenByteTrie:
     def __init__(self, trie: TokenByteTrie, *, max_batch_size: int = 64, max_wait_s: float = 0.0):
         self.trie = trie
         self.worker = ModelWorker("genlm-trie")
-        self.batcher: AutoBatcher[tuple[str, np.ndarray], np.ndarray] = AutoBatcher(
+        # Items are (operation, where, row): "numpy", or the torch device of the row.
+        self.batcher: AutoBatcher[tuple[str, str, np.ndarray], np.ndarray] = AutoBatcher(
             self._run,
             self.worker,
             max_batch_size=max_batch_size,
             max_wait_s=max_wait_s,
-            group=lambda item: item[0],
+            group=lambda item: item[:2],
         )
 
-    def _run(self, items: list[tuple[str, np.ndarray]]) -> np.ndarray:
+    def _run(self, items: list[tuple[str, str, np.ndarray]]) -> np.ndarray:
         operation = _OPERATIONS[items[0][0]]
-        return operation(self.trie, np.stack([row for _, row in items]))
+        rows = [row for _, _, row in items]
+        if items[0][1] == "numpy":
+            return operation(self.trie, np.stack(rows))
+        import torch  # already imported: the caller handed torch rows
+
+        return operation(self.trie, torch.stack(rows))
 
     async def _submit(self, operation: str, row: np.ndarray) -> np.ndarray:
-        row = np.asarray(row)
-        if row.shape != (self.trie.vocab_size,):
+        where = str(row.device) if _is_torch(row) else "numpy"
+        if where == "numpy":
+            row = np.asarray(row)
+        if tuple(row.shape) != (self.trie.vocab_size,):
             raise ValueError(
-                f"expected one row of {self.trie.vocab_size} weights, got shape {row.shape}"
+                f"expected one row of {self.trie.vocab_size} weights, got shape {tuple(row.shape)}"
             )
-        return await self.batcher.submit((operation, row))
+        return await self.batcher.submit((operation, where, row))
 
     async def weight_sum(self, weights: np.ndarray) -> np.ndarray:
         """:meth:`TokenByteTrie.weight_sum`, batched with concurrent calls."""

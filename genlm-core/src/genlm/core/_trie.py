@@ -88,6 +88,7 @@ Special tokens
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -387,20 +388,31 @@ class TokenByteTrie:
 
     # ------------------------------------------------------------------ kernels
 
+    # Every method also takes a torch tensor (on any device) and then returns a float64
+    # tensor on that device, computed there (``_trie_torch``; torch is imported only then).
+
     def weight_sum(self, weights: np.ndarray) -> np.ndarray:
         """Total weight of the tokens below each node, in float64; shape (num_nodes,)."""
+        if _is_torch(weights):
+            return self._on_torch("weight_sum", weights, batched=False)
         return self._reduce(self._row(weights), np.add, 0.0)
 
     def weight_max(self, weights: np.ndarray) -> np.ndarray:
         """Largest weight of the tokens below each node (-inf where none); (num_nodes,)."""
+        if _is_torch(weights):
+            return self._on_torch("weight_max", weights, batched=False)
         return self._reduce(self._row(weights), np.maximum, -np.inf)
 
     def batch_weight_sum(self, weights: np.ndarray) -> np.ndarray:
         """Row-wise :meth:`weight_sum`: (B, vocab_size) -> (B, num_nodes), float64."""
+        if _is_torch(weights):
+            return self._on_torch("weight_sum", weights, batched=True)
         return self._batch(weights, lambda w, out: self._reduce(w, np.add, 0.0, out))
 
     def batch_weight_max(self, weights: np.ndarray) -> np.ndarray:
         """Row-wise :meth:`weight_max`: (B, vocab_size) -> (B, num_nodes), float64."""
+        if _is_torch(weights):
+            return self._on_torch("weight_max", weights, batched=True)
         return self._batch(weights, lambda w, out: self._reduce(w, np.maximum, -np.inf, out))
 
     def log_weight_max(self, logprobs: np.ndarray) -> np.ndarray:
@@ -419,11 +431,28 @@ class TokenByteTrie:
         when another token is at 0), and -inf only where every token below the
         node is -inf.
         """
+        if _is_torch(logprobs):
+            return self._on_torch("log_weight_sum", logprobs, batched=False)
         return self._log_sum(self._row(logprobs), _empty((self.num_nodes,)))
 
     def batch_log_weight_sum(self, logprobs: np.ndarray) -> np.ndarray:
         """Row-wise :meth:`log_weight_sum`: (B, vocab_size) -> (B, num_nodes)."""
+        if _is_torch(logprobs):
+            return self._on_torch("log_weight_sum", logprobs, batched=True)
         return self._batch(logprobs, self._log_sum)
+
+    @cached_property
+    def _torch_kernel(self):
+        """The torch kernel (``_trie_torch``), built on the first torch call."""
+        from genlm.core._trie_torch import TorchTrieKernel
+
+        return TorchTrieKernel(self)
+
+    def _on_torch(self, operation: str, weights, batched: bool):
+        """Run ``operation`` of the torch kernel on ``weights``' device; a float64 tensor there."""
+        kernel = self._torch_kernel
+        out = getattr(kernel, operation)(kernel.rows(weights, batched))
+        return out if batched else out[0]
 
     def _row(self, weights: np.ndarray) -> np.ndarray:
         w = np.asarray(weights, dtype=np.float64)
@@ -557,6 +586,12 @@ class TokenByteTrie:
             f"TokenByteTrie(vocab_size={self.vocab_size}, num_nodes={self.num_nodes}, "
             f"eos_node={self.eos_node})"
         )
+
+
+def _is_torch(x: object) -> bool:
+    """Whether ``x`` is a torch tensor (never imports torch: without it, none can exist)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _empty(shape: tuple[int, ...]) -> np.ndarray:

@@ -42,7 +42,7 @@ import torch
 # transformers >= 4.56 (we require 4.57): caches are lists of layer objects we can subclass.
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
-from genlm.core import PrefixCache
+from genlm.core import PrefixCache, RowPlan, group_padded
 
 logger = logging.getLogger(__name__)
 
@@ -73,27 +73,14 @@ class Segment:
         return self.kv.numel() * self.kv.element_size() + SEGMENT_OVERHEAD_BYTES
 
 
-@attrs.define(eq=False)
-class Row:
-    """One context of a batch: which cached segments give its past, and what is left to run.
+#: A row of a batch (core's plan): ``cached`` holds its past as ``(segment, used)`` pieces
+#: in order, the first ``used`` tokens of each, adding up to ``past``.
+Row = RowPlan[list[tuple[Segment, int]]]
 
-    ``pieces`` are ``(segment, used)`` pairs in order; the first ``used`` tokens of each are
-    copied, and they add up to ``past``.
-    """
 
-    index: int
-    context: tuple[int, ...]
-    pieces: list[tuple[Segment, int]]
-    past: int
-
-    @property
-    def new(self) -> int:
-        return len(self.context) - self.past
-
-    @property
-    def extends_cached_entry(self) -> bool:
-        """Whether the past ends exactly at a stored segment (so the new one can link to it)."""
-        return not self.pieces or self.pieces[-1][0].end == self.past
+def extends_cached_entry(row: Row) -> bool:
+    """Whether the row's past ends exactly at a stored segment (so the new one can link to it)."""
+    return not row.cached or row.cached[-1][0].end == row.past
 
 
 @attrs.frozen
@@ -175,21 +162,21 @@ class KVStore:
         ``[layers, 2, kv_heads, length, head_dim]``, possibly a view into the batch buffer;
         the stored segment is a compact copy.
         """
-        if not row.extends_cached_entry:
+        if not extends_cached_entry(row):
             # The context itself is cached (its last token was recomputed): keep that entry,
             # children may hold weak references to it. Otherwise the key is new, as contexts
             # in a batch are distinct and a cached context is always found by the lookup.
             return
         key = (marker, *row.context)
-        start, parent_index = row.past, len(row.pieces) - 1
+        start, parent_index = row.past, len(row.cached) - 1
         length = row.new
         while parent_index >= 0:  # absorb trailing ancestors no longer than us (binary counter)
-            segment, used = row.pieces[parent_index]
+            segment, used = row.cached[parent_index]
             if used != segment.end - segment.start or used > length:
                 break
             start, length = segment.start, length + used
             parent_index -= 1
-        parent = row.pieces[parent_index][0] if parent_index >= 0 else None
+        parent = row.cached[parent_index][0] if parent_index >= 0 else None
         if parent is not None and parent.end != start:
             return  # cannot happen with whole pieces; guard keeps the invariant explicit
         kv = take(start).clone(memory_format=torch.contiguous_format)
@@ -272,7 +259,7 @@ class BatchInputs:
             dest = self.buffer[:, :, i]
             if offset:
                 dest[:, :, :, :offset].zero_()
-            for segment, used in row.pieces:
+            for segment, used in row.cached:
                 dest[:, :, :, offset : offset + used].copy_(segment.kv[:, :, :, :used])
                 offset += used
 
@@ -294,23 +281,5 @@ class BatchInputs:
 
 
 def group_rows(rows: list[Row], max_tokens: int) -> list[list[Row]]:
-    """Split rows into forward passes with little padding.
-
-    Rows are sorted by the number of new tokens; a group closes when a row needs more than
-    twice (plus a little) the group's smallest count, or when the padded token count would
-    exceed ``max_tokens`` (always at least one row per group).
-    """
-    groups: list[list[Row]] = []
-    current: list[Row] = []
-    for row in sorted(rows, key=lambda r: r.new):
-        if current:
-            widest = max(row.new, current[-1].new)
-            too_uneven = row.new > 2 * current[0].new + 8
-            too_big = widest * (len(current) + 1) > max_tokens
-            if too_uneven or too_big:
-                groups.append(current)
-                current = []
-        current.append(row)
-    if current:
-        groups.append(current)
-    return groups
+    """Rows split into forward passes with little padding (core's :func:`group_padded`)."""
+    return [[rows[i] for i in group] for group in group_padded([r.new for r in rows], max_tokens)]

@@ -28,7 +28,7 @@ from genlm.backends.hf._kv import (
     group_rows,
     layer_tensors,
 )
-from genlm.core import BatchedLM, Vocabulary, resolve_model_path
+from genlm.core import BatchedLM, ResidentRows, Vocabulary, plan_rows, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -267,10 +267,12 @@ class HFLM(BatchedLM):
 
     def _logprobs_batch(self, contexts: list[tuple[int, ...]], variant: Hashable) -> np.ndarray:
         marker = self._marker(variant)
-        rows = []
-        for i, context in enumerate(contexts):
-            pieces = self.kv.chain(marker, context, len(context) - 1)
-            rows.append(Row(i, context, pieces, sum(used for _, used in pieces)))
+
+        def lookup(context: tuple[int, ...], limit: int) -> tuple[int, list]:
+            pieces = self.kv.chain(marker, context, limit)
+            return sum(used for _, used in pieces), pieces
+
+        rows = plan_rows(contexts, lookup)
         out = np.empty((len(contexts), len(self.vocab)), dtype=np.float32)
         with torch.inference_mode(), self._use_variant(variant):
             for group in group_rows(rows, self.max_forward_tokens):
@@ -282,6 +284,10 @@ class HFLM(BatchedLM):
         past, new = max(r.past for r in rows), max(r.new for r in rows)
         buffer, resident = self._batch_buffer(rows, marker, past, new)
         batch = BatchInputs(rows, buffer, self._pad_id)
+        # The kept buffer is about to be overwritten (pasts, then new KV): forget what it
+        # held now, so a forward that fails (e.g. out of memory) leaves no stale record.
+        # Only a successful pass records its rows again.
+        self._resident = None
         batch.fill_past(skip=resident)
         self.kv_stats["resident_rows"] += len(resident)
         cache = BufferedCache(batch.buffer, batch.past)
@@ -301,12 +307,9 @@ class HFLM(BatchedLM):
         for i, row in enumerate(rows):
             self.kv.store(marker, row, lambda start, i=i: batch.row_kv(i, start))
         if self._buffer is not None and buffer.data_ptr() == self._buffer.data_ptr():
-            self._resident = _Resident(
-                marker,
-                [r.context for r in rows],
-                [r.past == 0 or r.new == new for r in rows],
-                past + new,
-            )
+            # A row's tokens are contiguous unless padding separates its past and new ones.
+            contiguous = [r.context if r.past == 0 or r.new == new else None for r in rows]
+            self._resident = _Resident(marker, ResidentRows(contiguous), past + new)
         self.kv_stats["forwards"] += 1
         self.kv_stats["computed_tokens"] += sum(r.new for r in rows)
         self.kv_stats["reused_tokens"] += sum(r.past for r in rows)
@@ -341,23 +344,19 @@ class HFLM(BatchedLM):
         last = self._resident
         if last is None or last.marker != marker or last.columns != past:
             return frozenset()
-        return frozenset(
-            i
-            for i, row in enumerate(rows[: len(last.contexts)])
-            if last.contiguous[i]
-            and row.past == len(last.contexts[i])
-            and row.context[: row.past] == last.contexts[i]
-        )
+        holds = last.rows.holds
+        return frozenset(i for i, row in enumerate(rows) if holds(i, row.context, row.past))
 
 
 @attrs.frozen
 class _Resident:
-    """What the kept KV buffer holds after a batch: each row's context, ending at ``columns``."""
+    """What the kept KV buffer holds after a batch: each row's context, ending at ``columns``.
+
+    Rows whose past and new tokens are not contiguous (padding between them) hold None.
+    """
 
     marker: int
-    contexts: list[tuple[int, ...]]
-    #: Whether row i's tokens are contiguous (no padding between its past and new tokens).
-    contiguous: list[bool]
+    rows: ResidentRows
     columns: int
 
 

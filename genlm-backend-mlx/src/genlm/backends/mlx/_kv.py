@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from genlm.core import PrefixCache, PrefixHit
+from genlm.core import PrefixCache, PrefixHit, ResidentRows
 
 #: One layer's cached keys and values, each ``(1, kv_heads, length, head_dim)``.
 LayerKV = tuple[mx.array, mx.array]
@@ -107,7 +107,8 @@ class LiveBatch:
     when the rows keep their order) and the new tokens are written after them.
 
     Attributes:
-        contexts: the context held by each row.
+        rows: the context held by each row (core's row matching: which row a context
+            extends, whether a whole batch extends the rows in place).
         caches: one ``BatchKVCache`` per layer; row ``i`` holds ``contexts[i]``.
         copied: whether the prefix cache also holds compact copies of the rows (true for a
             batch just rebuilt from it, false once it has advanced in place).
@@ -116,45 +117,17 @@ class LiveBatch:
     def __init__(self, contexts: Sequence[tuple[int, ...]], caches: list[BatchKVCache]):
         self.caches = caches
         self.copied = True
-        self._set_contexts(contexts)
+        self.rows = ResidentRows(contexts)
 
-    def _set_contexts(self, contexts: Sequence[tuple[int, ...]]) -> None:
-        self.contexts = list(contexts)
-        self._rows = {c: i for i, c in enumerate(self.contexts)}
-        self._lengths = sorted({len(c) for c in self.contexts}, reverse=True)
+    @property
+    def contexts(self) -> list[tuple[int, ...]]:
+        """The context held by each row."""
+        return self.rows.contexts
 
     @property
     def nbytes(self) -> int:
         """Bytes of the batch buffers (padding and growth room included)."""
         return sum(c.state[0].nbytes + c.state[1].nbytes for c in self.caches)
-
-    def row(self, tokens: Sequence[int], max_length: int) -> int | None:
-        """The longest row whose context is ``tokens[:n]`` for some ``n <= max_length``."""
-        for length in self._lengths:
-            if length <= max_length:
-                row = self._rows.get(tuple(tokens[:length]))
-                if row is not None:
-                    return row
-        return None
-
-    def plan(self, contexts: Sequence[tuple[int, ...]]) -> tuple[list[int], int] | None:
-        """``(sources, new)`` when every context is row ``sources[i]`` plus ``new >= 1`` tokens.
-
-        The longest row that is a proper prefix of a context is its source. None when some
-        context extends no row, or when contexts add different numbers of tokens (rows of
-        one batch advance together).
-        """
-        sources, new = [], 0
-        for context in contexts:
-            row = self.row(context, len(context) - 1)
-            if row is None:
-                return None
-            added = len(context) - len(self.contexts[row])
-            if new and added != new:
-                return None
-            sources.append(row)
-            new = added
-        return sources, new
 
     def advance(self, sources: Sequence[int], contexts: Sequence[tuple[int, ...]]) -> None:
         """Lay the rows out as ``sources`` (repeats fork a row, omissions drop it).
@@ -165,7 +138,7 @@ class LiveBatch:
             index = mx.array(sources)
             for cache in self.caches:
                 cache.filter(index)
-        self._set_contexts(contexts)
+        self.rows = ResidentRows(contexts)
 
 
 #: Where the live batch's bytes are charged in the prefix cache: token ids are never
@@ -210,7 +183,7 @@ class KVStore:
         """The longest prefix of ``tokens`` (at most ``max_length``) whose KV is kept."""
         limit = len(tokens) if max_length is None else min(max_length, len(tokens))
         hit = self.prefixes.longest_prefix(tokens, limit)
-        row = self.live.row(tokens, limit) if self.live is not None else None
+        row = self.live.rows.row(tokens, limit) if self.live is not None else None
         if row is not None and len(self.live.contexts[row]) > hit.length:
             return PrefixHit(len(self.live.contexts[row]), self.live)
         return hit

@@ -12,7 +12,7 @@ the caller's default device.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 from typing import Any
 
 import mlx.core as mx
@@ -23,7 +23,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from genlm.backends.mlx import _kv
-from genlm.core import BatchedLM, Vocabulary, resolve_model_path
+from genlm.core import BatchedLM, Vocabulary, group_equal, plan_rows, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class MLXLM(BatchedLM):
         first and kept again only once a batch succeeds, so a failed step leaves none.
         """
         live = self.kv_cache.release()
-        plan = live.plan(contexts) if live is not None else None
+        plan = live.rows.extend_all(contexts) if live is not None else None
         if live is not None and plan is not None:
             return self._advance(live, *plan, contexts)
         if live is not None:
@@ -154,13 +154,18 @@ class MLXLM(BatchedLM):
         become the live batch, if they fit the budget.
         """
         prefixes = self.kv_cache.prefixes
-        hits = [prefixes.longest_prefix(c, max_length=len(c) - 1) for c in contexts]
-        groups = _group_by(len(c) - hit.length for c, hit in zip(contexts, hits))
+
+        def lookup(context: tuple[int, ...], limit: int) -> tuple[int, _kv.PrefixKV | None]:
+            hit = prefixes.longest_prefix(context, max_length=limit)
+            return hit.length, hit.value
+
+        rows = plan_rows(contexts, lookup)
+        groups = group_equal([row.new for row in rows])
         largest = max(groups, key=len)
         outputs = []
         for group in groups:
-            tokens = mx.array([contexts[i][hits[i].length :] for i in group])
-            caches = _kv.merge([hits[i].value for i in group], self._num_layers, tokens.shape[1])
+            tokens = mx.array([rows[i].context[rows[i].past :] for i in group])
+            caches = _kv.merge([rows[i].cached for i in group], self._num_layers, tokens.shape[1])
             outputs.append(_log_softmax(self._last_logits(tokens, caches)))
             entries = _kv.split(caches)
             mx.eval(outputs[-1], entries)
@@ -182,7 +187,7 @@ class MLXLM(BatchedLM):
 
     def _recompute(self, contexts: list[tuple[int, ...]]) -> mx.array:
         """Full forward passes, one per context length (equal lengths need no padding)."""
-        groups = _group_by(len(c) for c in contexts)
+        groups = group_equal([len(c) for c in contexts])
         outputs = []
         for group in groups:
             tokens = mx.array([contexts[i] for i in group])
@@ -225,14 +230,6 @@ def _in_order(groups: list[list[int]], outputs: list[mx.array]) -> mx.array:
     if order == list(range(len(order))):
         return rows
     return rows[mx.array(np.argsort(order))]
-
-
-def _group_by(keys: Iterable[int]) -> list[list[int]]:
-    """Indices grouped by equal key, in first-seen order."""
-    groups: dict[int, list[int]] = {}
-    for i, key in enumerate(keys):
-        groups.setdefault(key, []).append(i)
-    return list(groups.values())
 
 
 def _materialize(model: nn.Module) -> None:
