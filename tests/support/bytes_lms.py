@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from genlm.bytes import EOS
 from genlm.core import Vocabulary, resolve_model_path
 
 
@@ -95,3 +96,49 @@ def brute_force_prefix_logprob(
         return out
 
     return float(np.log(total(context, 0))) if data else 0.0
+
+
+def brute_force_next_symbol(
+    lm: Any, context: tuple[int, ...], data: bytes, eos_ids: set[int]
+) -> np.ndarray:
+    """``P(next symbol | data)`` over 256 bytes and EOS by enumerating tokenizations.
+
+    Text tokens are the non-special tokens with bytes that are not EOS. ``P(x)`` sums
+    every token sequence whose last token covers the end of ``x`` (its earlier tokens
+    end strictly inside ``x``); ``P(x, EOS)`` sums the exact tokenizations of ``x`` times
+    the probability of an EOS token next. Plain probabilities (float64), no log space.
+    """
+    vocab = lm.vocab
+    not_text = eos_ids | set(vocab.special_ids)
+    text = [t for t, tok in enumerate(vocab.tokens) if tok and t not in not_text]
+
+    def row(ctx: tuple[int, ...]) -> np.ndarray:
+        return np.exp(np.asarray(lm.next_token_logprobs_sync(ctx), dtype=np.float64))
+
+    def prefix(ctx: tuple[int, ...], rest: bytes) -> float:
+        """P(the bytes after ``ctx`` start with ``rest``), ``rest`` non-empty."""
+        p = row(ctx)
+        out = 0.0
+        for t in text:
+            tok = vocab.tokens[t]
+            if tok.startswith(rest):
+                out += p[t]
+            elif rest.startswith(tok):
+                out += p[t] * prefix(ctx + (t,), rest[len(tok) :])
+        return out
+
+    def ends_then_eos(ctx: tuple[int, ...], rest: bytes) -> float:
+        """P(the tokens after ``ctx`` spell exactly ``rest``, then EOS)."""
+        p = row(ctx)
+        if not rest:
+            return float(sum(p[e] for e in eos_ids))
+        return sum(
+            p[t] * ends_then_eos(ctx + (t,), rest[len(vocab.tokens[t]) :])
+            for t in text
+            if rest.startswith(vocab.tokens[t])
+        )
+
+    total = prefix(context, data) if data else 1.0
+    out = np.array([prefix(context, data + bytes([b])) for b in range(256)] + [0.0])
+    out[EOS] = ends_then_eos(context, data)
+    return out / total

@@ -16,19 +16,22 @@ context; all of a step's boundaries are requested at once, so the LM batches the
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
-from genlm.bytes._dist import EOS, NextByteLogprobs
+from genlm.bytes._dist import EOS, NextByteLogprobs, logsumexp
+from genlm.bytes._heal import heal
+from genlm.bytes._lm_state import core_lm_of
+from genlm.bytes._model import ByteModel
+from genlm.bytes._params import BeamParams, TrieMode
+from genlm.bytes._trie_state import LazyTrieState
+from genlm.bytes._types import Candidate
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
-    from typing import Any
-
-    from genlm.bytes._bytelm import ByteLM, NextTokens
 
 logger = logging.getLogger(__name__)
 
@@ -40,25 +43,6 @@ _ROUNDING_MARGIN = 1e-4
 
 class UnreachableByteError(ValueError):
     """No candidate of the beam (and no healing) can produce the requested byte."""
-
-
-@attrs.frozen(slots=True, eq=False)
-class Candidate:
-    """One tokenization hypothesis of the bytes consumed so far.
-
-    Attributes:
-        context: prompt token ids plus the committed tokens.
-        logp: log-probability of the committed tokens given the prompt.
-        node: trie node of the partial token (the root: at a token boundary).
-        next: the context's next-token masses (None until fetched; root only).
-        weight: ``logp + next.mass[node]``, or ``logp`` at the root.
-    """
-
-    context: tuple[int, ...]
-    logp: float
-    node: int
-    next: NextTokens | None
-    weight: float
 
 
 @attrs.frozen(slots=True)
@@ -91,7 +75,7 @@ class ByteBeamState:
 
     def __init__(
         self,
-        byte_lm: ByteLM,
+        byte_lm: ByteModel,
         candidates: Sequence[Candidate],
         data: bytes = b"",
         eos_mode: bool = True,
@@ -105,11 +89,11 @@ class ByteBeamState:
         weights = np.array([c.weight for c in self.candidates])
         #: log of the beam's total weight: ``log P(data)`` when nothing was pruned, else a
         #: lower bound.
-        self.logZ = _logsumexp(weights)
+        self.logZ = logsumexp(weights)
         self._boundaries: list[Candidate] | None = None
 
     @classmethod
-    def at_context(cls, byte_lm: ByteLM, context: tuple[int, ...]) -> ByteBeamState:
+    def at_context(cls, byte_lm: ByteModel, context: tuple[int, ...]) -> ByteBeamState:
         """The state at a token boundary right after ``context`` (no bytes yet)."""
         return cls(byte_lm, [Candidate(context, 0.0, byte_lm.trie.root, None, 0.0)])
 
@@ -147,22 +131,30 @@ class ByteBeamState:
             self._boundaries = bounds
         return bounds
 
-    def _boundary_contexts(self) -> list[tuple[tuple[int, ...], float]]:
-        """``(context, log weight)`` of each token boundary after ``data`` above the threshold."""
+    def _boundary_contexts(
+        self, logZ: float | None = None, roots: bool = True
+    ) -> list[tuple[tuple[int, ...], float]]:
+        """``(context, log weight)`` of each token boundary after ``data`` above the threshold.
+
+        ``logZ``: the mass the threshold is relative to, plus the boundaries' (default: the
+        beam's). ``roots``: include the candidates already at a boundary.
+        """
         trie = self.byte_lm.trie
         found: list[tuple[tuple[int, ...], float]] = []
         for c in self.candidates:
             if c.node == trie.root:
-                found.append((c.context, c.logp))
+                if roots:
+                    found.append((c.context, c.logp))
                 continue
-            row = c.next.row
+            row = c.next.logp
             for token in trie.tokens_at(c.node).tolist():
                 logp = c.logp + float(row[token])
                 if logp > -np.inf:
                     found.append((c.context + (token,), logp))
         threshold = self.byte_lm.log_prune_threshold
         if threshold > -np.inf and found:
-            total = np.logaddexp(self.logZ, _logsumexp(np.array([w for _, w in found])))
+            base = self.logZ if logZ is None else logZ
+            total = np.logaddexp(base, logsumexp(np.array([w for _, w in found])))
             found = [(ctx, w) for ctx, w in found if w - total > threshold]
         return found
 
@@ -226,16 +218,17 @@ class ByteBeamState:
                     new.append(Candidate(b.context, b.logp, start, b.next, weight))
         if not new:
             if self.byte_lm.heal:
-                from genlm.bytes._heal import heal
-
-                new = await heal(beam, byte)
+                new = await heal(byte_lm, beam.candidates, self.eos_mode, byte)
             if not new:
                 raise UnreachableByteError(
                     f"no candidate of the beam can produce byte {bytes([byte])!r} after "
                     f"{_tail(self.data)}" + ("" if self.byte_lm.heal else " (healing is off)")
                 )
             logger.debug("healed the beam to reach byte %r", bytes([byte]))
-        return ByteBeamState(self.byte_lm, new, self.data + bytes([byte]), self.eos_mode)
+        state = ByteBeamState(self.byte_lm, new, self.data + bytes([byte]), self.eos_mode)
+        if byte_lm.verbose:
+            logger.info("after byte %r:\n%r", bytes([byte]), state)
+        return state
 
     def __lshift__(self, byte: int) -> Coroutine[Any, Any, ByteBeamState]:
         """``await (state << b)`` is ``await state.advance(b)``."""
@@ -255,18 +248,21 @@ class ByteBeamState:
 
     async def with_eos_mode(self, eos_mode: bool) -> ByteBeamState:
         """The same candidates with masses for the other EOS treatment (see :meth:`prefill`)."""
+        return self._in_mode(eos_mode)
+
+    def _in_mode(self, eos_mode: bool) -> ByteBeamState:
         if eos_mode == self.eos_mode:
             return self
-        inner = [c for c in self.candidates if c.node != self.byte_lm.trie.root]
-        nexts = await self.byte_lm.next_tokens([c.context for c in inner], eos_mode)
-        moved = [
-            Candidate(c.context, c.logp, c.node, n, c.logp + float(n.mass[c.node]))
-            for c, n in zip(inner, nexts)
-        ]
-        moved = [c for c in moved if c.weight > -np.inf]
-        moved += [
-            attrs.evolve(c, next=None) for c in self.candidates if c.node == self.byte_lm.trie.root
-        ]
+        root = self.byte_lm.trie.root
+        moved = []
+        for c in self.candidates:
+            if c.node == root:
+                moved.append(attrs.evolve(c, next=None))
+                continue
+            n = self.byte_lm.in_mode(c.context, c.next, eos_mode)
+            weight = c.logp + float(n.mass[c.node])
+            if weight > -np.inf:
+                moved.append(Candidate(c.context, c.logp, c.node, n, weight))
         return ByteBeamState(self.byte_lm, moved, self.data, eos_mode)
 
     async def logp_next(self) -> NextByteLogprobs:
@@ -296,8 +292,89 @@ class ByteBeamState:
             symbols.append(np.full(len(bounds), EOS, dtype=trie.edge.dtype))
             values.append(np.array([b.logp + b.next.log_eos for b in bounds]))
         out = _scatter_logsumexp(symbols, values, EOS + 1) - beam.logZ
-        log_eot = _logsumexp(np.array([b.logp for b in bounds])) - beam.logZ
+        log_eot = logsumexp(np.array([b.logp for b in bounds])) - beam.logZ
         return NextByteLogprobs(out, float(log_eot))
+
+    # ---- the published genlm-bytes 0.2 API (BeamParams, LazyTrieState) ----------------
+
+    @classmethod
+    async def initial(
+        cls, llm: Any, params: BeamParams, trie_opts: dict[str, Any] | None = None
+    ) -> ByteBeamState:
+        """The state after the BOS token, for programs written against genlm-bytes 0.2.
+
+        The same as ``await ByteLM(core_lm_of(llm), **params.byte_lm_options()).initial()``
+        up to the class of :attr:`byte_lm` (its state-making half is not needed here).
+
+        Args:
+            llm: a genlm-core ``AsyncLM``, or an object with a ``core_lm`` attribute holding
+                one (genlm.backend's ``AsyncLM``); see :func:`genlm.bytes.core_lm_of`.
+            params: the beam's options.
+            trie_opts: the published API's trie options. ``max_batch_size`` and ``device``
+                are accepted and have no effect (the token model's scheduler batches; the
+                trie runs on the CPU); anything else raises.
+
+        Raises:
+            TypeError: ``llm`` is no token model, or an unknown trie option.
+            ValueError: the vocabulary has no BOS token, or an EOS string is no token.
+        """
+        unknown = set(trie_opts or ()) - {"max_batch_size", "device"}
+        if unknown:
+            raise TypeError(f"unknown trie option(s) {sorted(unknown)}")
+        core = core_lm_of(llm)
+        bos = core.vocab.bos_token_id
+        if bos is None:
+            raise ValueError("the vocabulary has no BOS token; use ByteLM(lm).initial(ids)")
+        return cls.at_context(ByteModel(core, **params.byte_lm_options()), (bos,))
+
+    @property
+    def params(self) -> BeamParams:
+        """The beam's options by the published names."""
+        m = self.byte_lm
+        return BeamParams(
+            K=m.K,
+            prune_threshold=m.prune_threshold,
+            verbose=m.verbose,
+            eos_tokens={m.lm.vocab.tokens[i] for i in m.eos_ids},
+            heal=m.heal,
+            heal_max_backoff=m.heal_max_backoff,
+            heal_max_splits=m.heal_max_splits,
+        )
+
+    @property
+    def states(self) -> list[LazyTrieState]:
+        """The candidates as :class:`LazyTrieState` views, heaviest first."""
+        return [LazyTrieState(self.byte_lm, c, self.eos_mode) for c in self.candidates]
+
+    def __iter__(self) -> Iterator[LazyTrieState]:
+        return iter(self.states)
+
+    async def extend(self, logZ: float | None = None) -> list[LazyTrieState]:
+        """The candidates that complete their partial token here, at the new boundary.
+
+        Each whole token a candidate's partial bytes spell is committed (every id with
+        those bytes); those whose share of ``logZ`` plus the new boundaries' mass is at
+        most the prune threshold are dropped. Their next-token masses are fetched (one
+        LM batch).
+
+        Args:
+            logZ: the mass the threshold is relative to (default: :attr:`logZ`).
+        """
+        found = self._boundary_contexts(logZ, roots=False)
+        nexts = await self.byte_lm.next_tokens([ctx for ctx, _ in found], self.eos_mode)
+        root = self.byte_lm.trie.root
+        return [
+            LazyTrieState(self.byte_lm, Candidate(ctx, w, root, n, w), self.eos_mode)
+            for (ctx, w), n in zip(found, nexts)
+        ]
+
+    def with_mode(self, mode: TrieMode) -> ByteBeamState:
+        """The same candidates with EOS counted as ``mode`` says (no LM call)."""
+        return self._in_mode(TrieMode(mode) is TrieMode.WITH_EOS)
+
+    async def cleanup(self) -> None:
+        """:meth:`aclose`: release the model's caches (shared by all its states)."""
+        await self.aclose()
 
     # ---- generation --------------------------------------------------------------------
 
@@ -379,7 +456,7 @@ def _likely_boundaries(
     trie = byte_lm.trie
     root = trie.root
     # (weight or bound, log P(context), context, node, row of the context or None)
-    guess = [(c.weight, c.logp, c.context, c.node, c.next.row) for c in inner]
+    guess = [(c.weight, c.logp, c.context, c.node, c.next.logp) for c in inner]
     guess += [(w, w, ctx, start, None) for ctx, w in beam._boundary_contexts() if w > above]
     out: dict[tuple[int, ...], None] = {}
     for step in range(len(ahead) + 1):
@@ -404,7 +481,7 @@ def _likely_boundaries(
                 moved.append((bound, logp, context, child, row))
         start = trie.child(root, byte)
         if start is not None:
-            cached = byte_lm.cached_row
+            cached = byte_lm.cached_logp
             moved += [(b, lp, ctx, start, cached(ctx, beam.eos_mode)) for b, lp, ctx in bounds]
         guess = moved
     return list(out)
@@ -412,15 +489,6 @@ def _likely_boundaries(
 
 def _tail(data: bytes, n: int = 24) -> str:
     return repr(data[-n:]) if len(data) <= n else "..." + repr(data[-n:])
-
-
-def _logsumexp(x: np.ndarray) -> float:
-    if not len(x):
-        return -np.inf
-    m = float(np.max(x))
-    if not np.isfinite(m):
-        return m
-    return m + float(np.log(np.exp(x - m).sum()))
 
 
 def _scatter_logsumexp(symbols: list[np.ndarray], values: list[np.ndarray], n: int) -> np.ndarray:

@@ -1,68 +1,15 @@
-"""``ByteLM``: a token LM seen as a distribution over byte strings.
-
-It owns what every beam state of one model shares: the token-byte trie, the beam
-options, and a cache of each token context's next-token masses (one trie pass per
-context, reused by every state and candidate that reaches the context).
-"""
+"""``ByteLM``: a token LM seen as a distribution over byte strings."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections import OrderedDict
-from collections.abc import Awaitable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
-import attrs
-import numpy as np
-
-from genlm.core import TokenByteTrie
-
-if TYPE_CHECKING:
-    from genlm.bytes._beam import ByteBeamState
-
-logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
+from genlm.bytes._beam import ByteBeamState
+from genlm.bytes._model import ByteModel
 
 
-class ByteLMClosedError(RuntimeError):
-    """The :class:`ByteLM` was closed; make a new one."""
-
-
-@attrs.frozen(slots=True, eq=False)
-class NextTokens:
-    """What one token context predicts, in the trie's terms.
-
-    Attributes:
-        row: the LM's next-token log-probabilities (float32 or float64, as the LM gave).
-        mass: ``mass[v]`` is the log of the total probability of the tokens below trie
-            node ``v`` (float64, exact in log space).
-        log_eos: log-probability that the next token is an EOS token (-inf while
-            prefilling, where EOS tokens spelled by bytes count as text).
-    """
-
-    row: np.ndarray
-    mass: np.ndarray
-    log_eos: float
-
-
-async def gather_all(aws: Iterable[Awaitable[T]]) -> list[T]:
-    """Await all concurrently; on any failure or cancellation, cancel the rest and wait.
-
-    Unlike a bare ``asyncio.gather``, no task outlives the call, so a failed or
-    cancelled step leaves nothing pending behind.
-    """
-    async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(_as_coroutine(a)) for a in aws]
-    return [t.result() for t in tasks]
-
-
-async def _as_coroutine(aw: Awaitable[T]) -> T:
-    return await aw
-
-
-class ByteLM:
+class ByteLM(ByteModel):
     """A beam-summing byte-level language model over any token-level ``AsyncLM``.
 
     The byte process: the token LM emits tokens after the prompt until an EOS token; the
@@ -92,73 +39,8 @@ class ByteLM:
             pass. Results never depend on it. 0 turns it off; larger values trade wasted
             rows (costly on big models) for fewer forward passes (what small ones cost).
         close_lm: close ``lm`` in :meth:`aclose` (for a model this object loaded).
+        verbose: log each new beam (logger ``genlm.bytes._beam``, level INFO).
     """
-
-    def __init__(
-        self,
-        lm: Any,
-        *,
-        K: int | None = 16,
-        prune_threshold: float = 0.0,
-        eos: Sequence[bytes] | None = None,
-        heal: bool = True,
-        heal_max_backoff: int | None = None,
-        heal_max_splits: int | None = 8,
-        cache_bytes: int = 256 * 2**20,
-        lookahead: int = 1,
-        close_lm: bool = False,
-    ):
-        if K is not None and K < 1:
-            raise ValueError(f"K must be a positive beam width or None, got {K}")
-        if not 0.0 <= prune_threshold < 1.0:
-            raise ValueError(f"prune_threshold must be in [0, 1), got {prune_threshold}")
-        if lookahead < 0:
-            raise ValueError(f"lookahead must be >= 0, got {lookahead}")
-        for name, value in (
-            ("heal_max_backoff", heal_max_backoff),
-            ("heal_max_splits", heal_max_splits),
-        ):
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must be >= 0 or None, got {value}")
-        self.lm = lm
-        self.K = K
-        self.prune_threshold = prune_threshold
-        self.log_prune_threshold = float(np.log(prune_threshold)) if prune_threshold else -np.inf
-        self.heal = heal
-        self.heal_max_backoff = heal_max_backoff
-        self.heal_max_splits = heal_max_splits
-        self.cache_bytes = cache_bytes
-        self.lookahead = lookahead
-        self.close_lm = close_lm
-
-        vocab = lm.vocab
-        tokens = vocab.tokens
-        self.eos_ids = _eos_ids(vocab, eos)
-        not_text = set(vocab.special_ids) | set(vocab.unused_ids)
-        # EOS tokens that are ordinary text (e.g. b"\n\n") stay in the trie at their bytes;
-        # outside prefill their mass is masked there and counted as EOS instead.
-        self._text_eos = np.array(
-            [i for i in self.eos_ids if i not in not_text and tokens[i]], dtype=np.int64
-        )
-        atomic_eos = [i for i in self.eos_ids if i not in set(self._text_eos.tolist())]
-        self.trie = TokenByteTrie(
-            tokens, eos_token_ids=atomic_eos, atomic_ids=not_text - set(atomic_eos)
-        )
-        self._root_lo = int(self.trie.child_start[self.trie.root])
-        # Root children that are bytes (the EOS child, if any, sorts last).
-        self._root_hi = self._root_lo + int(
-            np.count_nonzero(self.trie.edge[self._root_lo : self.trie.child_stop[0]] < 256)
-        )
-        self._cache: OrderedDict[tuple[tuple[int, ...], bool], NextTokens] = OrderedDict()
-        self._cache_used = 0
-        self._closed = False
-
-    # ---- states --------------------------------------------------------------------
-
-    @property
-    def has_text_eos(self) -> bool:
-        """Whether some EOS token is ordinary text (then prefill treats it as text)."""
-        return len(self._text_eos) > 0
 
     async def initial(self, prompt: Sequence[int] | bytes | str = b"") -> ByteBeamState:
         """The state after a prompt: token ids, or bytes/text.
@@ -168,8 +50,6 @@ class ByteLM:
         tokenizations; a vocabulary without BOS uses the prompt's first token (longest
         match) as the context instead.
         """
-        from genlm.bytes._beam import ByteBeamState
-
         if isinstance(prompt, str):
             prompt = prompt.encode("utf-8")
         if isinstance(prompt, (bytes, bytearray)):
@@ -194,149 +74,3 @@ class ByteLM:
     ) -> ByteBeamState:
         """``await ByteLM(lm, **options).initial(prompt)``; close it with the state's ``aclose``."""
         return await cls(lm, **options).initial(prompt)
-
-    def _longest_token(self, data: bytes) -> int:
-        """The id of the longest text token that ``data`` starts with."""
-        trie, node, best = self.trie, self.trie.root, None
-        for b in data:
-            node = trie.child(node, b)
-            if node is None:
-                break
-            ids = trie.tokens_at(node)
-            if len(ids):
-                best = int(ids[0])
-        if best is None:
-            raise ValueError(
-                "the vocabulary has no BOS token and no token starts the prompt "
-                f"{data[:16]!r}; give token ids instead"
-            )
-        return best
-
-    # ---- next-token masses -----------------------------------------------------------
-
-    async def next_tokens(
-        self,
-        contexts: Sequence[tuple[int, ...]],
-        eos_mode: bool = True,
-        prefetch: Sequence[tuple[int, ...]] = (),
-    ) -> list[NextTokens]:
-        """:class:`NextTokens` of each context; missing ones are requested concurrently
-        (so the LM's scheduler batches them) and cached.
-
-        ``prefetch``: contexts a later call will probably ask for. When some context is
-        missing (so the LM runs anyway), the missing ones of these join the same batch:
-        on a small model a forward pass costs about the same for a few more rows.
-        """
-        self._check_open()
-        found: dict[tuple[int, ...], NextTokens] = {}
-        missing: dict[tuple[int, ...], None] = {}
-        for ctx in contexts:
-            hit = self._cache.get((ctx, eos_mode))
-            if hit is not None:
-                self._cache.move_to_end((ctx, eos_mode))
-                found[ctx] = hit
-            elif ctx not in found:
-                missing[ctx] = None
-        if missing:
-            for ctx in prefetch:
-                if (ctx, eos_mode) not in self._cache:
-                    missing[ctx] = None
-            rows = await gather_all(self._row(ctx) for ctx in missing)
-            self._check_open()
-            for ctx, row in zip(missing, rows):
-                found[ctx] = self._store((ctx, eos_mode), self._masses(row, eos_mode))
-        return [found[ctx] for ctx in contexts]
-
-    def cached_row(self, ctx: tuple[int, ...], eos_mode: bool) -> np.ndarray | None:
-        """The LM row of ``ctx`` if it is cached (no LM call), else None."""
-        hit = self._cache.get((ctx, eos_mode))
-        return None if hit is None else hit.row
-
-    async def _row(self, ctx: tuple[int, ...]) -> np.ndarray:
-        """The LM row of ``ctx``, reusing the other mode's cached row when there is one."""
-        other = self._cache.get((ctx, True)) or self._cache.get((ctx, False))
-        if other is not None:
-            return other.row
-        return await self.lm.next_token_logprobs(ctx)
-
-    def _masses(self, row: np.ndarray, eos_mode: bool) -> NextTokens:
-        lp = np.asarray(row, dtype=np.float64)
-        log_eos = -np.inf
-        if eos_mode and len(self._text_eos):
-            text_eos = lp[self._text_eos]
-            log_eos = _logsumexp(text_eos)
-            lp = lp.copy()
-            lp[self._text_eos] = -np.inf
-        mass = self.trie.log_weight_sum(lp)
-        if eos_mode and self.trie.eos_node is not None:
-            log_eos = float(np.logaddexp(log_eos, mass[self.trie.eos_node]))
-        return NextTokens(row, mass, log_eos)
-
-    def _store(self, key: tuple[tuple[int, ...], bool], value: NextTokens) -> NextTokens:
-        size = value.row.nbytes + value.mass.nbytes + 8 * len(key[0])
-        if size > self.cache_bytes:
-            return value
-        self._cache[key] = value
-        self._cache_used += size
-        while self._cache_used > self.cache_bytes:
-            (ctx, _), old = self._cache.popitem(last=False)
-            self._cache_used -= old.row.nbytes + old.mass.nbytes + 8 * len(ctx)
-        return value
-
-    def clear_cache(self) -> None:
-        """Forget every cached context's masses."""
-        self._cache.clear()
-        self._cache_used = 0
-
-    # ---- lifetime ----------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ByteLMClosedError("this ByteLM is closed")
-
-    async def aclose(self) -> None:
-        """Drop the caches, and close the token LM if this object owns it. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self.clear_cache()
-        if self.close_lm:
-            await self.lm.aclose()
-
-    async def __aenter__(self) -> ByteLM:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    def __repr__(self) -> str:
-        return (
-            f"<ByteLM over {self.lm!r} K={self.K} prune_threshold={self.prune_threshold} "
-            f"eos_ids={list(self.eos_ids)}>"
-        )
-
-
-def _eos_ids(vocab: Any, eos: Sequence[bytes] | None) -> tuple[int, ...]:
-    """EOS token ids: the vocabulary's, or every id whose bytes are one of ``eos``."""
-    if eos is None:
-        return tuple(sorted(set(vocab.eos_token_ids)))
-    if isinstance(eos, (bytes, str)):
-        raise TypeError("eos must be a list of byte strings, e.g. [b'\\n\\n'], not one string")
-    wanted = {bytes(e) for e in eos}
-    ids = [i for i, tok in enumerate(vocab.tokens) if tok in wanted]
-    missing = wanted - {vocab.tokens[i] for i in ids}
-    if missing:
-        raise ValueError(
-            f"no token of the vocabulary is spelled {sorted(missing)[0]!r}; "
-            "an EOS byte string must be the exact bytes of a token"
-        )
-    return tuple(ids)
-
-
-def _logsumexp(x: np.ndarray) -> float:
-    if not len(x):
-        return -np.inf
-    m = float(np.max(x))
-    if not np.isfinite(m):
-        return m
-    return m + float(np.log(np.exp(x - m).sum()))

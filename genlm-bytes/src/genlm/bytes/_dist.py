@@ -16,7 +16,8 @@ EOS = EOS_EDGE
 EOT = 257
 
 
-def _logsumexp(x: np.ndarray) -> float:
+def logsumexp(x: np.ndarray) -> float:
+    """``log(sum(exp(x)))`` in float64; -inf for an empty or all -inf ``x``."""
     m = float(np.max(x)) if len(x) else -np.inf
     if not np.isfinite(m):
         return m
@@ -60,7 +61,18 @@ class NextByteLogprobs:
     @property
     def log_total(self) -> float:
         """Log of the total over bytes and EOS (0 unless mass goes to other special tokens)."""
-        return _logsumexp(self.logprobs)
+        return logsumexp(self.logprobs)
+
+    @property
+    def ps(self) -> np.ndarray:
+        """The published genlm-bytes 0.2 layout, shape (258,), float64: log-probabilities of
+        bytes 0..255, then end of token (index 256: always -inf, as there), then EOS
+        (index 257, also ``ps[-1]``), normalized over bytes and EOS."""
+        out = np.full(258, -np.inf)
+        norm = self.normalized()
+        out[:256] = norm[:256]
+        out[257] = norm[EOS]
+        return out
 
     def normalized(self) -> np.ndarray:
         """``logprobs`` renormalized over bytes and EOS, shape (257,)."""

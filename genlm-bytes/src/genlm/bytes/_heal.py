@@ -12,29 +12,32 @@ the beam stays a lower bound.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from genlm.bytes._beam import Candidate
+from genlm.bytes._types import Candidate
 
 if TYPE_CHECKING:
-    from genlm.bytes._beam import ByteBeamState
+    from genlm.bytes._model import ByteModel
 
 logger = logging.getLogger(__name__)
 
 
-async def heal(beam: ByteBeamState, byte: int) -> list[Candidate]:
+async def heal(
+    byte_lm: ByteModel, candidates: Sequence[Candidate], eos_mode: bool, byte: int
+) -> list[Candidate]:
     """One candidate that reaches ``byte`` by re-splitting a partial token, or ``[]``.
 
-    Candidates are tried heaviest first; for each, the fewest moved bytes first (at most
+    ``candidates``: the (pruned) beam, heaviest first; ``eos_mode`` as the beam's. They
+    are tried in order; for each, the fewest moved bytes first (at most
     ``heal_max_backoff``), then the longest tokens first inside the moved bytes (at most
     ``heal_max_splits`` more commits).
     """
-    byte_lm = beam.byte_lm
     trie = byte_lm.trie
     max_backoff = byte_lm.heal_max_backoff
-    for c in beam.candidates:
+    for c in candidates:
         if c.node == trie.root:
             continue
         partial = trie.prefix(c.node)
@@ -47,13 +50,15 @@ async def heal(beam: ByteBeamState, byte: int) -> list[Candidate]:
             else:
                 node = trie.node_of(partial[:keep])
                 starts = [
-                    (c.context + (t,), c.logp + float(c.next.row[t]))
+                    (c.context + (t,), c.logp + float(c.next.logp[t]))
                     for t in trie.tokens_at(node).tolist()
                 ]
             for context, logp in starts:
                 if logp == -np.inf:
                     continue
-                healed = await _spell(beam, context, logp, rest, byte_lm.heal_max_splits)
+                healed = await _spell(
+                    byte_lm, eos_mode, context, logp, rest, byte_lm.heal_max_splits
+                )
                 if healed is not None:
                     logger.info(
                         "token healing: re-split %r + %r after moving %d bytes",
@@ -66,7 +71,8 @@ async def heal(beam: ByteBeamState, byte: int) -> list[Candidate]:
 
 
 async def _spell(
-    beam: ByteBeamState,
+    byte_lm: ByteModel,
+    eos_mode: bool,
     context: tuple[int, ...],
     logp: float,
     data: bytes,
@@ -77,8 +83,8 @@ async def _spell(
     ``data`` ends inside the final (partial) token; up to ``splits`` whole tokens may be
     committed before it, longest first.
     """
-    trie = beam.byte_lm.trie
-    (nxt,) = await beam.byte_lm.next_tokens([context], beam.eos_mode)
+    trie = byte_lm.trie
+    (nxt,) = await byte_lm.next_tokens([context], eos_mode)
     path = [trie.root]
     for b in data:
         node = trie.child(path[-1], b)
@@ -93,11 +99,12 @@ async def _spell(
         return None
     for depth in range(min(len(path) - 1, len(data) - 1), 0, -1):
         for token in trie.tokens_at(path[depth]).tolist():
-            token_logp = float(nxt.row[token])
+            token_logp = float(nxt.logp[token])
             if token_logp == -np.inf:
                 continue
             found = await _spell(
-                beam,
+                byte_lm,
+                eos_mode,
                 context + (token,),
                 logp + token_logp,
                 data[depth:],

@@ -1,0 +1,257 @@
+"""``ByteModel``: what every beam state of one byte-level model shares.
+
+The token LM, the token-byte trie, the EOS ids, the beam options, and a cache of each
+token context's next-token masses (one trie pass per context, reused by every state and
+candidate that reaches the context). :class:`genlm.bytes.ByteLM` is this plus the
+methods that make beam states; the beam (``_beam``) and healing (``_heal``) depend on
+this module only, so no import circle runs through the public class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Iterable, Sequence
+from typing import Any, Self, TypeVar
+
+import numpy as np
+
+from genlm.bytes._dist import logsumexp
+from genlm.bytes._mass_cache import MassCache
+from genlm.bytes._types import NextTokens
+from genlm.core import TokenByteTrie
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class ByteLMClosedError(RuntimeError):
+    """The :class:`ByteLM` was closed; make a new one."""
+
+
+async def gather_all(aws: Iterable[Awaitable[T]]) -> list[T]:
+    """Await all concurrently; on any failure or cancellation, cancel the rest and wait.
+
+    Unlike a bare ``asyncio.gather``, no task outlives the call, so a failed or
+    cancelled step leaves nothing pending behind.
+    """
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(_as_coroutine(a)) for a in aws]
+    return [t.result() for t in tasks]
+
+
+async def _as_coroutine(aw: Awaitable[T]) -> T:
+    return await aw
+
+
+class ByteModel:
+    """The shared half of :class:`genlm.bytes.ByteLM` (its options are documented there):
+    trie, EOS handling, next-token masses and their cache, lifetime."""
+
+    def __init__(
+        self,
+        lm: Any,
+        *,
+        K: int | None = 16,
+        prune_threshold: float = 0.0,
+        eos: Sequence[bytes] | None = None,
+        heal: bool = True,
+        heal_max_backoff: int | None = None,
+        heal_max_splits: int | None = 8,
+        cache_bytes: int = 256 * 2**20,
+        lookahead: int = 1,
+        close_lm: bool = False,
+        verbose: bool = False,
+    ):
+        if K is not None and K < 1:
+            raise ValueError(f"K must be a positive beam width or None, got {K}")
+        if not 0.0 <= prune_threshold < 1.0:
+            raise ValueError(f"prune_threshold must be in [0, 1), got {prune_threshold}")
+        if lookahead < 0:
+            raise ValueError(f"lookahead must be >= 0, got {lookahead}")
+        for name, value in (
+            ("heal_max_backoff", heal_max_backoff),
+            ("heal_max_splits", heal_max_splits),
+        ):
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0 or None, got {value}")
+        self.lm = lm
+        self.K = K
+        self.prune_threshold = prune_threshold
+        self.log_prune_threshold = float(np.log(prune_threshold)) if prune_threshold else -np.inf
+        self.heal = heal
+        self.heal_max_backoff = heal_max_backoff
+        self.heal_max_splits = heal_max_splits
+        self.cache_bytes = cache_bytes
+        self.lookahead = lookahead
+        self.close_lm = close_lm
+        self.verbose = verbose
+
+        vocab = lm.vocab
+        tokens = vocab.tokens
+        self.eos_ids = _eos_ids(vocab, eos)
+        not_text = set(vocab.special_ids) | set(vocab.unused_ids)
+        # EOS tokens that are ordinary text (e.g. b"\n\n") stay in the trie at their bytes;
+        # outside prefill their mass is masked there and counted as EOS instead.
+        self._text_eos = np.array(
+            [i for i in self.eos_ids if i not in not_text and tokens[i]], dtype=np.int64
+        )
+        atomic_eos = [i for i in self.eos_ids if i not in set(self._text_eos.tolist())]
+        self.trie = TokenByteTrie(
+            tokens, eos_token_ids=atomic_eos, atomic_ids=not_text - set(atomic_eos)
+        )
+        self._root_lo = int(self.trie.child_start[self.trie.root])
+        # Root children that are bytes (the EOS child, if any, sorts last).
+        self._root_hi = self._root_lo + int(
+            np.count_nonzero(self.trie.edge[self._root_lo : self.trie.child_stop[0]] < 256)
+        )
+        self.cache = MassCache(cache_bytes)
+        self._closed = False
+
+    @property
+    def has_text_eos(self) -> bool:
+        """Whether some EOS token is ordinary text (then prefill treats it as text)."""
+        return len(self._text_eos) > 0
+
+    def _longest_token(self, data: bytes) -> int:
+        """The id of the longest text token that ``data`` starts with."""
+        trie, node, best = self.trie, self.trie.root, None
+        for b in data:
+            node = trie.child(node, b)
+            if node is None:
+                break
+            ids = trie.tokens_at(node)
+            if len(ids):
+                best = int(ids[0])
+        if best is None:
+            raise ValueError(
+                "the vocabulary has no BOS token and no token starts the prompt "
+                f"{data[:16]!r}; give token ids instead"
+            )
+        return best
+
+    # ---- next-token masses -----------------------------------------------------------
+
+    async def next_tokens(
+        self,
+        contexts: Sequence[tuple[int, ...]],
+        eos_mode: bool = True,
+        prefetch: Sequence[tuple[int, ...]] = (),
+    ) -> list[NextTokens]:
+        """:class:`NextTokens` of each context; missing ones are requested concurrently
+        (so the LM's scheduler batches them) and cached.
+
+        ``prefetch``: contexts a later call will probably ask for. When some context is
+        missing (so the LM runs anyway), the missing ones of these join the same batch:
+        on a small model a forward pass costs about the same for a few more rows.
+        """
+        self._check_open()
+        found: dict[tuple[int, ...], NextTokens] = {}
+        missing: dict[tuple[int, ...], None] = {}
+        for ctx in contexts:
+            hit = self.cache.get((ctx, eos_mode))
+            if hit is not None:
+                found[ctx] = hit
+            elif ctx not in found:
+                missing[ctx] = None
+        if missing:
+            for ctx in prefetch:
+                if (ctx, eos_mode) not in self.cache:
+                    missing[ctx] = None
+            rows = await gather_all(self._row(ctx) for ctx in missing)
+            self._check_open()
+            for ctx, row in zip(missing, rows):
+                found[ctx] = self.cache.put((ctx, eos_mode), self._masses(row, eos_mode))
+        return [found[ctx] for ctx in contexts]
+
+    def cached_logp(self, ctx: tuple[int, ...], eos_mode: bool) -> np.ndarray | None:
+        """:attr:`NextTokens.logp` of ``ctx`` if it is cached (no LM call), else None."""
+        hit = self.cache.get((ctx, eos_mode), touch=False)
+        return None if hit is None else hit.logp
+
+    async def _row(self, ctx: tuple[int, ...]) -> np.ndarray:
+        """The LM row of ``ctx``, reusing the other mode's cached row when there is one."""
+        for eos_mode in (True, False):
+            other = self.cache.get((ctx, eos_mode), touch=False)
+            if other is not None:
+                return other.lm_row
+        return await self.lm.next_token_logprobs(ctx)
+
+    def masked_ids(self, eos_mode: bool) -> np.ndarray:
+        """Token ids that the trie spells as bytes but that are EOS in this mode.
+
+        In EOS mode these are the EOS tokens that are ordinary text (``b"\\n\\n"``): they
+        end the sequence, so they never spell their bytes; while prefilling (``eos_mode``
+        False) they count as text and nothing is masked.
+        """
+        return self._text_eos if eos_mode else self._text_eos[:0]
+
+    def _masses(self, row: np.ndarray, eos_mode: bool) -> NextTokens:
+        lp = np.asarray(row, dtype=np.float64)
+        masked = self.masked_ids(eos_mode)
+        log_eos = -np.inf
+        if len(masked):
+            log_eos = logsumexp(lp[masked])
+            lp = lp.copy()
+            lp[masked] = -np.inf
+        mass = self.trie.log_weight_sum(lp)
+        if eos_mode and self.trie.eos_node is not None:
+            log_eos = float(np.logaddexp(log_eos, mass[self.trie.eos_node]))
+        return NextTokens(row, lp, mass, log_eos)
+
+    def in_mode(self, ctx: tuple[int, ...], nxt: NextTokens, eos_mode: bool) -> NextTokens:
+        """``ctx``'s :class:`NextTokens` for ``eos_mode``, from ``nxt`` (the same context's,
+        in either mode): no LM call, so switching modes needs no ``await``."""
+        hit = self.cache.get((ctx, eos_mode))
+        if hit is not None:
+            return hit
+        return self.cache.put((ctx, eos_mode), self._masses(nxt.lm_row, eos_mode))
+
+    def clear_cache(self) -> None:
+        """Forget every cached context's masses."""
+        self.cache.clear()
+
+    # ---- lifetime ----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ByteLMClosedError("this ByteLM is closed")
+
+    async def aclose(self) -> None:
+        """Drop the caches, and close the token LM if this object owns it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.clear_cache()
+        if self.close_lm:
+            await self.lm.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} over {self.lm!r} K={self.K} "
+            f"prune_threshold={self.prune_threshold} eos_ids={list(self.eos_ids)}>"
+        )
+
+
+def _eos_ids(vocab: Any, eos: Sequence[bytes] | None) -> tuple[int, ...]:
+    """EOS token ids: the vocabulary's, or every id whose bytes are one of ``eos``."""
+    if eos is None:
+        return tuple(sorted(set(vocab.eos_token_ids)))
+    if isinstance(eos, (bytes, str)):
+        raise TypeError("eos must be a list of byte strings, e.g. [b'\\n\\n'], not one string")
+    wanted = {bytes(e) for e in eos}
+    ids = [i for i, tok in enumerate(vocab.tokens) if tok in wanted]
+    missing = wanted - {vocab.tokens[i] for i in ids}
+    if missing:
+        raise ValueError(
+            f"no token of the vocabulary is spelled {sorted(missing)[0]!r}; "
+            "an EOS byte string must be the exact bytes of a token"
+        )
+    return tuple(ids)

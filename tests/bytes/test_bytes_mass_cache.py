@@ -1,0 +1,98 @@
+"""ByteLM's mass cache: its byte accounting equals the sum of the entries it holds.
+
+Regression for issue 12 item 13: two concurrent misses of one context stored the entry
+twice and counted it twice (63 KB counted, 0 held), after which the cache stayed empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.bytes_lms import run
+
+from genlm.bytes import ByteLM
+from genlm.core import Vocabulary
+from genlm.core.mock import MockLM
+
+TOKENS = (b"</s>", b"a", b"b", b"ab", b"\n", b"\n\n")
+VOCAB = Vocabulary(TOKENS, special_ids={0}, eos_token_ids=(0,))
+CONTEXTS = [(1,), (1, 2), (2,), (2, 3), (3, 3, 1), (4, 1)]
+
+
+def held_bytes(byte_lm: ByteLM) -> int:
+    """What the held entries occupy, counted here from their arrays (not by the cache)."""
+    total = 0
+    for (ctx, _), entry in byte_lm.cache.items():
+        arrays = {id(a): a for a in (entry.lm_row, entry.logp, entry.mass)}
+        total += sum(a.nbytes for a in arrays.values()) + 8 * len(ctx)
+    return total
+
+
+def test_concurrent_misses_are_held_and_counted_once():
+    """Two concurrent misses of one context: one entry, counted once; the cache still works."""
+
+    async def scenario():
+        async with MockLM(VOCAB, max_wait_s=0.01) as lm:
+            byte_lm = ByteLM(lm, eos=[b"</s>", b"\n\n"])
+            first, second = await asyncio.gather(
+                byte_lm.next_tokens([(1,)]), byte_lm.next_tokens([(1,)])
+            )
+            assert len(byte_lm.cache) == 1
+            one_entry = held_bytes(byte_lm)
+            assert byte_lm.cache.used_bytes == one_entry
+            # Both callers got the entry the cache holds.
+            assert first[0] is second[0] is byte_lm.cache.get(((1,), True))
+            # A budget of two entries: concurrent misses of three contexts leave two held.
+            small = ByteLM(lm, eos=[b"</s>", b"\n\n"], cache_bytes=2 * one_entry + 16)
+            ctxs = [(2,), (3,), (4,)]
+            await asyncio.gather(*(small.next_tokens(ctxs) for _ in range(3)))
+            assert len(small.cache) == 2
+            assert small.cache.used_bytes == held_bytes(small)
+            # And later misses are still cached (the cache did not stay empty).
+            await small.next_tokens([(1, 2)])
+            assert ((1, 2), True) in small.cache
+
+    run(scenario())
+
+
+_ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("get"),
+            st.lists(st.sampled_from(CONTEXTS), min_size=1, max_size=3),
+            st.booleans(),  # EOS mode
+            st.integers(1, 3),  # concurrent copies of the call
+        ),
+        st.just(("clear",)),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ops=_ops, budget_entries=st.integers(0, 4))
+def test_accounting_equals_held_entries_after_any_operations(ops, budget_entries):
+    """After any sequence of (concurrent) lookups and clears, the counted bytes are the
+    held entries' bytes, within the budget."""
+
+    async def scenario():
+        async with MockLM(VOCAB, max_wait_s=0.001) as lm:
+            probe = ByteLM(lm, eos=[b"</s>", b"\n\n"])
+            await probe.next_tokens([(1,)])
+            budget = budget_entries * held_bytes(probe)
+            byte_lm = ByteLM(lm, eos=[b"</s>", b"\n\n"], cache_bytes=budget)
+            for op in ops:
+                if op[0] == "clear":
+                    byte_lm.clear_cache()
+                else:
+                    _, contexts, eos_mode, copies = op
+                    results = await asyncio.gather(
+                        *(byte_lm.next_tokens(contexts, eos_mode) for _ in range(copies))
+                    )
+                    assert all(len(r) == len(contexts) for r in results)
+                assert byte_lm.cache.used_bytes == held_bytes(byte_lm)
+                assert byte_lm.cache.used_bytes <= budget
+
+    run(scenario())

@@ -1,0 +1,202 @@
+"""The published genlm-bytes 0.2 API (issue 13 item 2): the same numbers as ``ByteLM``.
+
+Programs such as genlm-control 0.4.1 do ``from genlm.bytes import ByteBeamState,
+BeamParams``, ``await ByteBeamState.initial(llm, params)``, ``prefill``, ``await
+(beam.prune() << b)``, ``(await beam.logp_next()).ps`` (258 entries, EOS last), ``logZ``
+and ``cleanup``. Each is checked against the project's own ``ByteLM`` path or brute force.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.bytes_lms import brute_force_next_symbol, run
+from support.imports import modules_loaded_by
+
+from genlm.bytes import (
+    EOS,
+    BeamParams,
+    ByteBeamState,
+    ByteLM,
+    LazyTrieState,
+    StatefulTokenizedLM,
+    TrieMode,
+)
+from genlm.core import Vocabulary
+from genlm.core.mock import MockLM
+
+TOKENS = (b"<s>", b"</s>", b"a", b"b", b"c", b".", b"ab", b"ba", b"abc", b"bc", b".a")
+VOCAB = Vocabulary(TOKENS, special_ids={0, 1}, bos_token_id=0, eos_token_ids=(1,))
+
+
+class Facade:
+    """Stands for genlm.backend's AsyncLM: holds the core model as ``core_lm``."""
+
+    def __init__(self, core_lm):
+        self.core_lm = core_lm
+
+
+@pytest.mark.parametrize("K", [1, 3, None])
+def test_seed_calls_give_bytelm_numbers(K):
+    """genlm-control's sequence of calls equals ByteLM's prefill/advance/logp_next."""
+
+    async def scenario():
+        async with MockLM(VOCAB) as lm:
+            params = BeamParams(K=K, eos_byte_strings=[b"</s>", b"."])
+            seed = await ByteBeamState.initial(Facade(lm), params)
+            own = await ByteLM(lm, K=K, eos=[b"</s>", b"."], heal_max_splits=None).initial((0,))
+            seed = await seed.prefill(b"ab.")
+            own = await own.prefill(b"ab.")
+            for b in b"ab.abc":
+                assert seed.logZ == pytest.approx(own.logZ, abs=1e-12)
+                ps = (await seed.logp_next()).ps
+                normalized = (await own.logp_next()).normalized()
+                np.testing.assert_allclose(ps[:256], normalized[:256], rtol=0, atol=1e-12)
+                assert ps[-1] == pytest.approx(normalized[EOS], abs=1e-12)
+                seed = await (seed.prune() << b)
+                own = await own.advance(b)
+            assert len(seed) == len(own)
+            await seed.cleanup()
+
+    run(scenario())
+
+
+def test_ps_layout_is_the_normalized_brute_force():
+    """``ps``: 258 entries, bytes 0..255, end of token (-inf) at 256, EOS at 257 (the last);
+    normalized over bytes and EOS, equal to brute force over tokenizations."""
+
+    async def scenario():
+        async with MockLM(VOCAB, seed=1) as lm:
+            params = BeamParams(K=None, eos_tokens=[b"</s>"])
+            state = await ByteBeamState.initial(lm, params)
+            for b in b"ab.":
+                state = await (state.prune() << b)
+            ps = (await state.logp_next()).ps
+            assert ps.shape == (258,) and ps.dtype == np.float64
+            assert ps[256] == -np.inf
+            expected = brute_force_next_symbol(lm, (0,), b"ab.", {1})
+            expected /= expected.sum()  # what <s> would take spells no byte
+            got = np.exp(np.concatenate([ps[:256], ps[257:]]))
+            np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
+            assert np.exp(ps).sum() == pytest.approx(1.0, abs=1e-12)
+
+    run(scenario())
+
+
+def test_beam_params_accept_both_eos_names():
+    """eos_tokens (the docs) and eos_byte_strings (0.2.0) are one option; None means no EOS."""
+    assert BeamParams(K=2, eos_tokens=[b"x"]).eos_byte_strings == {b"x"}
+    assert BeamParams(K=2, eos_byte_strings=[b"x"]).eos_tokens == {b"x"}
+    assert BeamParams(K=2, eos_tokens=[b"x"], eos_byte_strings={b"x"}).eos_tokens == {b"x"}
+    assert BeamParams(K=2).eos_tokens == set()
+    assert BeamParams(K=2, prune_threshold=0.1).log_prune_threshold == pytest.approx(np.log(0.1))
+    with pytest.raises(ValueError, match="eos_byte_strings"):
+        BeamParams(K=2, eos_tokens=[b"x"], eos_byte_strings=[b"y"])
+    with pytest.raises(TypeError, match="list of byte strings"):
+        BeamParams(K=2, eos_tokens=b"\n\n")
+    with pytest.raises(ValueError, match="K must be"):
+        BeamParams(K=0)
+    with pytest.raises(ValueError, match="prune_threshold"):
+        BeamParams(K=2, prune_threshold=-0.5)
+
+    async def scenario():
+        async with MockLM(VOCAB) as lm:
+            state = await ByteBeamState.initial(lm, BeamParams(K=2))
+            assert (await state.logp_next()).ps[-1] == -np.inf  # no EOS configured
+            assert state.params.K == 2 and state.params.eos_tokens == set()
+            with pytest.raises(TypeError, match="token language model"):
+                await ByteBeamState.initial(object(), BeamParams(K=2))
+            with pytest.raises(TypeError, match="unknown trie option"):
+                await ByteBeamState.initial(lm, BeamParams(K=2), trie_opts={"colour": 1})
+            ok = await ByteBeamState.initial(lm, BeamParams(K=2), {"max_batch_size": 100})
+            assert ok.logZ == 0.0
+
+    run(scenario())
+
+
+def test_extend_holds_the_token_boundary_mass():
+    """``extend`` commits every token a partial spells: its states' total weight is the
+    probability of a boundary here (``log_eot``), each state at the trie root with the
+    context's masses."""
+
+    async def scenario():
+        async with MockLM(VOCAB) as lm:
+            state = await ByteBeamState.initial(lm, BeamParams(K=None, eos_tokens=[b"</s>"]))
+            for b in b"ab":
+                state = await (state << b)
+            dist = await state.logp_next()
+            extended = await state.extend(state.logZ)
+            contexts = sorted(s.lm_state.context for s in extended)
+            # "ab" = a|b or ab (then at a boundary); "b" alone inside "ba"/"bc" is not one.
+            assert contexts == [[0, 2, 3], [0, 6]]
+            total = np.logaddexp.reduce([s.weight for s in extended])
+            assert total - state.logZ == pytest.approx(dist.log_eot, abs=1e-12)
+            for s in extended:
+                assert s.node == state.byte_lm.trie.root and s.partial == b""
+                ctx = tuple(s.lm_state.context)
+                row = np.asarray(await lm.next_token_logprobs(ctx), dtype=np.float64)
+                starts_with_a = np.logaddexp.reduce(row[[2, 6, 8]])  # a, ab, abc
+                assert s.mass[s.actions()[ord("a")]] == pytest.approx(starts_with_a, abs=1e-12)
+
+    run(scenario())
+
+
+def test_with_mode_and_lazy_trie_states():
+    """``with_mode`` switches EOS treatment without an LM call and back; each candidate's
+    ``logp_next`` (258) is its masses' ratios."""
+
+    async def scenario():
+        async with MockLM(VOCAB) as lm:
+            params = BeamParams(K=None, eos_tokens=[b"</s>", b"."])
+            state = await ByteBeamState.initial(lm, params)
+            state = await (state << ord("."))
+            calls = len(lm.batches)
+            text = state.with_mode(TrieMode.WITHOUT_EOS)
+            back = text.with_mode(TrieMode.WITH_EOS)
+            assert len(lm.batches) == calls
+            # The '.' token counts as text only without EOS: more mass there.
+            assert text.logZ > state.logZ
+            assert back.logZ == pytest.approx(state.logZ, abs=1e-12)
+            for s in state:
+                assert isinstance(s, LazyTrieState) and s.mode is TrieMode.WITH_EOS
+                lp = s.logp_next
+                assert lp.shape == (258,)
+                assert np.exp(lp).sum() == pytest.approx(1.0, abs=1e-12)
+                for byte, child in s.actions().items():
+                    assert lp[byte] == pytest.approx(s.mass[child] - s.mass[s.node], abs=1e-9)
+                moved = s << ord("a")
+                assert moved.partial == s.partial + b"a"
+                assert moved.weight == pytest.approx(s.weight + lp[ord("a")], abs=1e-9)
+
+    run(scenario())
+
+
+def test_stateful_tokenized_lm():
+    """The token context: starts at BOS, ``<<`` appends, ``logp_next`` is the model's row."""
+
+    async def scenario():
+        async with MockLM(VOCAB) as lm:
+            state = StatefulTokenizedLM.initial(Facade(lm))
+            assert state.context == [0]
+            longer = state << 2 << 3
+            assert longer.context == [0, 2, 3] and state.context == [0]
+            row = await (StatefulTokenizedLM.initial(lm) << 2 << 3).logp_next()
+            np.testing.assert_array_equal(row, await lm.next_token_logprobs((0, 2, 3)))
+            short = StatefulTokenizedLM(lm, [0, 2], max_context_length=2) << 3
+            assert short.context == [2, 3]
+            with pytest.raises(TypeError):
+                state << 2.5
+
+    run(scenario())
+
+
+def test_published_import_paths_and_no_torch():
+    """The documented module paths hold the same classes, and none of them loads torch."""
+    from genlm.bytes.byte_lm.beam import BeamParams as B
+    from genlm.bytes.byte_lm.beam import ByteBeamState as S
+    from genlm.bytes.byte_lm.lm_state import StatefulTokenizedLM as L
+    from genlm.bytes.byte_lm.trie_state import LazyTrieState as T
+
+    assert (B, S, L, T) == (BeamParams, ByteBeamState, StatefulTokenizedLM, LazyTrieState)
+    statement = "from genlm.bytes import ByteBeamState, BeamParams; import genlm.bytes.byte_lm.beam"
+    assert modules_loaded_by(statement, ["torch"]) == []

@@ -1,0 +1,83 @@
+"""The published ``genlm.bytes.trie`` API against brute force (issue 13 item 2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.bytes_lms import run
+
+from genlm.bytes import AsyncTokenByteTrie, TokenByteTrie, TrieMode
+
+_token = st.lists(st.sampled_from(b"ab\n"), min_size=1, max_size=3).map(bytes)
+_tokens = st.lists(_token, min_size=1, max_size=10)
+
+
+def brute_sums(trie: TokenByteTrie, w: np.ndarray, with_eos: bool, atomic: set[bytes]):
+    """Per node: the summed weight of the tokens whose bytes start with its prefix."""
+    eos = set(trie.eos_token_ids) if with_eos else set()
+    out = []
+    for prefix in trie.node2prefix[:-1]:
+        out.append(
+            sum(
+                w[i]
+                for i, t in enumerate(trie.decode)
+                if t.startswith(prefix) and i not in eos and t not in atomic
+            )
+        )
+    eos_mass = sum(w[i] for i in eos)
+    out[trie.root] += eos_mass
+    return np.array([*out, eos_mass])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    tokens=_tokens,
+    n_eos=st.integers(0, 2),
+    atomic_first=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_weight_sum_and_max_match_brute_force(tokens, n_eos, atomic_first, seed):
+    """Both modes: each node holds the weight of the tokens spelling its prefix, the last
+    node the EOS tokens' (WITH_EOS only); maxima likewise; the async trie agrees."""
+    decode = [b"<special>", *tokens]
+    eos_tokens = list(dict.fromkeys(tokens))[:n_eos]
+    atomic = {b"<special>"} if atomic_first else set()
+    trie = TokenByteTrie(decode, eos_tokens=eos_tokens, atomic_tokens=list(atomic))
+    w = np.random.default_rng(seed).random(len(decode))
+    for mode, with_eos in ((TrieMode.WITHOUT_EOS, False), (None, False), (TrieMode.WITH_EOS, True)):
+        got = trie.weight_sum(w, mode)
+        np.testing.assert_allclose(got, brute_sums(trie, w, with_eos, atomic), atol=1e-12)
+    got_max = trie.weight_max(w)
+    for v, prefix in enumerate(trie.node2prefix[:-1]):
+        below = [w[i] for i, t in enumerate(decode) if t.startswith(prefix) and t not in atomic]
+        assert got_max[v] == (max(below) if below else -np.inf)
+
+    async def scenario():
+        async_trie = AsyncTokenByteTrie.from_vocab(decode, eos_tokens=eos_tokens)
+        try:
+            got = await async_trie.weight_sum(w, TrieMode.WITH_EOS)
+            np.testing.assert_allclose(got, trie.weight_sum(w, TrieMode.WITH_EOS), atol=1e-12)
+            np.testing.assert_array_equal(await async_trie.weight_max(w), trie.weight_max(w))
+        finally:
+            await async_trie.cleanup()
+
+    if not atomic:  # the async trie above was built without atomic tokens
+        run(scenario())
+
+
+def test_torch_tensors_are_accepted_and_results_are_numpy():
+    torch = pytest.importorskip("torch")
+    trie = TokenByteTrie([b"a", b"ab", b"b"], eos_tokens=[b"b"])
+    w = torch.tensor([0.2, 0.3, 0.5])
+    got = trie.weight_sum(w, TrieMode.WITH_EOS)
+    assert isinstance(got, np.ndarray) and got.dtype == np.float64
+    by_prefix = dict(zip(trie.node2prefix[:-1], got[:-1].tolist()))
+    # b"b" keeps its node; WITH_EOS moves its weight to the EOS node.
+    assert by_prefix == pytest.approx({b"": 1.0, b"a": 0.5, b"ab": 0.3, b"b": 0.0})
+    assert got[trie.eos_node] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="Invalid device"):
+        TokenByteTrie([b"a"], device="tpu")
+    with pytest.raises(ValueError, match="weights"):
+        trie.weight_sum(np.ones(2))
