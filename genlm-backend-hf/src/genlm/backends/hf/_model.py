@@ -49,6 +49,13 @@ class HFLM(BatchedLM):
             tokenizer's, logit rows the model pads beyond it are dropped.
         kv_cache_bytes: byte budget of the KV cache (LRU-evicted; pinned prompts stay).
         max_forward_tokens: most padded new tokens in one forward pass.
+        device_rows: hand rows to core as float32 torch tensors on the model's device (no
+            host round trip: ``output="torch"`` callers get them without a copy, numpy
+            callers get one transfer per row). ``False``: rows cross to the host as numpy
+            arrays, as before. ``None`` (default): torch rows when the model is not on the
+            CPU. On the CPU numpy is kept by default: the numpy callers (genlm-bytes, the
+            trie, core's default) then pay nothing, where a torch row costs them a ~5 us
+            view per read; torch callers pay one row copy per read instead.
         **kwargs: scheduler and output-cache options of :class:`genlm.core.BatchedLM`.
     """
 
@@ -59,6 +66,7 @@ class HFLM(BatchedLM):
         *,
         kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
         max_forward_tokens: int = DEFAULT_MAX_FORWARD_TOKENS,
+        device_rows: bool | None = None,
         **kwargs: Any,
     ):
         if max_forward_tokens < 1:
@@ -100,6 +108,14 @@ class HFLM(BatchedLM):
                 self._adapters[name] = -2 - i
             self._active_lora = getattr(self._peft, "active_adapter", None)
         self.shape: KVShape = self.worker.call(self._probe)
+        #: Whether rows are handed to core as torch tensors on :attr:`device` (see
+        #: ``device_rows``); genlm-bytes reads it to keep its masses there too.
+        self.device_rows: bool = self.device.type != "cpu" if device_rows is None else device_rows
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's KV lives and its rows are computed."""
+        return self.shape.device
 
     # ---- loading -------------------------------------------------------------------
 
@@ -265,7 +281,10 @@ class HFLM(BatchedLM):
 
     # ---- the forward pass ----------------------------------------------------------
 
-    def _logprobs_batch(self, contexts: list[tuple[int, ...]], variant: Hashable) -> np.ndarray:
+    def _logprobs_batch(
+        self, contexts: list[tuple[int, ...]], variant: Hashable
+    ) -> np.ndarray | torch.Tensor:
+        """The batch's rows: a float32 tensor on :attr:`device` (``device_rows``), else numpy."""
         marker = self._marker(variant)
 
         def lookup(context: tuple[int, ...], limit: int) -> tuple[int, list]:
@@ -273,13 +292,18 @@ class HFLM(BatchedLM):
             return sum(used for _, used in pieces), pieces
 
         rows = plan_rows(contexts, lookup)
-        out = np.empty((len(contexts), len(self.vocab)), dtype=np.float32)
+        groups = group_rows(rows, self.max_forward_tokens)
         with torch.inference_mode(), self._use_variant(variant):
-            for group in group_rows(rows, self.max_forward_tokens):
-                out[[row.index for row in group]] = self._forward(group, marker)
-        return out
+            results = [self._forward(group, marker) for group in groups]
+        order = [row.index for group in groups for row in group]
+        out = results[0] if len(results) == 1 else torch.cat(results)
+        if order != sorted(order):  # rows come grouped; put them back in request order
+            out = out[torch.tensor(order, device=out.device).argsort()]
+        # Core copies each row once either way (so a cached row owns its memory); on the CPU
+        # ``.numpy()`` is a view, elsewhere one transfer for the whole batch.
+        return out if self.device_rows else out.cpu().numpy()
 
-    def _forward(self, rows: list[Row], marker: int) -> np.ndarray:
+    def _forward(self, rows: list[Row], marker: int) -> torch.Tensor:
         """One padded forward pass over rows with cached pasts; stores their new KV."""
         past, new = max(r.past for r in rows), max(r.new for r in rows)
         buffer, resident = self._batch_buffer(rows, marker, past, new)
@@ -303,7 +327,7 @@ class HFLM(BatchedLM):
         logits = output.logits[:, -1, : len(self.vocab)]
         # Normalize in at least float32 (bf16 logits would lose small probabilities).
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        logprobs = torch.log_softmax(logits, dim=-1).float().cpu().numpy()
+        logprobs = torch.log_softmax(logits, dim=-1).float()
         for i, row in enumerate(rows):
             self.kv.store(marker, row, lambda start, i=i: batch.row_kv(i, start))
         if self._buffer is not None and buffer.data_ptr() == self._buffer.data_ptr():
