@@ -96,3 +96,93 @@ def test_grouped_rows_come_back_in_request_order(loaded, check):
                 check(model, context, row)
         finally:
             lm.close()
+
+
+# ---- attention kernels and KV length buckets (issue 14.3) ------------------------------
+
+
+class _Recorder:
+    """Wraps a model: records each forward's attention-mask width and SDPA kernel flags."""
+
+    def __init__(self, model):
+        self.model = model
+        self.widths: list[int] = []
+        self.flags: list[tuple[bool, bool]] = []
+
+    def __call__(self, *args, **kwargs):
+        self.widths.append(kwargs["attention_mask"].shape[1])
+        cuda = torch.backends.cuda
+        self.flags.append((cuda.flash_sdp_enabled(), cuda.math_sdp_enabled()))
+        return self.model(*args, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["stories260K-fp64", "tiny-llama-fp64"])
+def test_bucketed_kv_lengths_match_full_forward(loaded, check, name):
+    """SMC steps attend over KV lengths rounded up to the bucket (masked extra columns): the
+    shapes repeat while contexts grow, pasts stay resident, rows equal a full forward."""
+    model, tok = loaded(name)
+    lm = HFLM(model, tok, cache_bytes=0, kv_length_multiple=16)
+    recorder = lm.model = _Recorder(model)
+    rng = np.random.default_rng(3)
+    particles = [[1, *rng.integers(3, 200, 10).tolist()] for _ in range(3)]
+    try:
+        for _ in range(20):
+            rows = lm.batch_next_token_logprobs_sync(particles)
+            for particle, row in zip(particles, rows):
+                check(model, particle, row)
+                particle.append(int(rng.integers(3, 200)))
+    finally:
+        lm.close()
+    assert all(w % 16 == 0 for w in recorder.widths)
+    # Contexts of 11..30 tokens: KV lengths 11..30 fall in two buckets, 16 and 32.
+    assert sorted(set(recorder.widths)) == [16, 32]
+    assert lm.kv_stats["resident_rows"] >= 3 * 18
+
+
+def test_cpu_defaults_keep_exact_lengths_and_torch_kernels(loaded):
+    lm = make(loaded)
+    try:
+        assert lm.kv_length_multiple == 1 and lm.sdpa_backends is None
+        recorder = lm.model = _Recorder(lm.model)
+        lm.next_token_logprobs_sync([1, 2, 3, 4, 5])
+        assert recorder.widths == [5]
+    finally:
+        lm.close()
+
+
+def test_cuda_default_never_picks_cudnn():
+    from torch.nn.attention import SDPBackend
+
+    from genlm.backends.hf._model import _default_sdpa_backends
+
+    chosen = _default_sdpa_backends(torch.device("cuda"))
+    assert chosen[0] == SDPBackend.EFFICIENT_ATTENTION
+    assert SDPBackend.CUDNN_ATTENTION not in chosen and SDPBackend.MATH in chosen
+    assert _default_sdpa_backends(torch.device("cpu")) is None
+
+
+def test_sdpa_backends_hold_during_the_forward_only(loaded, check):
+    """``sdpa_backends=("math",)`` disables the other kernels while the model runs (and the
+    rows stay exact); torch's flags are restored afterwards."""
+    model, _ = loaded("stories260K-fp64")
+    before = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
+    lm = make(loaded, sdpa_backends=("math",))
+    recorder = lm.model = _Recorder(model)
+    try:
+        row = lm.next_token_logprobs_sync([1, 403, 407, 29])
+        check(model, (1, 403, 407, 29), row)
+    finally:
+        lm.close()
+    assert recorder.flags == [(False, True)]
+    assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()) == (
+        before
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"sdpa_backends": ("cudnn", "fast")}, {"sdpa_backends": ()}, {"kv_length_multiple": 0}],
+)
+def test_bad_attention_options_raise(loaded, options):
+    with pytest.raises(ValueError, match="sdpa_backends|kv_length_multiple"):
+        make(loaded, **options)
