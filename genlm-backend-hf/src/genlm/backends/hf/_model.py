@@ -342,7 +342,9 @@ class HFLM(BatchedLM):
         self.kv_stats["resident_rows"] += len(resident)
         cache = BufferedCache(buffer, batch.past, columns)
         # The bucket's extra columns: masked here too (and by causality, see BufferedLayer).
-        mask = torch.nn.functional.pad(batch.attention_mask, (0, columns - past - new))
+        mask = batch.attention_mask
+        if columns > past + new:
+            mask = torch.nn.functional.pad(mask, (0, columns - past - new))
         kwargs = {"logits_to_keep": 1} if self._keeps_last_logits else {}
         with self._attention_kernels():
             output = self.model(
