@@ -37,12 +37,13 @@ def rows_of(lm: HFLM, contexts, output: str):
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_rows_equal_numpy_rows_equal_full_forward(loaded, check, device):
     model, _ = loaded("stories260K-fp64")
-    on_device, on_host = make(loaded, device, device_rows=True), make(loaded, device)
+    on_device, default = make(loaded, device, device_rows=True), make(loaded, device)
+    on_host = make(loaded, device, device_rows=False)
     try:
         assert on_device.device_rows and on_device.device.type == device
-        assert on_host.device_rows is (device != "cpu")  # the default: torch rows off the CPU
+        assert default.device_rows is (device != "cpu")  # the default: torch rows off the CPU
         torch_rows = rows_of(on_device, CONTEXTS, "torch")
-        numpy_rows = rows_of(make(loaded, device, device_rows=False), CONTEXTS, "numpy")
+        numpy_rows = rows_of(on_host, CONTEXTS, "numpy")
         for context, t, n in zip(CONTEXTS, torch_rows, numpy_rows):
             assert isinstance(t, torch.Tensor) and t.device.type == device
             assert t.dtype == torch.float32 and t.shape == (len(on_device.vocab),)
@@ -55,8 +56,8 @@ def test_torch_rows_equal_numpy_rows_equal_full_forward(loaded, check, device):
             assert isinstance(a, np.ndarray) and not a.flags.writeable
             np.testing.assert_array_equal(a, n)
     finally:
-        on_device.close()
-        on_host.close()
+        for lm in (on_device, default, on_host):
+            lm.close()
         model.to("cpu")
 
 
