@@ -41,6 +41,11 @@ class ByteLM(ByteModel):
             rows (costly on big models) for fewer forward passes (what small ones cost).
         close_lm: close ``lm`` in :meth:`aclose` (for a model this object loaded).
         verbose: log each new beam (logger ``genlm.bytes._beam``, level INFO).
+        device_rows: ask ``lm`` for torch rows (``output="torch"``) and compute their trie
+            masses on the rows' device (float64, the trie's torch kernel); the beam then
+            reads only the entries it needs (a node's mass, a few tokens' log-probabilities,
+            the next-byte distribution), never a whole row. None (default): when ``lm`` keeps
+            its rows on a device (its ``device_rows`` attribute: ``HFLM`` on a GPU).
 
     Raises:
         ValueError: ``K < 1``, ``prune_threshold`` outside [0, 1), a negative

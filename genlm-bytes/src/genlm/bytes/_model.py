@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, Self, TypeVar
 
@@ -71,6 +72,7 @@ class ByteModel:
         lookahead: int = 1,
         close_lm: bool = False,
         verbose: bool = False,
+        device_rows: bool | None = None,
     ):
         if K is not None and K < 1:
             raise ValueError(f"K must be a positive beam width or None, got {K}")
@@ -95,6 +97,12 @@ class ByteModel:
         self.lookahead = lookahead
         self.close_lm = close_lm
         self.verbose = verbose
+        #: Whether rows are asked for as torch tensors (``output="torch"``) and their masses
+        #: computed on the rows' device (``_device``). None: when the LM keeps its rows on a
+        #: device (its ``device_rows`` attribute, e.g. ``HFLM`` on a GPU).
+        self.device_rows = (
+            bool(getattr(lm, "device_rows", False)) if device_rows is None else device_rows
+        )
 
         vocab = lm.vocab
         tokens = vocab.tokens
@@ -208,6 +216,8 @@ class ByteModel:
             other = self.cache.get((ctx, eos_mode), touch=False)
             if other is not None:
                 return other.lm_row
+        if self.device_rows:
+            return await self.lm.next_token_logprobs(ctx, output="torch")
         return await self.lm.next_token_logprobs(ctx)
 
     def masked_ids(self, eos_mode: bool) -> np.ndarray:
@@ -225,15 +235,20 @@ class ByteModel:
         """
         return self._text_eos if eos_mode else self._text_eos[:0]
 
-    def _masses(self, row: np.ndarray, eos_mode: bool) -> NextTokens:
-        lp = np.asarray(row, dtype=np.float64)
+    def _masses(self, row: Any, eos_mode: bool) -> NextTokens:
         masked = self.masked_ids(eos_mode)
-        log_eos = -np.inf
-        if len(masked):
-            log_eos = logsumexp(lp[masked])
-            lp = lp.copy()
-            lp[masked] = -np.inf
-        mass = self.trie.log_weight_sum(lp)
+        if _is_torch(row):  # device rows: masked and reduced where they lie
+            from genlm.bytes._device import masked_log_masses
+
+            lp, mass, log_eos = masked_log_masses(self.trie, row, masked)
+        else:
+            lp = np.asarray(row, dtype=np.float64)
+            log_eos = -np.inf
+            if len(masked):
+                log_eos = logsumexp(lp[masked])
+                lp = lp.copy()
+                lp[masked] = -np.inf
+            mass = self.trie.log_weight_sum(lp)
         if eos_mode and self.trie.eos_node is not None:
             log_eos = float(np.logaddexp(log_eos, mass[self.trie.eos_node]))
         return NextTokens(row, lp, mass, log_eos)
@@ -290,6 +305,12 @@ class ByteModel:
             f"<{type(self).__name__} over {self.lm!r} K={self.K} "
             f"prune_threshold={self.prune_threshold} eos_ids={list(self.eos_ids)}>"
         )
+
+
+def _is_torch(x: object) -> bool:
+    """Whether ``x`` is a torch tensor (never imports torch: without it, none can exist)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _eos_ids(vocab: Any, eos: Sequence[bytes] | None) -> tuple[int, ...]:

@@ -81,7 +81,7 @@ class LazyTrieState:
         """
         if self.candidate.next is None:
             raise ValueError("State is not yet materialized.")
-        return self.candidate.next.mass
+        return np.asarray(self.candidate.next.mass)  # a device vector crosses here, whole
 
     def actions(self) -> dict[int, int]:
         """Where each next byte leads inside the partial token.

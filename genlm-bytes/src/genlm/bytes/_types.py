@@ -30,6 +30,10 @@ class NextTokens:
             node ``v`` (float64, exact in log space), from :attr:`logp`.
         log_eos: log-probability that the next token is an EOS token (-inf while
             prefilling, where EOS tokens spelled by bytes count as text).
+
+    With device rows (``ByteLM(device_rows=True)``) ``lm_row`` is the LM's torch tensor and
+    ``logp`` and ``mass`` are ``genlm.bytes._device.DeviceVector`` objects on its device: indexed
+    like these arrays, each read copies only the indexed entries to the host.
     """
 
     lm_row: np.ndarray

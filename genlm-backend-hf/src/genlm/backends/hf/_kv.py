@@ -185,27 +185,38 @@ class KVStore:
 
 
 class BufferedLayer(DynamicLayer if DynamicLayer is not None else object):
-    """A cache layer over preallocated ``[B, H, past + new, D]`` tensors, filled in place.
+    """A cache layer over preallocated ``[B, H, columns, D]`` tensors, filled in place.
 
     The past is already in the buffer; ``update`` writes the new keys and values after it
     instead of concatenating (which would copy the whole past once more per forward).
+
+    ``columns``: attend over at least this many columns (a length bucket, see
+    ``HFLM(kv_length_multiple=...)``). Columns after ``past + new`` lie after every query's
+    position, so the causal mask zeros them; they must hold finite values (0 * NaN is NaN).
     """
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, past: int):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, past: int, columns: int = 0):
         super().__init__()
         self.keys, self.values = keys, values
         self.dtype, self.device = keys.dtype, keys.device
         self.is_initialized = True
         self.length = past
+        self.columns = columns
 
     def update(self, key_states, value_states, *args, **kwargs):
         end = self.length + key_states.shape[-2]
-        if end > self.keys.shape[-2]:
-            raise RuntimeError(f"KV buffer of {self.keys.shape[-2]} positions overflowed to {end}")
+        width = max(end, self.columns)
+        if width > self.keys.shape[-2]:
+            raise RuntimeError(
+                f"KV buffer of {self.keys.shape[-2]} positions overflowed to {width}"
+            )
         self.keys[:, :, self.length : end].copy_(key_states)
         self.values[:, :, self.length : end].copy_(value_states)
         self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
+        return self.keys[:, :, :width], self.values[:, :, :width]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return max(self.length + query_length, self.columns), 0
 
     def get_seq_length(self) -> int:
         return self.length
@@ -214,8 +225,8 @@ class BufferedLayer(DynamicLayer if DynamicLayer is not None else object):
 class BufferedCache(DynamicCache):
     """A ``DynamicCache`` whose layers are :class:`BufferedLayer` views of one buffer."""
 
-    def __init__(self, buffer: torch.Tensor, past: int):
-        Cache.__init__(self, layers=[BufferedLayer(kv[0], kv[1], past) for kv in buffer])
+    def __init__(self, buffer: torch.Tensor, past: int, columns: int = 0):
+        Cache.__init__(self, layers=[BufferedLayer(kv[0], kv[1], past, columns) for kv in buffer])
 
 
 def layer_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -49,6 +49,26 @@ class HFLM(BatchedLM):
             tokenizer's, logit rows the model pads beyond it are dropped.
         kv_cache_bytes: byte budget of the KV cache (LRU-evicted; pinned prompts stay).
         max_forward_tokens: most padded new tokens in one forward pass.
+        device_rows: hand rows to core as float32 torch tensors on the model's device (no
+            host round trip: ``output="torch"`` callers get them without a copy, numpy
+            callers get one transfer per row). ``False``: rows cross to the host as numpy
+            arrays, as before. ``None`` (default): torch rows when the model is not on the
+            CPU. On the CPU numpy is kept by default: the numpy callers (genlm-bytes, the
+            trie, core's default) then pay nothing, where a torch row costs them a ~5 us
+            view per read; torch callers pay one row copy per read instead.
+        kv_length_multiple: attend over a KV length rounded up to a multiple of this (the
+            extra columns lie after every query, so the causal mask zeros them), so that
+            successive SMC steps, whose contexts grow by a token, run the same shapes: shape
+            caches (cuDNN plans, compiled kernels) are reused instead of rebuilt every step.
+            ``None`` (default): 64 off the CPU, 1 (exact lengths) on the CPU, where extra
+            columns are pure extra work and nothing is cached per shape.
+        sdpa_backends: the scaled-dot-product-attention kernels torch may use for this
+            model's forward passes, in priority order, from ``"efficient"``, ``"flash"``,
+            ``"math"``, ``"cudnn"`` (``torch.nn.attention.sdpa_kernel``; it matters for
+            models loaded with ``attn_implementation="sdpa"``, transformers' default).
+            ``None`` (default): on CUDA ``("efficient", "flash", "math")``, never cuDNN,
+            which builds a plan per new sequence length (measured ~70 ms per SMC step on
+            an H100, issue 14); elsewhere torch's own choice.
         **kwargs: scheduler and output-cache options of :class:`genlm.core.BatchedLM`;
             ``max_context_length`` defaults to the model's ``max_position_embeddings``
             (None where its configuration names no limit; pass None to lift it).
@@ -61,10 +81,16 @@ class HFLM(BatchedLM):
         *,
         kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
         max_forward_tokens: int = DEFAULT_MAX_FORWARD_TOKENS,
+        device_rows: bool | None = None,
+        kv_length_multiple: int | None = None,
+        sdpa_backends: Sequence[str] | None = None,
         **kwargs: Any,
     ):
         if max_forward_tokens < 1:
             raise ValueError(f"max_forward_tokens must be >= 1, got {max_forward_tokens}")
+        if kv_length_multiple is not None and kv_length_multiple < 1:
+            raise ValueError(f"kv_length_multiple must be >= 1, got {kv_length_multiple}")
+        backends = None if sdpa_backends is None else _sdpa_backends(sdpa_backends)
         vocab = Vocabulary.from_tokenizer(tokenizer)
         width = _logit_width(model)
         if width is not None and width < len(vocab):
@@ -103,6 +129,21 @@ class HFLM(BatchedLM):
                 self._adapters[name] = -2 - i
             self._active_lora = getattr(self._peft, "active_adapter", None)
         self.shape: KVShape = self.worker.call(self._probe)
+        #: Whether rows are handed to core as torch tensors on :attr:`device` (see
+        #: ``device_rows``); genlm-bytes reads it to keep its masses there too.
+        self.device_rows: bool = self.device.type != "cpu" if device_rows is None else device_rows
+        on_cpu = self.device.type == "cpu"
+        #: The KV length bucket (see ``kv_length_multiple``); 1 means exact lengths.
+        self.kv_length_multiple: int = kv_length_multiple or (1 if on_cpu else 64)
+        #: The attention kernels allowed, in priority order (None: torch's choice).
+        self.sdpa_backends: tuple[Any, ...] | None = (
+            backends if sdpa_backends is not None else _default_sdpa_backends(self.device)
+        )
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's KV lives and its rows are computed."""
+        return self.shape.device
 
     # ---- loading -------------------------------------------------------------------
 
@@ -268,7 +309,10 @@ class HFLM(BatchedLM):
 
     # ---- the forward pass ----------------------------------------------------------
 
-    def _logprobs_batch(self, contexts: list[tuple[int, ...]], variant: Hashable) -> np.ndarray:
+    def _logprobs_batch(
+        self, contexts: list[tuple[int, ...]], variant: Hashable
+    ) -> np.ndarray | torch.Tensor:
+        """The batch's rows: a float32 tensor on :attr:`device` (``device_rows``), else numpy."""
         marker = self._marker(variant)
 
         def lookup(context: tuple[int, ...], limit: int) -> tuple[int, list]:
@@ -276,37 +320,48 @@ class HFLM(BatchedLM):
             return sum(used for _, used in pieces), pieces
 
         rows = plan_rows(contexts, lookup)
-        out = np.empty((len(contexts), len(self.vocab)), dtype=np.float32)
+        groups = group_rows(rows, self.max_forward_tokens)
         with torch.inference_mode(), self._use_variant(variant):
-            for group in group_rows(rows, self.max_forward_tokens):
-                out[[row.index for row in group]] = self._forward(group, marker)
-        return out
+            results = [self._forward(group, marker) for group in groups]
+        order = [row.index for group in groups for row in group]
+        out = results[0] if len(results) == 1 else torch.cat(results)
+        if order != sorted(order):  # rows come grouped; put them back in request order
+            out = out[torch.tensor(order, device=out.device).argsort()]
+        # Core copies each row once either way (so a cached row owns its memory); on the CPU
+        # ``.numpy()`` is a view, elsewhere one transfer for the whole batch.
+        return out if self.device_rows else out.cpu().numpy()
 
-    def _forward(self, rows: list[Row], marker: int) -> np.ndarray:
+    def _forward(self, rows: list[Row], marker: int) -> torch.Tensor:
         """One padded forward pass over rows with cached pasts; stores their new KV."""
         past, new = max(r.past for r in rows), max(r.new for r in rows)
-        buffer, resident = self._batch_buffer(rows, marker, past, new)
-        batch = BatchInputs(rows, buffer, self._pad_id)
+        columns = -(-(past + new) // self.kv_length_multiple) * self.kv_length_multiple
+        buffer, resident = self._batch_buffer(rows, marker, past, new, columns)
+        batch = BatchInputs(rows, buffer[..., : past + new, :], self._pad_id)
         # The kept buffer is about to be overwritten (pasts, then new KV): forget what it
         # held now, so a forward that fails (e.g. out of memory) leaves no stale record.
         # Only a successful pass records its rows again.
         self._resident = None
         batch.fill_past(skip=resident)
         self.kv_stats["resident_rows"] += len(resident)
-        cache = BufferedCache(batch.buffer, batch.past)
+        cache = BufferedCache(buffer, batch.past, columns)
+        # The bucket's extra columns: masked here too (and by causality, see BufferedLayer).
+        mask = batch.attention_mask
+        if columns > past + new:
+            mask = torch.nn.functional.pad(mask, (0, columns - past - new))
         kwargs = {"logits_to_keep": 1} if self._keeps_last_logits else {}
-        output = self.model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            **kwargs,
-        )
+        with self._attention_kernels():
+            output = self.model(
+                input_ids=batch.input_ids,
+                attention_mask=mask,
+                position_ids=batch.position_ids,
+                past_key_values=cache,
+                use_cache=True,
+                **kwargs,
+            )
         logits = output.logits[:, -1, : len(self.vocab)]
         # Normalize in at least float32 (bf16 logits would lose small probabilities).
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        logprobs = torch.log_softmax(logits, dim=-1).float().cpu().numpy()
+        logprobs = torch.log_softmax(logits, dim=-1).float()
         for i, row in enumerate(rows):
             self.kv.store(marker, row, lambda start, i=i: batch.row_kv(i, start))
         if self._buffer is not None and buffer.data_ptr() == self._buffer.data_ptr():
@@ -318,24 +373,38 @@ class HFLM(BatchedLM):
         self.kv_stats["reused_tokens"] += sum(r.past for r in rows)
         return logprobs
 
+    def _attention_kernels(self) -> contextlib.AbstractContextManager:
+        """Restrict torch's attention kernels to :attr:`sdpa_backends` for one forward."""
+        if self.sdpa_backends is None:
+            return contextlib.nullcontext()
+        from torch.nn.attention import sdpa_kernel
+
+        return sdpa_kernel(list(self.sdpa_backends), set_priority=True)
+
     def _batch_buffer(
-        self, rows: list[Row], marker: int, past: int, new: int
+        self, rows: list[Row], marker: int, past: int, new: int, columns: int
     ) -> tuple[torch.Tensor, frozenset[int]]:
-        """The KV buffer view for a batch, and the rows whose past it already holds."""
+        """The KV buffer view for a batch (``columns`` wide), and the rows whose past it holds.
+
+        Columns after ``past + new`` (a length bucket) are attended but masked, so they must
+        be finite: a fresh buffer is zeroed there, a kept one holds earlier batches' KV.
+        """
         shape = self.shape
         b, t = len(rows), past + new
         kept = self._buffer
-        if kept is None or kept.shape[2] < b or kept.shape[4] < t:
+        if kept is None or kept.shape[2] < b or kept.shape[4] < columns:
             # Headroom in columns: contexts grow by a token per step, and a fresh buffer
             # costs page faults and loses the resident rows.
             rows_cap = max(b, 0 if kept is None else kept.shape[2])
-            dims = (shape.layers, 2, rows_cap, shape.kv_heads, t + max(64, t // 4), shape.head_dim)
+            width = max(columns, t + max(64, t // 4))
+            dims = (shape.layers, 2, rows_cap, shape.kv_heads, width, shape.head_dim)
             self._buffer = self._resident = None
+            empty = torch.empty if columns == t else torch.zeros
             if int(np.prod(dims)) * shape.dtype.itemsize > _KEEP_BUFFER_BYTES:
-                dims = (shape.layers, 2, b, shape.kv_heads, t, shape.head_dim)
-                return torch.empty(dims, dtype=shape.dtype, device=shape.device), frozenset()
-            kept = self._buffer = torch.empty(dims, dtype=shape.dtype, device=shape.device)
-        return kept[:, :, :b, :, :t], self._resident_rows(rows, marker, past)
+                dims = (shape.layers, 2, b, shape.kv_heads, columns, shape.head_dim)
+                return empty(dims, dtype=shape.dtype, device=shape.device), frozenset()
+            kept = self._buffer = empty(dims, dtype=shape.dtype, device=shape.device)
+        return kept[:, :, :b, :, :columns], self._resident_rows(rows, marker, past)
 
     def _resident_rows(self, rows: list[Row], marker: int, past: int) -> frozenset[int]:
         """Rows whose whole past sits, right-aligned at column ``past``, in the kept buffer.
@@ -361,6 +430,34 @@ class _Resident:
     marker: int
     rows: ResidentRows
     columns: int
+
+
+#: ``sdpa_backends`` names -> ``torch.nn.attention.SDPBackend`` member names.
+_SDPA_BACKENDS = {
+    "efficient": "EFFICIENT_ATTENTION",
+    "flash": "FLASH_ATTENTION",
+    "math": "MATH",
+    "cudnn": "CUDNN_ATTENTION",
+}
+
+
+def _sdpa_backends(names: Sequence[str]) -> tuple[Any, ...]:
+    """``SDPBackend`` members for ``names``; raises ``ValueError`` on unknown or no names."""
+    from torch.nn.attention import SDPBackend
+
+    if isinstance(names, str):
+        names = (names,)
+    unknown = [n for n in names if n not in _SDPA_BACKENDS]
+    if unknown or not names:
+        raise ValueError(
+            f"sdpa_backends must name some of {sorted(_SDPA_BACKENDS)}, got {list(names)!r}"
+        )
+    return tuple(getattr(SDPBackend, _SDPA_BACKENDS[n]) for n in names)
+
+
+def _default_sdpa_backends(device: torch.device) -> tuple[Any, ...] | None:
+    """On CUDA every kernel but cuDNN's (a plan per sequence length); elsewhere torch's choice."""
+    return _sdpa_backends(("efficient", "flash", "math")) if device.type == "cuda" else None
 
 
 def _is_peft(model: Any) -> bool:
