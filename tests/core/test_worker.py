@@ -119,6 +119,7 @@ class TestClose:
             """Runs close() on another thread just before the first call is queued."""
 
             triggered = False
+            closer: threading.Thread | None = None
 
             def put(self, item):
                 if isinstance(item, tuple) and not self.triggered:
@@ -126,6 +127,7 @@ class TestClose:
                     closer = threading.Thread(target=worker.close, kwargs={"wait": False})
                     closer.start()
                     closer.join(0.5)  # the fixed worker holds its lock: close waits for us
+                    CloseBeforePut.closer = closer
                 inner.put(item)
 
             def get(self):
@@ -136,6 +138,7 @@ class TestClose:
             assert within(5, worker.call, lambda: 7) == 7
         except ModelClosedError:
             pass
+        CloseBeforePut.closer.join(5)  # close() may still be waiting for the lock under load
         assert worker.closed
         worker.stopped.result(timeout=5)
         with pytest.raises(ModelClosedError):
