@@ -266,8 +266,10 @@ class ByteBeamState:
                 new = await heal(byte_lm, beam.candidates, self.eos_mode, byte)
             if not new:
                 raise UnreachableByteError(
-                    f"no candidate of the beam can produce byte {bytes([byte])!r} after "
-                    f"{_tail(self.data)}" + ("" if self.byte_lm.heal else " (healing is off)")
+                    # "Beam became empty" is genlm-bytes 0.2's wording, which clients match
+                    f"Beam became empty: no candidate of the beam can produce byte "
+                    f"{bytes([byte])!r} after {_tail(self.data)}"
+                    + ("" if self.byte_lm.heal else " (healing is off)")
                 )
             logger.debug("healed the beam to reach byte %r", bytes([byte]))
         state = ByteBeamState(self.byte_lm, new, self.data + bytes([byte]), self.eos_mode)
