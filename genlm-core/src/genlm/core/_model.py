@@ -258,8 +258,13 @@ class BatchedLM(abc.ABC):
             The row in the ``output`` form: float32, shape ``(len(vocab),)``.
 
         Raises:
-            InvalidContextError: bad token ids. ValueError: unknown ``variant`` or ``output``.
+            InvalidContextError: bad token ids (one longer than ``max_context_length``
+                included).
+            ValueError: unknown ``output``, or a ``variant`` on a model without variants.
+            KeyError: (hf) ``variant`` names no loaded adapter.
             ModelClosedError: the model is closed.
+            BackendError: the backend returned rows that are not normalized
+                log-probabilities of the vocabulary's width.
         """
         check_output(output)
         request = self._request(token_ids, variant)
@@ -291,7 +296,8 @@ class BatchedLM(abc.ABC):
         Raises:
             InvalidContextError: bad token ids (one longer than ``max_context_length``
                 included).
-            ValueError: unknown ``variant`` or ``output``.
+            ValueError: unknown ``output``, or a ``variant`` on a model without variants.
+            KeyError: (hf) ``variant`` names no loaded adapter.
             ModelClosedError: the model is closed.
             BackendError: the backend returned rows that are not normalized
                 log-probabilities of the vocabulary's width.
@@ -324,7 +330,8 @@ class BatchedLM(abc.ABC):
         Raises:
             InvalidContextError: bad token ids (one longer than ``max_context_length``
                 included).
-            ValueError: unknown ``variant`` or ``output``.
+            ValueError: unknown ``output``, or a ``variant`` on a model without variants.
+            KeyError: (hf) ``variant`` names no loaded adapter.
             ModelClosedError: the model is closed.
             BackendError: the backend returned rows that are not normalized
                 log-probabilities of the vocabulary's width.
@@ -358,7 +365,8 @@ class BatchedLM(abc.ABC):
         Raises:
             InvalidContextError: bad token ids (one longer than ``max_context_length``
                 included).
-            ValueError: unknown ``variant`` or ``output``.
+            ValueError: unknown ``output``, or a ``variant`` on a model without variants.
+            KeyError: (hf) ``variant`` names no loaded adapter.
             ModelClosedError: the model is closed.
             BackendError: the backend returned rows that are not normalized
                 log-probabilities of the vocabulary's width.
