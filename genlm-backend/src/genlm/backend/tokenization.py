@@ -62,12 +62,26 @@ class Token(bytes):
 
     @staticmethod
     def as_bytes(x: bytes) -> bytes:
-        """The plain bytes of a :class:`Token` (its ``byte_string``) or of any bytes object."""
+        """The plain bytes of a :class:`Token` (its ``byte_string``) or of any bytes object.
+
+        Args:
+            x: a :class:`Token` or any object ``bytes()`` accepts.
+
+        Returns:
+            A plain ``bytes`` object with the same bytes.
+        """
         return x.byte_string if isinstance(x, Token) else bytes(x)
 
     @staticmethod
     def is_plain_bytes(x: object) -> bool:
-        """Whether ``x`` is a ``bytes`` object that is not a :class:`Token`."""
+        """Whether ``x`` is a ``bytes`` object that is not a :class:`Token`.
+
+        Args:
+            x: any object.
+
+        Returns:
+            True for ``bytes`` (or a subclass other than :class:`Token`), else False.
+        """
         return isinstance(x, bytes) and not isinstance(x, Token)
 
 

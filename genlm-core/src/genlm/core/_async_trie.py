@@ -74,19 +74,71 @@ class AsyncTokenByteTrie:
         return await self.batcher.submit((operation, where, row))
 
     async def weight_sum(self, weights: np.ndarray) -> np.ndarray:
-        """:meth:`TokenByteTrie.weight_sum`, batched with concurrent calls."""
+        """:meth:`TokenByteTrie.weight_sum`, batched with concurrent calls.
+
+        Args:
+            weights: one weight per token id, shape ``(vocab_size,)``: a numpy array or
+                a torch tensor (then batched with the other calls on the same device).
+
+        Returns:
+            The row of :meth:`TokenByteTrie.weight_sum`: one float64 value per node, shape
+            ``(num_nodes,)`` (a tensor on the input's device for torch input).
+
+        Raises:
+            ValueError: ``weights`` is not one row of ``vocab_size`` values.
+            ModelClosedError: the trie was closed.
+        """
         return await self._submit("weight_sum", weights)
 
     async def weight_max(self, weights: np.ndarray) -> np.ndarray:
-        """:meth:`TokenByteTrie.weight_max`, batched with concurrent calls."""
+        """:meth:`TokenByteTrie.weight_max`, batched with concurrent calls.
+
+        Args:
+            weights: one weight per token id, shape ``(vocab_size,)``: a numpy array or
+                a torch tensor (then batched with the other calls on the same device).
+
+        Returns:
+            The row of :meth:`TokenByteTrie.weight_max`: one float64 value per node, shape
+            ``(num_nodes,)`` (a tensor on the input's device for torch input).
+
+        Raises:
+            ValueError: ``weights`` is not one row of ``vocab_size`` values.
+            ModelClosedError: the trie was closed.
+        """
         return await self._submit("weight_max", weights)
 
     async def log_weight_sum(self, logprobs: np.ndarray) -> np.ndarray:
-        """:meth:`TokenByteTrie.log_weight_sum`, batched with concurrent calls."""
+        """:meth:`TokenByteTrie.log_weight_sum`, batched with concurrent calls.
+
+        Args:
+            logprobs: one log-probability per token id, shape ``(vocab_size,)``: a numpy
+                array or a torch tensor (then batched with the other calls on the same device).
+
+        Returns:
+            The row of :meth:`TokenByteTrie.log_weight_sum`: one float64 value per node, shape
+            ``(num_nodes,)`` (a tensor on the input's device for torch input).
+
+        Raises:
+            ValueError: ``logprobs`` is not one row of ``vocab_size`` values.
+            ModelClosedError: the trie was closed.
+        """
         return await self._submit("log_weight_sum", logprobs)
 
     async def log_weight_max(self, logprobs: np.ndarray) -> np.ndarray:
-        """:meth:`TokenByteTrie.log_weight_max`, batched with concurrent calls."""
+        """:meth:`TokenByteTrie.log_weight_max`, batched with concurrent calls.
+
+        Args:
+            logprobs: one log-probability per token id, shape ``(vocab_size,)``: a numpy
+                array or a torch tensor (then batched with the other calls on the same device).
+
+        Returns:
+            The row of :meth:`TokenByteTrie.log_weight_max`: one float64 value per node, shape
+            ``(num_nodes,)`` (a tensor on the input's device for torch input).
+
+        Raises:
+            ValueError: ``logprobs`` is not one row of ``vocab_size`` values.
+            ModelClosedError: the trie was closed.
+        """
         return await self._submit("log_weight_max", logprobs)
 
     async def aclose(self) -> None:

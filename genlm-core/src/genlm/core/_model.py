@@ -210,14 +210,17 @@ class BatchedLM(abc.ABC):
 
     @property
     def vocab(self) -> Vocabulary:
+        """The model's byte vocabulary; its length is the width of every row."""
         return self._vocab
 
     @property
     def byte_vocab(self) -> list[bytes]:
+        """The bytes of every token id, in id order (a fresh list on each access)."""
         return list(self._vocab.tokens)
 
     @property
     def tokenizer(self) -> Any:
+        """The tokenizer the model was built with, or None."""
         return self._tokenizer
 
     def _request(self, token_ids: Sequence[int], variant: Hashable = CURRENT_VARIANT) -> Request:
@@ -251,9 +254,17 @@ class BatchedLM(abc.ABC):
                 ``"torch"`` (a tensor on the device the backend computed it on; torch is
                 imported only then). See ``genlm.core._rows``.
 
+        Returns:
+            The row in the ``output`` form: float32, shape ``(len(vocab),)``.
+
         Raises:
-            InvalidContextError: bad token ids. ValueError: unknown ``variant`` or ``output``.
+            InvalidContextError: bad token ids (one longer than ``max_context_length``
+                included).
+            ValueError: unknown ``output``, or a ``variant`` on a model without variants.
+            KeyError: (hf) ``variant`` names no loaded adapter.
             ModelClosedError: the model is closed.
+            BackendError: the backend returned rows that are not normalized
+                log-probabilities of the vocabulary's width.
         """
         check_output(output)
         request = self._request(token_ids, variant)
@@ -269,7 +280,28 @@ class BatchedLM(abc.ABC):
         variant: Hashable = CURRENT_VARIANT,
         output: Output = "numpy",
     ) -> Any:
-        """The blocking twin of :meth:`next_token_logprobs` (same arguments)."""
+        """The blocking twin of :meth:`next_token_logprobs` (same arguments).
+
+        Runs the forward pass on the model's worker thread and blocks the calling thread
+        until it finishes (inside a coroutine it would stall the event loop).
+
+        Args:
+            token_ids: the context, at least one token id.
+            variant: as for :meth:`next_token_logprobs`.
+            output: ``"numpy"`` or ``"torch"``, as for :meth:`next_token_logprobs`.
+
+        Returns:
+            The row in the ``output`` form: float32, shape ``(len(vocab),)``.
+
+        Raises:
+            InvalidContextError: bad token ids (one longer than ``max_context_length``
+                included).
+            ValueError: unknown ``output``, or a ``variant`` on a model without variants.
+            KeyError: (hf) ``variant`` names no loaded adapter.
+            ModelClosedError: the model is closed.
+            BackendError: the backend returned rows that are not normalized
+                log-probabilities of the vocabulary's width.
+        """
         check_output(output)
         row = self._rows_sync([self._request(token_ids, variant)])[0]
         return as_output(row, output)
@@ -281,7 +313,29 @@ class BatchedLM(abc.ABC):
         variant: Hashable = CURRENT_VARIANT,
         output: Output = "numpy",
     ) -> Any:
-        """One row per context, shape ``(len(contexts), V)``; arguments as for one context."""
+        """One row per context, shape ``(len(contexts), V)``; arguments as for one context.
+
+        Every context is validated before any is computed; the rows are computed
+        concurrently, batched with other requests, each served from the cache when there.
+
+        Args:
+            contexts: the contexts, each at least one token id.
+            variant: as for :meth:`next_token_logprobs`, for every context.
+            output: ``"numpy"`` or ``"torch"``, as for :meth:`next_token_logprobs`.
+
+        Returns:
+            A new float32 batch of shape ``(len(contexts), len(vocab))`` in the ``output``
+            form, row ``i`` for ``contexts[i]``.
+
+        Raises:
+            InvalidContextError: bad token ids (one longer than ``max_context_length``
+                included).
+            ValueError: unknown ``output``, or a ``variant`` on a model without variants.
+            KeyError: (hf) ``variant`` names no loaded adapter.
+            ModelClosedError: the model is closed.
+            BackendError: the backend returned rows that are not normalized
+                log-probabilities of the vocabulary's width.
+        """
         check_output(output)
         requests = [self._request(c, variant) for c in contexts]  # validate all first
         rows = await asyncio.gather(*(self._row(r) for r in requests))
@@ -294,7 +348,29 @@ class BatchedLM(abc.ABC):
         variant: Hashable = CURRENT_VARIANT,
         output: Output = "numpy",
     ) -> Any:
-        """The blocking twin of :meth:`batch_next_token_logprobs` (same arguments)."""
+        """The blocking twin of :meth:`batch_next_token_logprobs` (same arguments).
+
+        Rows missing from the cache are computed on the model's worker thread in batches
+        of at most ``max_batch_size``, blocking the calling thread until they finish.
+
+        Args:
+            contexts: the contexts, each at least one token id.
+            variant: as for :meth:`next_token_logprobs`, for every context.
+            output: ``"numpy"`` or ``"torch"``, as for :meth:`next_token_logprobs`.
+
+        Returns:
+            A new float32 batch of shape ``(len(contexts), len(vocab))`` in the ``output``
+            form, row ``i`` for ``contexts[i]``.
+
+        Raises:
+            InvalidContextError: bad token ids (one longer than ``max_context_length``
+                included).
+            ValueError: unknown ``output``, or a ``variant`` on a model without variants.
+            KeyError: (hf) ``variant`` names no loaded adapter.
+            ModelClosedError: the model is closed.
+            BackendError: the backend returned rows that are not normalized
+                log-probabilities of the vocabulary's width.
+        """
         check_output(output)
         rows = self._rows_sync([self._request(c, variant) for c in contexts])
         return stack_output(rows, len(self._vocab), output)
@@ -372,6 +448,16 @@ class BatchedLM(abc.ABC):
         :attr:`max_context_length`: the last token is drawn from a context of exactly
         that length, so at most ``max_context_length + 1 - len(prompt)`` tokens come back.
 
+        Args:
+            prompt_token_ids: the prompt, at least one token id.
+            max_tokens: the most new tokens to draw.
+            eos_token_ids: the tokens that end sampling; None for ``vocab.eos_token_ids``.
+            temperature: divides the log-probabilities before drawing; 0 is greedy.
+            seed: seeds the draws; None draws fresh entropy.
+
+        Returns:
+            The new token ids, without the prompt.
+
         Raises:
             TypeError, ValueError: bad ``max_tokens`` or ``temperature`` (see
                 :func:`~genlm.core._sampling.check_sampling_args`), checked before any work.
@@ -410,6 +496,23 @@ class BatchedLM(abc.ABC):
         """:meth:`sample` for each prompt, concurrently; prompt ``i`` gets its own seed stream.
 
         Every argument and prompt is checked before any sampling starts.
+
+        Args:
+            prompts: the prompts, each at least one token id.
+            max_tokens: the most new tokens to draw per prompt.
+            eos_token_ids: the tokens that end sampling; None for ``vocab.eos_token_ids``.
+            temperature: divides the log-probabilities before drawing; 0 is greedy.
+            seed: seeds the streams (``numpy.random.SeedSequence(seed).spawn``); None
+                draws fresh entropy.
+
+        Returns:
+            The new token ids of each prompt, in prompt order.
+
+        Raises:
+            TypeError, ValueError: bad ``max_tokens`` or ``temperature``, checked before
+                any work.
+            InvalidContextError: a bad prompt (one longer than ``max_context_length``
+                included).
         """
         check_sampling_args(max_tokens, temperature)
         for prompt in prompts:

@@ -90,7 +90,16 @@ class ResidentRows:
         return len(self.contexts)
 
     def row(self, tokens: Sequence[int], max_length: int) -> int | None:
-        """The row holding the longest ``tokens[:n]`` with ``n <= max_length``, or None."""
+        """The row holding the longest ``tokens[:n]`` with ``n <= max_length``, or None.
+
+        Args:
+            tokens: the context whose held prefixes are looked up.
+            max_length: the longest prefix length considered.
+
+        Returns:
+            The index of the row holding the longest such prefix, or None when no row
+            holds any.
+        """
         for length in self._lengths:
             if length <= max_length:
                 row = self._rows.get(tuple(tokens[:length]))
@@ -99,7 +108,17 @@ class ResidentRows:
         return None
 
     def holds(self, i: int, context: Sequence[int], past: int) -> bool:
-        """Whether row ``i`` holds exactly ``context[:past]`` (a row extending its own slot)."""
+        """Whether row ``i`` holds exactly ``context[:past]`` (a row extending its own slot).
+
+        Args:
+            i: the row index; an index past the last row holds nothing.
+            context: the context to be computed.
+            past: how many leading tokens of ``context`` the row must hold.
+
+        Returns:
+            True when row ``i`` holds a context of length ``past`` equal to
+            ``context[:past]``.
+        """
         held = self.contexts[i] if i < len(self.contexts) else None
         return held is not None and len(held) == past and tuple(context[:past]) == held
 
@@ -109,6 +128,14 @@ class ResidentRows:
         The row holding a context's longest proper prefix is its source. None when some
         context extends no row, or when contexts add different numbers of tokens (rows that
         advance in place advance together).
+
+        Args:
+            contexts: the contexts of the next forward pass.
+
+        Returns:
+            ``(sources, new)``: ``sources[i]`` is the row whose context ``contexts[i]``
+            extends by ``new`` tokens (``([], 0)`` for no contexts); None when there is no
+            such plan.
         """
         sources, new = [], 0
         for context in contexts:
@@ -128,6 +155,13 @@ def group_equal(news: Sequence[int]) -> list[list[int]]:
 
     For backends whose rows of one forward must add the same number of tokens (no padding
     of new tokens, e.g. mlx's ``BatchKVCache``).
+
+    Args:
+        news: the number of new tokens of each row.
+
+    Returns:
+        Lists of indices into ``news``, one per distinct count, each in increasing order;
+        lists ordered by the first index at which their count appears.
     """
     groups: dict[int, list[int]] = {}
     for i, new in enumerate(news):

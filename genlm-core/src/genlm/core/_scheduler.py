@@ -166,6 +166,14 @@ class AutoBatcher(Generic[I, R]):
         Cancelling the returned future (or the task awaiting it) withdraws only this
         caller's interest.
 
+        Args:
+            item: the input to compute; with a ``key`` function, an item whose key is
+                already pending on this event loop is joined rather than computed again.
+
+        Returns:
+            A future, on the running event loop, of ``item``'s result (or of the exception
+            its batch raised).
+
         Raises:
             ModelClosedError: the batcher was closed.
         """

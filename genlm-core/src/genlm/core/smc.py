@@ -73,7 +73,14 @@ class SMCResult:
 
 
 def effective_sample_size(log_weights: np.ndarray) -> float:
-    """``1 / sum(w_i^2)`` for normalized weights, computed in log space."""
+    """``1 / sum(w_i^2)`` for normalized weights, computed in log space.
+
+    Args:
+        log_weights: the particles' unnormalized log-weights.
+
+    Returns:
+        The effective sample size, between 1 and ``len(log_weights)``.
+    """
     lw = log_weights - logsumexp(log_weights)
     return float(np.exp(-logsumexp(2 * lw)))
 
@@ -97,7 +104,18 @@ def forbid_bytes(byte_vocab: Sequence[bytes], forbidden: bytes) -> np.ndarray:
 
 
 def systematic_resample(log_weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Indices of the particles to keep, by systematic resampling."""
+    """Indices of the particles to keep, by systematic resampling.
+
+    One uniform draw places ``n`` evenly spaced positions on the cumulative normalized
+    weights; particle ``i`` is kept once per position falling in its share.
+
+    Args:
+        log_weights: the particles' unnormalized log-weights, ``n`` of them.
+        rng: the source of the one uniform draw.
+
+    Returns:
+        ``n`` particle indices in non-decreasing order.
+    """
     n = len(log_weights)
     w = np.exp(log_weights - logsumexp(log_weights))
     positions = (rng.random() + np.arange(n)) / n

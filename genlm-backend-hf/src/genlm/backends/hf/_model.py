@@ -165,11 +165,21 @@ class HFLM(BatchedLM):
         Args:
             model_id: what ``from_pretrained`` takes; passed through ``resolve_model_path``.
             hf_opts: extra keyword arguments for ``AutoModelForCausalLM.from_pretrained``.
-            load_in_8bit, load_in_4bit: bitsandbytes quantization (needs ``bitsandbytes``).
+            load_in_8bit: load the weights quantized to 8 bits with bitsandbytes (needs
+                ``bitsandbytes``; the model is then placed by ``device_map``).
+            load_in_4bit: the same with 4 bits; at most one of the two may be set.
             device: where the model runs; default ``cuda`` if available, else ``cpu``.
             dtype: weight dtype, ``"auto"`` keeps the checkpoint's.
             kv_cache_bytes: byte budget of the KV cache.
-            **kwargs: options of :class:`HFLM` and :class:`genlm.core.BatchedLM`.
+            **kwargs: options of :class:`HFLM` and :class:`genlm.core.BatchedLM`; ``name``
+                defaults to ``model_id``.
+
+        Returns:
+            The loaded model.
+
+        Raises:
+            ValueError: both ``load_in_8bit`` and ``load_in_4bit`` are set.
+            ImportError: quantization was asked for and ``bitsandbytes`` is not installed.
         """
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -220,7 +230,17 @@ class HFLM(BatchedLM):
     # ---- LoRA ------------------------------------------------------------------------
 
     def add_lora(self, path: str, name: str) -> None:
-        """Load the peft adapter saved at ``path`` under ``name`` (it does not become active)."""
+        """Load the peft adapter saved at ``path`` under ``name`` (it does not become active).
+
+        Args:
+            path: the directory the adapter was saved to (what
+                ``PeftModel.from_pretrained`` takes).
+            name: the adapter's name, for :meth:`set_lora` and ``variant=``.
+
+        Raises:
+            ImportError: ``peft`` is not installed.
+            ValueError: an adapter named ``name`` is already loaded.
+        """
         if importlib.util.find_spec("peft") is None:
             raise ImportError("LoRA adapters need peft: pip install 'genlm-backend-hf[lora]'")
         if name in self._adapters:
@@ -238,7 +258,14 @@ class HFLM(BatchedLM):
         self._adapters[name] = -2 - len(self._adapters)
 
     def set_lora(self, name: str) -> None:
-        """Make adapter ``name`` active for the requests made from now on."""
+        """Make adapter ``name`` active for the requests made from now on.
+
+        Args:
+            name: the name a loaded adapter was given by :meth:`add_lora`.
+
+        Raises:
+            KeyError: no adapter named ``name`` is loaded.
+        """
         if name not in self._adapters:
             raise KeyError(f"no LoRA adapter named {name!r}; loaded: {sorted(self._adapters)}")
         self._active_lora = name
@@ -249,6 +276,7 @@ class HFLM(BatchedLM):
 
     @property
     def active_lora(self) -> str | None:
+        """The name of the adapter new requests use, or None for the base model."""
         return self._active_lora
 
     def _variant(self) -> Hashable:
@@ -279,7 +307,19 @@ class HFLM(BatchedLM):
     # ---- KV cache management -------------------------------------------------------
 
     def cache_kv(self, prompt_token_ids: Sequence[int]) -> None:
-        """Compute and pin the KV of a prompt under the active adapter (never evicted)."""
+        """Compute and pin the KV of a prompt under the active adapter (never evicted).
+
+        Blocks until the prompt's KV is computed (when not already cached) and pinned;
+        :meth:`clear_kv_cache` unpins it.
+
+        Args:
+            prompt_token_ids: the prompt, at least one token id.
+
+        Raises:
+            InvalidContextError: bad token ids.
+            ModelClosedError: the model is closed.
+            MemoryError: the prompt's KV does not fit in ``kv_cache_bytes``.
+        """
         variant, context = self._request(prompt_token_ids)
         self.worker.call(self._cache_kv, variant, context)
 

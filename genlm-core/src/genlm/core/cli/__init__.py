@@ -78,6 +78,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     A command's exception becomes one line on stderr and status 1 (``-v`` prints the
     traceback too); usage errors exit with status 2 through ``SystemExit``.
+
+    Args:
+        argv: the arguments after the program name; None reads ``sys.argv``.
+
+    Returns:
+        The exit status: the command's own, 1 when it raised, 2 when no command was
+        given (the help is printed), 130 on ``KeyboardInterrupt``.
+
+    Raises:
+        SystemExit: bad usage, or ``--help``, from :mod:`argparse`.
     """
     from genlm.core._registry import get_registry
 
