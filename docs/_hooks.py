@@ -4,6 +4,8 @@ Directives are HTML comments in ``docs/*.md`` (invisible if a page is read raw):
 
 * ``<!-- readme: HEADING -->`` is replaced by the README's level-2 section whose heading
   starts with HEADING (the heading line itself dropped). A missing section fails the build.
+* ``<!-- architecture: HEADING -->``: the same for a level-2 section of ARCHITECTURE.md
+  (the site shows users its Guarantees; the README links there, rewritten to this page).
 * ``<!-- readme-optional: HEADING | fallback text -->``: the same, or the fallback text
   while the README has no such section (for sections other work will add).
 * ``<!-- reference-if-exists: PATH | MODULE -->`` becomes ``::: MODULE`` (mkdocstrings)
@@ -30,9 +32,14 @@ RESULTS_ORDER = ["core", "trie", "hf", "bytes", "mlx", "vllm", "gpu"]
 _DIRECTIVE = re.compile(r"<!--\s*([a-z-]+):?\s*(.*?)\s*-->")
 
 
-def readme_section(heading: str) -> str | None:
-    """The body of the README's ``## HEADING...`` section, or None if there is none."""
-    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+#: Links from included README text to repository files that are not site pages, and where
+#: the site shows the same text.
+_LINK_REWRITES = {"](ARCHITECTURE.md#guarantees)": "](concepts.md#guarantees)"}
+
+
+def readme_section(heading: str, file: str = "README.md") -> str | None:
+    """The body of ``file``'s ``## HEADING...`` section, or None if there is none."""
+    lines = (ROOT / file).read_text(encoding="utf-8").splitlines()
     start = next(
         (i for i, line in enumerate(lines) if line.startswith(f"## {heading}")),
         None,
@@ -40,7 +47,10 @@ def readme_section(heading: str) -> str | None:
     if start is None:
         return None
     end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    return "\n".join(lines[start + 1 : end]).strip() + "\n"
+    body = "\n".join(lines[start + 1 : end]).strip() + "\n"
+    for old, new in _LINK_REWRITES.items():
+        body = body.replace(old, new)
+    return body
 
 
 def benchmark_includes() -> str:
@@ -74,6 +84,11 @@ def expand(kind: str, argument: str, page: str) -> str:
         if body is None:
             raise ValueError(f"{page}: README.md has no '## {argument}' section")
         return body
+    if kind == "architecture":
+        body = readme_section(argument, "ARCHITECTURE.md")
+        if body is None:
+            raise ValueError(f"{page}: ARCHITECTURE.md has no '## {argument}' section")
+        return body
     if kind == "readme-optional":
         heading, _, fallback = (part.strip() for part in argument.partition("|"))
         body = readme_section(heading)
@@ -100,6 +115,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001
     """Expand the directives of one page (MkDocs calls this before rendering it)."""
     known = {
         "readme",
+        "architecture",
         "readme-optional",
         "reference-if-exists",
         "snippet-if-exists",

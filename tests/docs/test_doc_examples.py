@@ -3,7 +3,9 @@
 A page's blocks run in order, as one script, in a fresh interpreter (as a reader pasting
 them would), so a later block may use what an earlier one defined. A block preceded by
 the line ``<!-- docs-test: skip -->`` is not run (for examples that need a GPU or a
-download); say why beside it. Text included from elsewhere (README sections, the
+download); say why beside it. A block preceded by ``<!-- file: PATH -->`` is a file of an
+example distribution, not a script: tests/docs/test_backend_author_page.py builds and tests
+those. Text included from elsewhere (README sections, the
 distributions' READMEs) is tested where it lives.
 """
 
@@ -18,7 +20,8 @@ import pytest
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 _BLOCK = re.compile(
-    r"^(?P<skip><!-- docs-test: skip -->\n)?```python\n(?P<code>.*?)^```$", re.M | re.S
+    r"^(?P<skip>(?:<!-- docs-test: skip -->|<!-- file: [^\n]*-->)\n)?```python\n(?P<code>.*?)^```$",
+    re.M | re.S,
 )
 
 
@@ -35,6 +38,7 @@ def test_the_block_finder_sees_blocks_and_skip_marks():
     text = (
         "x\n```python\na = 1\n```\n"
         "<!-- docs-test: skip -->\n```python\nb = 2\n```\n"
+        "<!-- file: src/x.py -->\n```python\nc = 3\n```\n"
         "```bash\nc\n```\n"
     )
     assert python_blocks(text) == ["a = 1\n"]

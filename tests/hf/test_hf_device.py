@@ -72,7 +72,11 @@ def test_torch_rows_are_not_copied(loaded):
         for a, b in zip(first, second):
             assert a.data_ptr() == b.data_ptr()
             assert a.untyped_storage().nbytes() == width * 4
-        assert lm.output_cache.nbytes == len(CONTEXTS) * width * 4
+        # one row of memory per cached entry (plus its key, which the cache also counts)
+        from genlm.core._output_cache import key_nbytes
+
+        keys = sum(key_nbytes((lm._variant(), tuple(c))) for c in CONTEXTS)
+        assert lm.output_cache.nbytes == len(CONTEXTS) * width * 4 + keys
         for t, n in zip(first, rows_of(lm, CONTEXTS, "numpy")):
             assert n.__array_interface__["data"][0] == t.data_ptr()
         batch = lm.batch_next_token_logprobs_sync(CONTEXTS, output="torch")
