@@ -114,7 +114,7 @@ def test_backend_torch_rows_of_the_wrong_shape_are_rejected():
 @pytest.mark.parametrize("bad", ["nan", "logits"])
 def test_backend_torch_rows_are_checked_like_numpy_rows(bad):
     """A torch batch holding NaN or raw logits fails with BackendError and is not cached."""
-    import torch
+    torch = pytest.importorskip("torch")
 
     from genlm.core import BackendError
 
