@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, Self, TypeVar
 
@@ -21,6 +20,7 @@ from genlm.bytes._dist import logsumexp
 from genlm.bytes._mass_cache import MassCache
 from genlm.bytes._types import NextTokens
 from genlm.core import TokenByteTrie
+from genlm.core._rows import is_torch as _is_torch
 
 logger = logging.getLogger(__name__)
 
@@ -305,12 +305,6 @@ class ByteModel:
             f"<{type(self).__name__} over {self.lm!r} K={self.K} "
             f"prune_threshold={self.prune_threshold} eos_ids={list(self.eos_ids)}>"
         )
-
-
-def _is_torch(x: object) -> bool:
-    """Whether ``x`` is a torch tensor (never imports torch: without it, none can exist)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _eos_ids(vocab: Any, eos: Sequence[bytes] | None) -> tuple[int, ...]:

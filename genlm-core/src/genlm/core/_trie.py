@@ -95,7 +95,6 @@ Special tokens
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -103,6 +102,8 @@ from functools import cached_property
 from typing import Literal
 
 import numpy as np
+
+from genlm.core._rows import is_torch as _is_torch
 
 try:
     from genlm.core import _trie_kernel
@@ -719,12 +720,6 @@ class TokenByteTrie:
             f"TokenByteTrie(vocab_size={self.vocab_size}, num_nodes={self.num_nodes}, "
             f"eos_node={self.eos_node})"
         )
-
-
-def _is_torch(x: object) -> bool:
-    """Whether ``x`` is a torch tensor (never imports torch: without it, none can exist)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _empty(shape: tuple[int, ...]) -> np.ndarray:
