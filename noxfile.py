@@ -192,7 +192,7 @@ CLIENTS = ["genlm-control==0.4.1", "llamppl==0.2.3"]
 CLIENT_DEPS = [
     *("arsenal", "IPython", "json-stream", "jsonschema[format-nongpl]", "regex", "lark"),
     *("interegular", "frozendict", "nltk", "graphviz", "pandas", "protobuf"),
-    *("pytest-asyncio", "pytest-mock", "pytest-benchmark", "hypothesis-jsonschema"),
+    *("pytest-asyncio", "pytest-mock", "pytest-benchmark", "hypothesis-jsonschema", "requests"),
     "hypothesis==6.130.13",  # genlm-control's pin: hypothesis-jsonschema fails on newer ones
 ]
 #: genlm-control statistics tests over mock potentials (no GenLM code runs in them) that take
