@@ -241,7 +241,7 @@ def clients(session: nox.Session) -> None:
     install_core(session, TRANSFORMERS, "./genlm-backend-hf", "./genlm-bytes", "./genlm-backend")
     session.install("--no-deps", *CLIENTS, "genlm-grammar==0.2.0")
     session.install(*CLIENT_DEPS)
-    tmp = session.create_tmp()
+    tmp = os.path.abspath(session.create_tmp())  # absolute: the suites run from their own dirs
     session.run("pip", "download", "-q", "--no-binary", ":all:", "--no-deps", *CLIENTS, "-d", tmp)
     cache = f"{tmp}/hub"
     session.run("python", "tests/clients/hub_cache.py", cache)
