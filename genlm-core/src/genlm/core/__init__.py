@@ -43,6 +43,7 @@ _EXPORTS = {
     "plan_rows": "_row_plan",
     "resolve_model_path": "_embedded",
     "set_trie_pool_limit": "_trie",
+    "check_sampling_args": "_sampling",
     "check_temperature": "_sampling",
     "validate_context": "_model",
 }
@@ -81,6 +82,7 @@ __all__ = [
     "plan_rows",
     "resolve_model_path",
     "set_trie_pool_limit",
+    "check_sampling_args",
     "check_temperature",
     "validate_context",
 ]
@@ -116,7 +118,7 @@ if _TYPE_CHECKING:
         group_padded,
         plan_rows,
     )
-    from genlm.core._sampling import check_temperature
+    from genlm.core._sampling import check_sampling_args, check_temperature
     from genlm.core._scheduler import AutoBatcher
     from genlm.core._trie import EOS_EDGE, TokenByteTrie, set_trie_pool_limit
     from genlm.core._vocab import Vocabulary, decode_vocab

@@ -419,15 +419,6 @@ class BatchedLM(abc.ABC):
         check_rows(*row_summary(out), expected[1], contexts, self._label())
         return [np.array(row) for row in out]  # own memory: cache accounting stays exact
 
-    @staticmethod
-    def _check_sampling_args(max_tokens: object, temperature: object) -> None:
-        """Core's check of ``sample`` arguments, for backends that sample natively.
-
-        Raises:
-            TypeError, ValueError: see :func:`~genlm.core._sampling.check_sampling_args`.
-        """
-        check_sampling_args(max_tokens, temperature)
-
     def _label(self) -> str:
         """Names the backend in error messages: class and model name."""
         return f"{type(self).__name__} {self.name!r}"

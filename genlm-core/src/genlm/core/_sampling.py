@@ -11,6 +11,13 @@ import numpy as np
 def check_sampling_args(max_tokens: object, temperature: object) -> None:
     """Reject sampling arguments that would silently misbehave, before any work is done.
 
+    One check for every sampler: core's ``sample``/``batch_sample``, ``smc``, and backends
+    that sample natively (vLLM).
+
+    Args:
+        max_tokens: the most tokens to draw.
+        temperature: the sampling temperature.
+
     Raises:
         TypeError: ``max_tokens`` is not an integer (``2.5``, ``True``, ``"3"``), or
             ``temperature`` is not a real number (or is a bool).

@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from genlm.core import BatchedLM, Vocabulary, resolve_model_path
+from genlm.core import BatchedLM, Vocabulary, check_sampling_args, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -447,7 +447,7 @@ class VLLMLM(BatchedLM):
         requests (see :meth:`_run`).
         """
         # Core's checks: NaN or inf temperatures and max_tokens=2.5 must not reach vLLM.
-        self._check_sampling_args(max_tokens, temperature)
+        check_sampling_args(max_tokens, temperature)
         requests = [self._request(p) for p in prompts]
         if max_tokens == 0 or not requests:
             return [[] for _ in requests]
