@@ -38,13 +38,15 @@ class Facade:
 
 @pytest.mark.parametrize("K", [1, 3, None])
 def test_seed_calls_give_bytelm_numbers(K):
-    """genlm-control's sequence of calls equals ByteLM's prefill/advance/logp_next."""
+    """genlm-control's sequence of calls equals ByteLM's with ``prune_on_step=False``
+    (pruning only where the caller asks), EOS strings that are text included."""
 
     async def scenario():
         async with MockLM(VOCAB) as lm:
             params = BeamParams(K=K, eos_byte_strings=[b"</s>", b"."])
             seed = await ByteBeamState.initial(Facade(lm), params)
-            own = await ByteLM(lm, K=K, eos=[b"</s>", b"."], heal_max_splits=None).initial((0,))
+            own_lm = ByteLM(lm, K=K, eos=[b"</s>", b"."], heal_max_splits=None, prune_on_step=False)
+            own = await own_lm.initial((0,))
             seed = await seed.prefill(b"ab.")
             own = await own.prefill(b"ab.")
             for b in b"ab.abc":
@@ -54,9 +56,100 @@ def test_seed_calls_give_bytelm_numbers(K):
                 np.testing.assert_allclose(ps[:256], normalized[:256], rtol=0, atol=1e-12)
                 assert ps[-1] == pytest.approx(normalized[EOS], abs=1e-12)
                 seed = await (seed.prune() << b)
-                own = await own.advance(b)
+                own = await own.prune().advance(b)
             assert len(seed) == len(own)
             await seed.cleanup()
+
+    run(scenario())
+
+
+class SeedBeam:
+    """genlm-bytes 0.2's documented beam algorithm, written out over the vocabulary (no
+    trie): the independent expectation for :func:`test_seed_beam_prunes_only_when_asked`.
+
+    A candidate is ``(context, partial bytes, log P(context))``; its weight adds the log
+    mass of the text tokens that start with the partial. ``<<`` moves every candidate and
+    every token boundary of the beam (the tokens equal to a partial) by the byte;
+    ``logp_next`` sums over the same candidates and boundaries, as they are (unpruned);
+    ``prune`` keeps the ``K`` heaviest. Only ``</s>`` ends the text (it spells no byte).
+    """
+
+    def __init__(self, lm, K, candidates):
+        self.lm, self.K, self.candidates = lm, K, candidates
+
+    def row(self, ctx):
+        return np.exp(np.asarray(self.lm.next_token_logprobs_sync(ctx), dtype=np.float64))
+
+    def mass(self, ctx, partial):
+        p = self.row(ctx)
+        return sum(p[t] for t in range(2, len(TOKENS)) if TOKENS[t].startswith(partial))
+
+    def weight(self, c):
+        ctx, partial, logp = c
+        with np.errstate(divide="ignore"):  # a partial no token continues: -inf, dropped
+            return logp + np.log(self.mass(ctx, partial)) if partial else logp
+
+    @property
+    def logZ(self):
+        return np.logaddexp.reduce([self.weight(c) for c in self.candidates])
+
+    def boundaries(self):
+        out = []
+        for ctx, partial, logp in self.candidates:
+            if partial:
+                p = self.row(ctx)
+                for t in range(2, len(TOKENS)):
+                    if TOKENS[t] == partial and p[t] > 0:
+                        out.append((ctx + (t,), b"", logp + np.log(p[t])))
+        return out
+
+    def shift(self, byte):
+        a = bytes([byte])
+        moved = [(ctx, partial + a, lp) for ctx, partial, lp in self.candidates if partial]
+        moved += [(ctx, a, lp) for ctx, partial, lp in self.candidates + self.boundaries()
+                  if not partial]
+        kept = [c for c in moved if self.weight(c) > -np.inf]
+        return SeedBeam(self.lm, self.K, kept)
+
+    def prune(self):
+        ranked = sorted(self.candidates, key=self.weight, reverse=True)
+        return SeedBeam(self.lm, self.K, ranked[: self.K] if self.K else ranked)
+
+    def next_symbol(self):
+        """P(next byte), then P(EOS), normalized over them."""
+        out = np.zeros(257)
+        for ctx, partial, logp in self.candidates + self.boundaries():
+            p = self.row(ctx)
+            for t in range(2, len(TOKENS)):
+                tok = TOKENS[t]
+                if len(tok) > len(partial) and tok.startswith(partial):
+                    out[tok[len(partial)]] += np.exp(logp) * p[t]
+            if not partial:
+                out[256] += np.exp(logp) * p[1]
+        return out / out.sum()
+
+
+@pytest.mark.parametrize("K", [1, 2, 3])
+def test_seed_beam_prunes_only_when_asked(K):
+    """``<<`` and ``logp_next`` of a 0.2-API state use every candidate it holds (up to a
+    step's boundaries more than ``K``), as genlm-bytes 0.2 documents; only ``prune``
+    drops. Checked step by step against :class:`SeedBeam`."""
+
+    async def scenario():
+        async with MockLM(VOCAB, seed=3) as lm:
+            state = await ByteBeamState.initial(lm, BeamParams(K=K, eos_tokens=[b"</s>"]))
+            expected = SeedBeam(lm, K, [((0,), b"", 0.0)])
+            grew = False
+            for b in b"abcab.ba":
+                state = await (state.prune() << b)
+                expected = expected.prune().shift(b)
+                grew |= len(state) > K
+                assert len(state) == len(expected.candidates)
+                assert state.logZ == pytest.approx(expected.logZ, abs=1e-9)
+                ps = (await state.logp_next()).ps
+                got = np.exp(np.concatenate([ps[:256], ps[257:]]))
+                np.testing.assert_allclose(got, expected.next_symbol(), rtol=1e-9, atol=1e-12)
+            assert grew  # the path makes the unpruned beam exceed K: the case at stake
 
     run(scenario())
 

@@ -70,7 +70,8 @@ class ByteBeamState:
     state.advance(b)`` (or ``await (state << b)``) returns the state after byte ``b``;
     ``await state.logp_next()`` gives the next symbol's distribution. Both work on the
     pruned beam (:meth:`prune`: the ``K`` heaviest candidates whose share of the mass is
-    above the threshold), so a step costs at most ``K`` LM contexts.
+    above the threshold), so a step costs at most ``K`` LM contexts; a model made with
+    ``prune_on_step=False`` (the genlm-bytes 0.2 API) leaves pruning to the caller.
 
     The methods that ask the token LM for rows raise its errors (e.g.
     ``InvalidContextError`` for a token id outside the vocabulary) inside an
@@ -198,7 +199,10 @@ class ByteBeamState:
     # ---- stepping ----------------------------------------------------------------------
 
     async def advance(self, byte: int) -> ByteBeamState:
-        """The state after one more byte (from the pruned beam); heals if the beam would empty.
+        """The state after one more byte; heals if the beam would empty.
+
+        From the pruned beam, or from this beam as it is when the model was made with
+        ``prune_on_step=False``.
 
         Args:
             byte: the byte value, 0..255.
@@ -211,10 +215,10 @@ class ByteBeamState:
             UnreachableByteError: no candidate reaches ``byte`` and healing failed or is off.
             ByteLMClosedError: the model was closed.
         """
-        return await self._advance(byte, only_survivors=False)
+        return await self._advance(byte, only_survivors=False, prune=self.byte_lm.prune_on_step)
 
     async def _advance(
-        self, byte: int, only_survivors: bool, upcoming: bytes = b""
+        self, byte: int, only_survivors: bool, upcoming: bytes = b"", prune: bool = True
     ) -> ByteBeamState:
         """:meth:`advance`; with ``only_survivors``, leave out the new candidates that the
         next step's :meth:`prune` surely drops, sparing their LM calls.
@@ -228,11 +232,13 @@ class ByteBeamState:
         token boundaries the next ``byte_lm.lookahead`` steps will likely need are then
         sent with this step's, so those steps usually find their LM rows cached and cost
         no forward pass.
+
+        ``prune``: step from the pruned beam (else from this beam as it is).
         """
         if isinstance(byte, bool) or not isinstance(byte, (int, np.integer)) or not 0 <= byte < 256:
             raise ValueError(f"expected a byte value 0..255, got {byte!r}")
         byte = int(byte)
-        beam = self.prune()
+        beam = self.prune() if prune else self
         byte_lm = self.byte_lm
         trie = byte_lm.trie
         root = trie.root
@@ -347,7 +353,8 @@ class ByteBeamState:
     async def logp_next(self) -> NextByteLogprobs:
         """Distribution of the next symbol (256 bytes, then EOS) given the bytes so far.
 
-        Computed on the pruned beam and normalized by its mass: exact conditionals when
+        Computed on the pruned beam (on this beam as it is, for a model made with
+        ``prune_on_step=False``) and normalized by its mass: exact conditionals when
         nothing is pruned. See :class:`NextByteLogprobs` for the representation.
 
         Returns:
@@ -357,7 +364,7 @@ class ByteBeamState:
         Raises:
             ByteLMClosedError: the model was closed.
         """
-        beam = self.prune()
+        beam = self.prune() if self.byte_lm.prune_on_step else self
         trie = self.byte_lm.trie
         symbols: list[np.ndarray] = []
         values: list[np.ndarray] = []
@@ -525,7 +532,7 @@ class ByteBeamState:
             if symbol == EOS:
                 return GeneratedBytes(bytes(out), state, True, total)
             out.append(symbol)
-            state = await state.advance(symbol)
+            state = await state.prune().advance(symbol)  # prunes once whatever the model's mode
         return GeneratedBytes(bytes(out), state, False, total)
 
     async def greedy(self, max_bytes: int) -> GeneratedBytes:

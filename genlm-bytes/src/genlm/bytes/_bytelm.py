@@ -46,6 +46,13 @@ class ByteLM(ByteModel):
             reads only the entries it needs (a node's mass, a few tokens' log-probabilities,
             the next-byte distribution), never a whole row. None (default): when ``lm`` keeps
             its rows on a device (its ``device_rows`` attribute: ``HFLM`` on a GPU).
+        prune_on_step: True (default): ``advance`` and ``logp_next`` work on the pruned
+            beam (:meth:`ByteBeamState.prune` first), so a step never holds more than ``K``
+            candidates. False: they work on the beam as it is, and the caller prunes with
+            ``prune()``, as in genlm-bytes 0.2 (whose API, e.g. genlm-control's ``ByteLLM``,
+            prunes before each byte and asks ``logp_next`` of the unpruned beam after it:
+            every candidate the byte produced counts, up to twice ``K``). Prefill prunes
+            before every byte either way.
 
     Raises:
         ValueError: ``K < 1``, ``prune_threshold`` outside [0, 1), a negative

@@ -73,6 +73,7 @@ class ByteModel:
         close_lm: bool = False,
         verbose: bool = False,
         device_rows: bool | None = None,
+        prune_on_step: bool = True,
     ):
         if K is not None and K < 1:
             raise ValueError(f"K must be a positive beam width or None, got {K}")
@@ -97,6 +98,7 @@ class ByteModel:
         self.lookahead = lookahead
         self.close_lm = close_lm
         self.verbose = verbose
+        self.prune_on_step = prune_on_step
         #: Whether rows are asked for as torch tensors (``output="torch"``) and their masses
         #: computed on the rows' device (``_device``). None: when the LM keeps its rows on a
         #: device (its ``device_rows`` attribute, e.g. ``HFLM`` on a GPU).

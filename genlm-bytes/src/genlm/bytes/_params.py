@@ -112,7 +112,8 @@ class BeamParams:
         Returns:
             ``K``, ``prune_threshold``, ``eos`` (the EOS strings, sorted), ``heal``,
             ``heal_max_backoff``, ``heal_max_splits`` and ``verbose``, by ``ByteLM``'s
-            names.
+            names, and ``prune_on_step=False``: genlm-bytes 0.2's beam prunes only when
+            asked.
         """
         return {
             "K": self.K,
@@ -122,4 +123,5 @@ class BeamParams:
             "heal_max_backoff": self.heal_max_backoff,
             "heal_max_splits": self.heal_max_splits,
             "verbose": self.verbose,
+            "prune_on_step": False,
         }

@@ -1,0 +1,64 @@
+"""GenLM's byte model equals the reference's where genlm-control's ``test_bytelm_smc`` walks.
+
+``GENLM_REFERENCE_PATH`` names a folder holding the reference (genlm-backend 0.3.1 and
+genlm-bytes 0.2.0, installed there with ``pip install --target``); ``nox -s clients`` sets it.
+``bytellm_path.py`` runs twice, once on GenLM and once with that folder first on the path, and
+every ``ByteLLM.logw_next`` row must agree: the same symbols, ``-inf`` at the same places, and
+finite values within float32 round-off of the model's logits.
+
+Why this test: that client test fails on the random-weight stand-in for GPT-2 (see
+genlm-backend/README.md). Equal rows show the failure is the stand-in model's, not GenLM's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REFERENCE = os.environ.get("GENLM_REFERENCE_PATH")
+SCRIPT = Path(__file__).with_name("bytellm_path.py")
+#: Both sides run the same float32 model; their byte masses are float64 sums of its rows.
+ATOL = 1e-4
+
+pytestmark = pytest.mark.skipif(
+    not REFERENCE, reason="GENLM_REFERENCE_PATH (the reference's --target folder) is not set"
+)
+
+
+def run(reference: str | None) -> dict:
+    """``bytellm_path.py``'s JSON, with ``reference`` first on ``PYTHONPATH`` when given."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if reference:
+        env["PYTHONPATH"] = reference
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_bytellm_rows_equal_the_reference():
+    """Every row along the path: same support, same values to ``ATOL``."""
+    ref_root = Path(REFERENCE).resolve()
+    ours, ref = run(None), run(str(ref_root))
+    # Each side really ran the implementation it names.
+    assert not Path(ours["bytes_module"]).resolve().is_relative_to(ref_root)
+    assert Path(ref["bytes_module"]).resolve().is_relative_to(ref_root)
+    assert len(ours["rows"]) == len(ref["rows"]) > 1
+    for mine, theirs in zip(ours["rows"], ref["rows"], strict=True):
+        assert mine["prefix"] == theirs["prefix"]
+        a = dict(zip(mine["symbols"], mine["logw"], strict=True))
+        b = dict(zip(theirs["symbols"], theirs["logw"], strict=True))
+        where = f"after prefix {bytes.fromhex(mine['prefix'])!r}"
+        assert a.keys() == b.keys(), where
+        assert {s for s, v in a.items() if v is None} == {s for s, v in b.items() if v is None}
+        worst = max(abs(a[s] - b[s]) for s in a if a[s] is not None)
+        assert worst <= ATOL, f"{where}: largest difference {worst:.3g}"
+        assert math.isfinite(a["EOS"]), where  # EOS is never lost: the client test needs it
