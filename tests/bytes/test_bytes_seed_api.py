@@ -106,8 +106,9 @@ class SeedBeam:
     def shift(self, byte):
         a = bytes([byte])
         moved = [(ctx, partial + a, lp) for ctx, partial, lp in self.candidates if partial]
-        moved += [(ctx, a, lp) for ctx, partial, lp in self.candidates + self.boundaries()
-                  if not partial]
+        moved += [
+            (ctx, a, lp) for ctx, partial, lp in self.candidates + self.boundaries() if not partial
+        ]
         kept = [c for c in moved if self.weight(c) > -np.inf]
         return SeedBeam(self.lm, self.K, kept)
 

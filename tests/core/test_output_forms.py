@@ -129,3 +129,25 @@ def test_backend_torch_rows_are_checked_like_numpy_rows(bad):
         lm.batch_next_token_logprobs_sync(CONTEXTS, output="torch")
     assert lm.output_cache.nbytes == 0
     lm.close()
+
+
+def test_uncached_rows_are_computed_fresh_and_left_out_of_the_cache():
+    """``next_token_logprobs_uncached`` runs the backend every time (a batch per call), never
+    answers from the cache nor fills it, and checks its context like every request."""
+    lm = MockLM(VOCAB)
+    for _ in range(2):
+        np.testing.assert_array_equal(
+            lm.next_token_logprobs_uncached(CONTEXTS[2]), expected(CONTEXTS[2])
+        )
+    assert lm.batches == [[tuple(CONTEXTS[2])]] * 2
+    assert lm.output_cache.get((None, tuple(CONTEXTS[2]))) is None
+    lm.next_token_logprobs_sync(CONTEXTS[2])  # cached now, and computed for that
+    assert len(lm.batches) == 3
+    assert lm.output_cache.get((None, tuple(CONTEXTS[2]))) is not None  # the key's form
+    lm.next_token_logprobs_uncached(CONTEXTS[2])
+    assert len(lm.batches) == 4  # the cached row was not used
+    with pytest.raises(InvalidContextError):
+        lm.next_token_logprobs_uncached([])
+    with pytest.raises(ValueError, match="output must be"):
+        lm.next_token_logprobs_uncached([0], output="jax")
+    lm.close()

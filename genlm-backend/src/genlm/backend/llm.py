@@ -19,7 +19,6 @@ import torch
 
 from genlm.backend.tokenization import decode_vocab, vocab_lists
 from genlm.core import BatchedLM, Vocabulary, resolve_model_path
-from genlm.core._rows import as_output
 
 
 class AsyncLM(ABC):
@@ -198,10 +197,9 @@ class _CoreBacked(AsyncLM):
         The backend still resumes from its KV cache where it has one (the result equals a
         full forward up to float rounding); use :meth:`clear_kv_cache` first to avoid that.
         """
-        core = self.core_lm
-        request = core._request(token_ids, **self._variant(lora_name))
-        (row,) = core.worker.call(core._run_requests, [request])
-        return as_output(row, "torch")
+        return self.core_lm.next_token_logprobs_uncached(
+            token_ids, output="torch", **self._variant(lora_name)
+        )
 
     def clear_cache(self) -> None:
         """Forget cached rows and the backend's unpinned KV (prompts pinned by cache_kv stay)."""

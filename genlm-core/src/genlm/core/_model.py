@@ -306,6 +306,41 @@ class BatchedLM(abc.ABC):
         row = self._rows_sync([self._request(token_ids, variant)])[0]
         return as_output(row, output)
 
+    def next_token_logprobs_uncached(
+        self,
+        token_ids: Sequence[int],
+        *,
+        variant: Hashable = CURRENT_VARIANT,
+        output: Output = "numpy",
+    ) -> Any:
+        """A fresh row, computed now: the output cache is neither read nor filled.
+
+        For checks of the backend itself (e.g. that cached rows equal fresh ones). It runs
+        on the model's worker thread like any batch, blocking the calling thread; the
+        backend may still resume from its own KV cache (the row then equals a full
+        forward up to float rounding).
+
+        Args:
+            token_ids: the context, at least one token id.
+            variant: as for :meth:`next_token_logprobs`.
+            output: ``"numpy"`` or ``"torch"``, as for :meth:`next_token_logprobs`.
+
+        Returns:
+            The row in the ``output`` form: float32, shape ``(len(vocab),)``.
+
+        Raises:
+            InvalidContextError: bad token ids (one longer than ``max_context_length``
+                included).
+            ValueError: unknown ``output``, or a ``variant`` on a model without variants.
+            KeyError: (hf) ``variant`` names no loaded adapter.
+            ModelClosedError: the model is closed.
+            BackendError: the backend returned rows that are not normalized
+                log-probabilities of the vocabulary's width.
+        """
+        check_output(output)
+        (row,) = self.worker.call(self._run_requests, [self._request(token_ids, variant)])
+        return as_output(row, output)
+
     async def batch_next_token_logprobs(
         self,
         contexts: Sequence[Sequence[int]],
