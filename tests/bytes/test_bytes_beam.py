@@ -258,3 +258,24 @@ def test_byte_sampling_checks_the_temperature_like_core(temperature, error):
             await state.sample(3, seed=0, temperature=temperature)
 
     run(scenario())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sampling_stops_at_the_context_limit_keeping_its_bytes(seed):
+    """``sample`` stops where the next distribution would need a context over the model's
+    ``max_context_length`` (``logp_next`` would raise there), returning the bytes drawn:
+    the same ones an unlimited model draws first with the same seed."""
+
+    async def scenario():
+        async with MockLM(VOCAB, max_context_length=4) as short, MockLM(VOCAB) as free:
+            out = await (await ByteLM(short, K=None).initial()).sample(200, seed=seed)
+            assert out.at_limit and not out.eos and out.data
+            with pytest.raises(InvalidContextError, match="maximum of 4"):
+                await out.state.logp_next()
+            unlimited = await (await ByteLM(free, K=None).initial()).sample(200, seed=seed)
+            assert not unlimited.at_limit
+            assert unlimited.data.startswith(out.data)
+            short_again = await (await ByteLM(short, K=None).initial()).sample(1, seed=seed)
+            assert not short_again.at_limit  # one byte fits
+
+    run(scenario())

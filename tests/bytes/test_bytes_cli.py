@@ -38,3 +38,21 @@ def test_cli_shows_the_whole_prompt_and_explains_the_beam(capsys):
     n, expected_shares = asyncio.run(expected())
     assert size == n
     assert shares == [round(s, 4) for s in expected_shares[:8]]
+
+
+def test_cli_sample_stops_at_the_context_limit_and_prints_what_it_drew(capsys, monkeypatch):
+    """``--sample`` past the model's context limit prints the bytes drawn, then why it
+    stopped (it used to fail and lose them); a mock with a limit of 8 tokens stands in."""
+    plain = MockLM.from_name.__func__
+    monkeypatch.setattr(
+        MockLM,
+        "from_name",
+        classmethod(lambda cls, name, **kw: plain(cls, name, max_context_length=8, **kw)),
+    )
+    assert main(["bytes", "Once upon", "--backend", "mock", "--sample", "500", "--seed", "3"]) == 0
+    *_, sample, note = capsys.readouterr().out.strip().splitlines()
+    assert sample.startswith("Once upon") and len(sample) > len("Once upon")
+    stopped = re.fullmatch(
+        r"\(stopped after (\d+) bytes: the model's context limit, 8 tokens\)", note
+    )
+    assert stopped and int(stopped[1]) > 0

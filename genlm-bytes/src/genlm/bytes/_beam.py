@@ -55,12 +55,15 @@ class GeneratedBytes:
         eos: whether generation ended by drawing EOS.
         logp: log-probability of the choices, under the distributions they were drawn from
             (renormalized over bytes and EOS).
+        at_limit: whether generation stopped because the next byte's distribution needs a
+            token context longer than the token model's ``max_context_length``.
     """
 
     data: bytes
     state: ByteBeamState
     eos: bool
     logp: float
+    at_limit: bool = False
 
 
 class ByteBeamState:
@@ -504,7 +507,10 @@ class ByteBeamState:
 
         Each symbol is drawn from :meth:`logp_next` renormalized over bytes and EOS (see
         :meth:`NextByteLogprobs.sample`). The same seed gives the same bytes;
-        ``temperature=0`` is :meth:`greedy`.
+        ``temperature=0`` is :meth:`greedy`. It also stops, keeping what it drew
+        (``at_limit``), where the next byte's distribution would need a token context
+        longer than the token model's ``max_context_length`` (for one tokenization is
+        enough: its mass could not be counted).
 
         Args:
             max_bytes: most bytes to draw (0: none).
@@ -524,8 +530,11 @@ class ByteBeamState:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         rng = rng if rng is not None else np.random.default_rng(seed)
+        limit = getattr(self.byte_lm.lm, "max_context_length", None)
         state, out, total = self, bytearray(), 0.0
         for _ in range(max_bytes):
+            if limit is not None and not state._next_fits(limit):
+                return GeneratedBytes(bytes(out), state, False, total, at_limit=True)
             dist = await state.logp_next()
             symbol = dist.sample(rng, temperature)
             total += float(dist.normalized()[symbol])
@@ -534,6 +543,13 @@ class ByteBeamState:
             out.append(symbol)
             state = await state.prune().advance(symbol)  # prunes once whatever the model's mode
         return GeneratedBytes(bytes(out), state, False, total)
+
+    def _next_fits(self, limit: int) -> bool:
+        """Whether :meth:`logp_next` (and then :meth:`advance`) ask for no context over
+        ``limit`` tokens: the contexts are the beam's token boundaries, known without an
+        LM call."""
+        beam = self.prune() if self.byte_lm.prune_on_step else self
+        return all(len(context) <= limit for context, _ in beam._boundary_contexts())
 
     async def greedy(self, max_bytes: int) -> GeneratedBytes:
         """The most likely next symbol, repeatedly, up to ``max_bytes`` bytes or EOS.

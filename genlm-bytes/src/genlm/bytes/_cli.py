@@ -103,6 +103,11 @@ async def _main(args: argparse.Namespace) -> int:
             sys.stdout.write(args.prompt)
             sys.stdout.write(out.data.decode("utf-8", errors="replace"))
             sys.stdout.write(" <EOS>\n" if out.eos else "\n")
+            if out.at_limit:
+                print(
+                    f"(stopped after {len(out.data)} bytes: the model's context limit,"
+                    f" {lm.max_context_length} tokens)"
+                )
     return 0
 
 
