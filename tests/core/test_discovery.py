@@ -16,6 +16,7 @@ import uuid
 
 import attrs
 import pytest
+from support.plugins import plugin_module
 
 from genlm.core import (
     BackendNotFoundError,
@@ -211,26 +212,9 @@ class TestAvailability:
     ):
         """The best backend's module exists but raises ImportError: warn, load the next one."""
         broken = make_module("raise ImportError('libcuda.so.1: cannot open shared object file')\n")
-        reg = Registry()
-        reg.register_plugins(
-            [
-                (
-                    "top",
-                    "genlm-backend-top",
-                    _in_memory_plugin(
-                        BackendSpec(
-                            name="top", loader=f"{broken}:load", distribution="d", priority=9
-                        )
-                    ),
-                ),
-                (
-                    "m",
-                    "genlm-backend-m",
-                    _in_memory_plugin(
-                        BackendSpec(name="m", loader=MOCK_LOADER, distribution="d", priority=1)
-                    ),
-                ),
-            ]
+        reg = _registry_of(
+            BackendSpec(name="top", loader=f"{broken}:load", distribution="d", priority=9),
+            BackendSpec(name="m", loader=MOCK_LOADER, distribution="d", priority=1),
         )
         monkeypatch.setattr(_registry, "_registry", reg)
         with pytest.warns(RuntimeWarning, match="'top' was chosen but importing .*libcuda"):
@@ -241,17 +225,8 @@ class TestAvailability:
     def test_no_fallback_when_the_backend_is_named(self, make_module, monkeypatch):
         """backend='top' whose module fails to import raises that error; nothing else loads."""
         broken = make_module("raise ImportError('no libcuda here')\n")
-        reg = Registry()
-        reg.register_plugins(
-            [
-                (
-                    "top",
-                    "genlm-backend-top",
-                    _in_memory_plugin(
-                        BackendSpec(name="top", loader=f"{broken}:load", distribution="d")
-                    ),
-                )
-            ]
+        reg = _registry_of(
+            BackendSpec(name="top", loader=f"{broken}:load", distribution="d"),
         )
         monkeypatch.setattr(_registry, "_registry", reg)
         with pytest.raises(ImportError, match="no libcuda here"):
@@ -260,26 +235,9 @@ class TestAvailability:
     def test_loader_errors_are_not_masked_by_fallback(self, make_module, monkeypatch):
         """A loader that imports fine but rejects the model raises; no other backend is tried."""
         picky = make_module("def load(model, **opts):\n    raise ValueError(f'no model {model}')\n")
-        reg = Registry()
-        reg.register_plugins(
-            [
-                (
-                    "top",
-                    "genlm-backend-top",
-                    _in_memory_plugin(
-                        BackendSpec(
-                            name="top", loader=f"{picky}:load", distribution="d", priority=9
-                        )
-                    ),
-                ),
-                (
-                    "m",
-                    "genlm-backend-m",
-                    _in_memory_plugin(
-                        BackendSpec(name="m", loader=MOCK_LOADER, distribution="d", priority=1)
-                    ),
-                ),
-            ]
+        reg = _registry_of(
+            BackendSpec(name="top", loader=f"{picky}:load", distribution="d", priority=9),
+            BackendSpec(name="m", loader=MOCK_LOADER, distribution="d", priority=1),
         )
         monkeypatch.setattr(_registry, "_registry", reg)
         with pytest.raises(ValueError, match="no model nope"):
@@ -288,17 +246,8 @@ class TestAvailability:
     def test_every_usable_backend_failing_to_import_is_not_found(self, make_module):
         """When each candidate fails to import, the error lists each failure."""
         broken = make_module("raise ImportError('gone')\n")
-        reg = Registry()
-        reg.register_plugins(
-            [
-                (
-                    "top",
-                    "genlm-backend-top",
-                    _in_memory_plugin(
-                        BackendSpec(name="top", loader=f"{broken}:load", distribution="d")
-                    ),
-                )
-            ]
+        reg = _registry_of(
+            BackendSpec(name="top", loader=f"{broken}:load", distribution="d"),
         )
         with (
             pytest.warns(RuntimeWarning),
@@ -326,13 +275,13 @@ class TestIsolation:
         reg = Registry()
         reg.register_plugins(
             [
-                ("exit", "d1", _in_memory_plugin(raises=SystemExit(1))),
-                ("gen", "d2", _in_memory_plugin(raises=GeneratorExit())),
+                ("exit", "d1", plugin_module("exit", raises=SystemExit(1))),
+                ("gen", "d2", plugin_module("gen", raises=GeneratorExit())),
                 (
                     "ok",
                     "d3",
-                    _in_memory_plugin(
-                        BackendSpec(name="ok", loader=MOCK_LOADER, distribution="d3")
+                    plugin_module(
+                        "ok", BackendSpec(name="ok", loader=MOCK_LOADER, distribution="d3")
                     ),
                 ),
             ]
@@ -372,20 +321,11 @@ class TestIsolation:
         assert "mock" in out and "broken plugin bye (genlm-backend-bye)" in out
 
 
-def _in_memory_plugin(*specs, raises=None):
-    """A plugin module object (not on disk) registering ``specs`` or raising ``raises``."""
-    import types
-
-    from genlm.core.hookspecs import hookimpl
-
-    module = types.ModuleType(f"plugin_{uuid.uuid4().hex[:8]}")
-
-    @hookimpl
-    def genlm_register_backends(register):
-        if raises is not None:
-            raise raises
-        for spec in specs:
-            register(spec)
-
-    module.genlm_register_backends = genlm_register_backends
-    return module
+def _registry_of(*specs: BackendSpec) -> Registry:
+    """A registry with one in-memory plugin per spec, named after the backend, from the
+    distribution ``genlm-backend-<name>``."""
+    reg = Registry()
+    reg.register_plugins(
+        [(s.name, f"genlm-backend-{s.name}", plugin_module(s.name, s)) for s in specs]
+    )
+    return reg

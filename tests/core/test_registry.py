@@ -8,6 +8,7 @@ import sys
 import types
 
 import pytest
+from support.plugins import plugin_module as plugin
 
 from genlm.core import (
     BackendNotFoundError,
@@ -21,21 +22,6 @@ from genlm.core.mock import MockLM
 
 #: The nox sessions install the plugin fixtures and set this, so their tests never skip there.
 REQUIRE_PLUGINS = os.environ.get("GENLM_REQUIRE_TEST_PLUGINS") == "1"
-
-
-def plugin(name, *specs, raises=None):
-    """An in-memory plugin module registering ``specs``."""
-    module = types.ModuleType(name)
-
-    @hookimpl
-    def genlm_register_backends(register):
-        if raises is not None:
-            raise raises
-        for spec in specs:
-            register(spec)
-
-    module.genlm_register_backends = genlm_register_backends
-    return module
 
 
 def spec(name, priority=0, probe=None, auto_select=True):
