@@ -139,6 +139,11 @@ class ByteBeamState:
             return self
         return ByteBeamState(self.byte_lm, kept, self.data, self.eos_mode)
 
+    def _stepping_beam(self) -> ByteBeamState:
+        """The beam :meth:`advance` and :meth:`logp_next` work on: the pruned one, or this
+        one as it is for a model made with ``prune_on_step=False`` (its caller prunes)."""
+        return self.prune() if self.byte_lm.prune_on_step else self
+
     async def boundaries(
         self, above: float = -np.inf, prefetch: Sequence[tuple[int, ...]] = ()
     ) -> list[Candidate]:
@@ -218,13 +223,14 @@ class ByteBeamState:
             UnreachableByteError: no candidate reaches ``byte`` and healing failed or is off.
             ByteLMClosedError: the model was closed.
         """
-        return await self._advance(byte, only_survivors=False, prune=self.byte_lm.prune_on_step)
+        return await self._stepping_beam()._advance(byte, only_survivors=False)
 
     async def _advance(
-        self, byte: int, only_survivors: bool, upcoming: bytes = b"", prune: bool = True
+        self, byte: int, only_survivors: bool, upcoming: bytes = b""
     ) -> ByteBeamState:
-        """:meth:`advance`; with ``only_survivors``, leave out the new candidates that the
-        next step's :meth:`prune` surely drops, sparing their LM calls.
+        """:meth:`advance` from this beam as it is (the callers prune); with
+        ``only_survivors``, leave out the new candidates that the next step's :meth:`prune`
+        surely drops, sparing their LM calls.
 
         A boundary's weight after the byte is at most its weight before, so once ``K``
         candidates inside their tokens are heavier (by a margin above float rounding of
@@ -235,18 +241,15 @@ class ByteBeamState:
         token boundaries the next ``byte_lm.lookahead`` steps will likely need are then
         sent with this step's, so those steps usually find their LM rows cached and cost
         no forward pass.
-
-        ``prune``: step from the pruned beam (else from this beam as it is).
         """
         if isinstance(byte, bool) or not isinstance(byte, (int, np.integer)) or not 0 <= byte < 256:
             raise ValueError(f"expected a byte value 0..255, got {byte!r}")
         byte = int(byte)
-        beam = self.prune() if prune else self
         byte_lm = self.byte_lm
         trie = byte_lm.trie
         root = trie.root
         new: list[Candidate] = []
-        for c in beam.candidates:
+        for c in self.candidates:
             if c.node == root:
                 continue
             child = trie.child(c.node, byte)
@@ -265,14 +268,14 @@ class ByteBeamState:
             prefetch: list[tuple[int, ...]] = []
             if K is not None and byte_lm.lookahead and upcoming:
                 ahead = upcoming[: byte_lm.lookahead - 1]
-                prefetch = _likely_boundaries(beam, new, start, above, K, ahead)
-            for b in await beam.boundaries(above, prefetch):
+                prefetch = _likely_boundaries(self, new, start, above, K, ahead)
+            for b in await self.boundaries(above, prefetch):
                 weight = b.logp + float(b.next.mass[start])
                 if weight > -np.inf:
                     new.append(Candidate(b.context, b.logp, start, b.next, weight))
         if not new:
             if self.byte_lm.heal:
-                new = await heal(byte_lm, beam.candidates, self.eos_mode, byte)
+                new = await heal(byte_lm, self.candidates, self.eos_mode, byte)
             if not new:
                 raise UnreachableByteError(
                     # "Beam became empty" is genlm-bytes 0.2's wording, which clients match
@@ -317,7 +320,7 @@ class ByteBeamState:
             # Only the last state is returned: the ones before it need only their survivors.
             last = i == len(data) - 1
             upcoming = b"" if last else data[i + 1 :]
-            state = await state._advance(byte, only_survivors=not last, upcoming=upcoming)
+            state = await state.prune()._advance(byte, only_survivors=not last, upcoming=upcoming)
         return await state.with_eos_mode(True) if text_mode else state
 
     async def with_eos_mode(self, eos_mode: bool) -> ByteBeamState:
@@ -367,7 +370,7 @@ class ByteBeamState:
         Raises:
             ByteLMClosedError: the model was closed.
         """
-        beam = self.prune() if self.byte_lm.prune_on_step else self
+        beam = self._stepping_beam()
         trie = self.byte_lm.trie
         symbols: list[np.ndarray] = []
         values: list[np.ndarray] = []
@@ -548,7 +551,9 @@ class ByteBeamState:
         """Whether :meth:`logp_next` (and then :meth:`advance`) ask for no context over
         ``limit`` tokens: the contexts are the beam's token boundaries, known without an
         LM call."""
-        beam = self.prune() if self.byte_lm.prune_on_step else self
+        beam = self._stepping_beam()
+        if all(len(c.context) < limit for c in beam.candidates):
+            return True  # a boundary adds one token to its candidate's context
         return all(len(context) <= limit for context, _ in beam._boundary_contexts())
 
     async def greedy(self, max_bytes: int) -> GeneratedBytes:
