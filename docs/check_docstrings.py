@@ -4,14 +4,10 @@ Run by ``nox -s docs`` (``python docs/check_docstrings.py``). The sources are re
 statically with griffe, the library mkdocstrings renders the reference with, so no
 backend library (torch, vllm, mlx) needs to be installed. A public name is one listed in a
 package's ``__all__`` (every name defined at the top level, for modules without one).
-For each, the check demands:
-
-* a docstring, for every public name and every public method or property of a public class;
-* for functions and methods: each parameter named in an ``Args:`` section (the class
-  docstring's ``Args:`` or ``Attributes:`` counts for ``__init__``), and a ``Returns:``
-  (or ``Yields:``) section when the annotated return type is not ``None``.
-
-Raised exceptions cannot be checked statically; reviewers check ``Raises:`` sections.
+The check demands a docstring for every public name and for every public method or
+property of a public class. It demands no ``Args:``/``Returns:`` sections: a contract is
+written once, on the class, and a method's docstring is one line unless the method
+differs from it; reviewers judge what a docstring says, a script only that it exists.
 Exit status 1 lists every problem, one per line.
 """
 
@@ -43,83 +39,20 @@ PUBLIC_MODULES = {
     "genlm-backend/src": ["genlm.backend"],
 }
 
-DOCSTRING_OPTIONS = {"returns_multiple_items": False, "warn_unknown_params": False}
 
-_PARAMETER_SECTIONS = {
-    griffe.DocstringSectionKind.parameters,
-    griffe.DocstringSectionKind.other_parameters,
-}
-_CLASS_PARAMETER_SECTIONS = _PARAMETER_SECTIONS | {griffe.DocstringSectionKind.attributes}
-_RETURN_SECTIONS = {griffe.DocstringSectionKind.returns, griffe.DocstringSectionKind.yields}
-
-
-def documented_names(docstring: griffe.Docstring | None, kinds: set) -> set[str]:
-    """The names listed in a docstring's sections of the given kinds (stars stripped)."""
-    if docstring is None:
-        return set()
-    parsed = docstring.parse("google", **DOCSTRING_OPTIONS)
-    return {
-        item.name.lstrip("*")
-        for section in parsed
-        if section.kind in kinds
-        for item in section.value
-    }
-
-
-def has_section(docstring: griffe.Docstring | None, kinds: set) -> bool:
-    """Whether the docstring has a section of one of the given kinds."""
-    if docstring is None:
-        return False
-    return any(s.kind in kinds for s in docstring.parse("google", **DOCSTRING_OPTIONS))
-
-
-def returns_something(function: griffe.Function) -> bool:
-    """Whether the function's annotated return type is anything but None."""
-    returns = function.returns
-    if returns is None:  # not annotated: nothing to check against
-        return False
-    return str(returns) not in {"None", "NoReturn", "Never"}
-
-
-def check_function(
-    path: str, function: griffe.Function, also: griffe.Docstring | None = None
-) -> list[str]:
-    """Problems of one public function or method (``also``: the class docstring, for __init__)."""
-    if function.docstring is None and also is None:
-        return [f"{path}: no docstring"]
-    if function.name.startswith("test_") or any(
-        "fixture" in str(d.value) for d in function.decorators
-    ):  # a conformance test or fixture: pytest passes the arguments, the docstring is the contract
-        return []
-    problems = []
-    names = documented_names(function.docstring, _PARAMETER_SECTIONS)
-    names |= documented_names(also, _CLASS_PARAMETER_SECTIONS)
-    params = [p.name for p in function.parameters if p.name not in {"self", "cls"}]
-    missing = [p for p in params if p not in names]
-    if missing:
-        problems.append(f"{path}: parameters not in Args: {', '.join(missing)}")
-    is_property = "property" in function.labels
-    if (
-        function.name != "__init__"
-        and not is_property
-        and returns_something(function)
-        and not has_section(function.docstring, _RETURN_SECTIONS)
-    ):
-        problems.append(f"{path}: no Returns section (returns {function.returns})")
-    return problems
+def check_function(path: str, function: griffe.Function) -> list[str]:
+    """Problems of one public function or method: only a missing docstring."""
+    return [] if function.docstring else [f"{path}: no docstring"]
 
 
 def check_class(path: str, cls: griffe.Class) -> list[str]:
     """Problems of one public class and the public methods it defines itself."""
     problems = [] if cls.docstring else [f"{path}: no docstring"]
     for name, member in cls.members.items():
-        if member.is_alias or member.inherited:
+        # __init__ is private here too: the class docstring is its contract.
+        if member.is_alias or member.inherited or name.startswith("_"):
             continue
-        if name == "__init__" and member.is_function:
-            problems += check_function(f"{path}.__init__", member, also=cls.docstring)
-        elif name.startswith("_"):
-            continue
-        elif member.is_function:
+        if member.is_function:
             problems += check_function(f"{path}.{name}", member)
         elif member.is_attribute and "property" in member.labels and not member.docstring:
             problems.append(f"{path}.{name}: no docstring")

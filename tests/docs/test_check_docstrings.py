@@ -23,10 +23,12 @@ def checker():
 SOURCE = '''
 """A package."""
 
-__all__ = ["good", "bare", "no_args", "no_returns", "Thing", "LIMIT", "_private_ok"]
+__all__ = ["good", "bare", "summary_only", "Thing", "LIMIT", "UNDOCUMENTED", "_private_ok"]
 
 LIMIT = 3
 """A documented constant."""
+
+UNDOCUMENTED = 4
 
 
 def good(x: int, *rest: int, **opts: str) -> int:
@@ -46,16 +48,8 @@ def bare(x: int) -> None:
     pass
 
 
-def no_args(x: int, y: int) -> None:
-    """Only the summary.
-
-    Args:
-        x: documented; y is not.
-    """
-
-
-def no_returns() -> int:
-    """Says nothing of its result."""
+def summary_only(x: int, y: int) -> int:
+    """One line is enough: no Args or Returns section is demanded."""
 
 
 def _private_ok():
@@ -75,9 +69,16 @@ class Thing:
     def method(self) -> None:
         pass
 
+    def documented(self, x: int) -> int:
+        """One line."""
+
     @property
     def value(self) -> int:
-        """A property needs no Returns section."""
+        """A documented property."""
+
+    @property
+    def bare_value(self) -> int:
+        return 1
 
     def _hidden(self):
         pass
@@ -85,7 +86,7 @@ class Thing:
 
 
 def test_flags_each_kind_of_gap(tmp_path):
-    """Missing docstrings, parameters and Returns sections are reported; nothing else is."""
+    """Every public name, method and property without a docstring is reported; nothing else is."""
     (tmp_path / "pkg_under_check").mkdir()
     (tmp_path / "pkg_under_check" / "__init__.py").write_text(textwrap.dedent(SOURCE))
     module = griffe.load("pkg_under_check", search_paths=[str(tmp_path)])
@@ -93,10 +94,9 @@ def test_flags_each_kind_of_gap(tmp_path):
     assert sorted(problems) == sorted(
         [
             "pkg_under_check.bare: no docstring",
-            "pkg_under_check.no_args: parameters not in Args: y",
-            "pkg_under_check.no_returns: no Returns section (returns int)",
-            "pkg_under_check.Thing.__init__: parameters not in Args: colour",
+            "pkg_under_check.UNDOCUMENTED: no docstring (add a string literal after it)",
             "pkg_under_check.Thing.method: no docstring",
+            "pkg_under_check.Thing.bare_value: no docstring",
             "pkg_under_check._private_ok: no docstring",
         ]
     )
