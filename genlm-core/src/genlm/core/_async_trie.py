@@ -32,6 +32,12 @@ _OPERATIONS: dict[str, Callable[[TokenByteTrie, np.ndarray], np.ndarray]] = {
 class AsyncTokenByteTrie:
     """Awaitable per-row trie computations, gathered into batched calls.
 
+    Each method takes one row of ``vocab_size`` values (a numpy array, or a torch tensor
+    batched with the other calls on its device) and returns what the
+    :class:`TokenByteTrie` method of the same name returns for it: one float64 value per
+    node (a tensor on the input's device for torch input). A row of another shape raises
+    ``ValueError``; after :meth:`aclose`, ``ModelClosedError``.
+
     Each result is a row view of its batch's output, so a row that is kept keeps the
     whole batch's memory alive (and out of the trie's output pool); ``.copy()`` rows
     that are kept long.
@@ -74,71 +80,19 @@ class AsyncTokenByteTrie:
         return await self.batcher.submit((operation, where, row))
 
     async def weight_sum(self, weights: np.ndarray) -> np.ndarray:
-        """:meth:`TokenByteTrie.weight_sum`, batched with concurrent calls.
-
-        Args:
-            weights: one weight per token id, shape ``(vocab_size,)``: a numpy array or
-                a torch tensor (then batched with the other calls on the same device).
-
-        Returns:
-            The row of :meth:`TokenByteTrie.weight_sum`: one float64 value per node, shape
-            ``(num_nodes,)`` (a tensor on the input's device for torch input).
-
-        Raises:
-            ValueError: ``weights`` is not one row of ``vocab_size`` values.
-            ModelClosedError: the trie was closed.
-        """
+        """:meth:`TokenByteTrie.weight_sum`, batched with concurrent calls."""
         return await self._submit("weight_sum", weights)
 
     async def weight_max(self, weights: np.ndarray) -> np.ndarray:
-        """:meth:`TokenByteTrie.weight_max`, batched with concurrent calls.
-
-        Args:
-            weights: one weight per token id, shape ``(vocab_size,)``: a numpy array or
-                a torch tensor (then batched with the other calls on the same device).
-
-        Returns:
-            The row of :meth:`TokenByteTrie.weight_max`: one float64 value per node, shape
-            ``(num_nodes,)`` (a tensor on the input's device for torch input).
-
-        Raises:
-            ValueError: ``weights`` is not one row of ``vocab_size`` values.
-            ModelClosedError: the trie was closed.
-        """
+        """:meth:`TokenByteTrie.weight_max`, batched with concurrent calls."""
         return await self._submit("weight_max", weights)
 
     async def log_weight_sum(self, logprobs: np.ndarray) -> np.ndarray:
-        """:meth:`TokenByteTrie.log_weight_sum`, batched with concurrent calls.
-
-        Args:
-            logprobs: one log-probability per token id, shape ``(vocab_size,)``: a numpy
-                array or a torch tensor (then batched with the other calls on the same device).
-
-        Returns:
-            The row of :meth:`TokenByteTrie.log_weight_sum`: one float64 value per node, shape
-            ``(num_nodes,)`` (a tensor on the input's device for torch input).
-
-        Raises:
-            ValueError: ``logprobs`` is not one row of ``vocab_size`` values.
-            ModelClosedError: the trie was closed.
-        """
+        """:meth:`TokenByteTrie.log_weight_sum`, batched with concurrent calls."""
         return await self._submit("log_weight_sum", logprobs)
 
     async def log_weight_max(self, logprobs: np.ndarray) -> np.ndarray:
-        """:meth:`TokenByteTrie.log_weight_max`, batched with concurrent calls.
-
-        Args:
-            logprobs: one log-probability per token id, shape ``(vocab_size,)``: a numpy
-                array or a torch tensor (then batched with the other calls on the same device).
-
-        Returns:
-            The row of :meth:`TokenByteTrie.log_weight_max`: one float64 value per node, shape
-            ``(num_nodes,)`` (a tensor on the input's device for torch input).
-
-        Raises:
-            ValueError: ``logprobs`` is not one row of ``vocab_size`` values.
-            ModelClosedError: the trie was closed.
-        """
+        """:meth:`TokenByteTrie.log_weight_max`, batched with concurrent calls."""
         return await self._submit("log_weight_max", logprobs)
 
     async def aclose(self) -> None:

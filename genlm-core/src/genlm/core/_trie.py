@@ -161,6 +161,14 @@ class TokenByteTrie:
         token_node: ``token_node[i]`` is the node token ``i`` adds to, or -1.
         kernel: the kernel in use, ``"c"`` or ``"numpy"``.
         threads: the most threads a batched call uses.
+
+    The mass methods take one row of ``vocab_size`` token weights (or log-probabilities)
+    and return a float64 array of one value per node, indexed by node id; their
+    ``batch_`` twins take ``(B, vocab_size)``, split the rows over :attr:`threads`
+    threads and return ``(B, num_nodes)`` (rows may be views of one pooled output block).
+    A row of another shape raises ``ValueError``. Each also takes a torch tensor, on any
+    device, and then returns a float64 tensor on that device, computed there
+    (``_trie_torch``; torch is imported only then).
     """
 
     root: int = 0
@@ -351,27 +359,12 @@ class TokenByteTrie:
     # ------------------------------------------------------------------ navigation
 
     def children(self, node: int) -> dict[int, int]:
-        """Map edge label (a byte, or :data:`EOS_EDGE` at the root) to child id.
-
-        Args:
-            node: a node id.
-
-        Returns:
-            ``{edge label: child id}`` in increasing edge order.
-        """
+        """``{edge label: child id}`` in increasing edge order (:data:`EOS_EDGE` at the root)."""
         lo, hi = int(self.child_start[node]), int(self.child_stop[node])
         return dict(zip(self.edge[lo:hi].tolist(), range(lo, hi)))
 
     def child(self, node: int, byte: int) -> int | None:
-        """The child of ``node`` along edge ``byte``.
-
-        Args:
-            node: a node id.
-            byte: an edge label, 0..255 (or :data:`EOS_EDGE` from the root).
-
-        Returns:
-            The child's id, or None if there is none.
-        """
+        """The child of ``node`` along edge ``byte`` (0..255, or :data:`EOS_EDGE`), or None."""
         return self._transitions.get(node * 257 + byte)
 
     @cached_property
@@ -382,14 +375,7 @@ class TokenByteTrie:
         return dict(zip(keys.tolist(), ids.tolist()))
 
     def node_of(self, prefix: bytes) -> int | None:
-        """The node whose prefix is ``prefix``.
-
-        Args:
-            prefix: a byte string.
-
-        Returns:
-            The node's id, or None if no token starts with ``prefix``.
-        """
+        """The node whose prefix is ``prefix``, or None if no token starts with it."""
         node: int | None = self.root
         for b in prefix:
             node = self.child(node, b)
@@ -398,14 +384,7 @@ class TokenByteTrie:
         return node
 
     def prefix(self, node: int) -> bytes:
-        """The byte prefix of ``node``.
-
-        Args:
-            node: a node id.
-
-        Returns:
-            The bytes on the path from the root (empty for the root and the EOS node).
-        """
+        """The bytes on the path from the root to ``node`` (empty for the root and EOS node)."""
         out = []
         while node > 0:
             e = int(self.edge[node])
@@ -416,161 +395,60 @@ class TokenByteTrie:
         return bytes(reversed(out))
 
     def tokens_at(self, node: int) -> np.ndarray:
-        """Ids of the tokens that end exactly at ``node``.
-
-        Args:
-            node: a node id.
-
-        Returns:
-            A sorted int array (all EOS ids at the EOS node); a view, do not modify.
-        """
+        """Sorted ids of the tokens ending exactly at ``node`` (a view: do not modify)."""
         return self._tokens_by_node[self._tokens_ptr[node] : self._tokens_ptr[node + 1]]
 
     def tokens_below(self, node: int) -> np.ndarray:
-        """Ids of all tokens whose weight counts towards ``node`` (its subtree's tokens).
-
-        Args:
-            node: a node id.
-
-        Returns:
-            An int array of token ids; a view, do not modify.
-        """
+        """Ids of the tokens whose weight counts towards ``node`` (a view: do not modify)."""
         return self._pre_tokens[self._sub_lo[node] : self._sub_hi[node]]
 
     # ------------------------------------------------------------------ kernels
 
-    # Every method also takes a torch tensor (on any device) and then returns a float64
-    # tensor on that device, computed there (``_trie_torch``; torch is imported only then).
-
     def weight_sum(self, weights: np.ndarray) -> np.ndarray:
-        """Total weight of the tokens below each node, accumulated in float64.
-
-        Args:
-            weights: one weight per token id, shape ``(vocab_size,)``.
-
-        Returns:
-            A float64 array of shape ``(num_nodes,)``, indexed by node id.
-
-        Raises:
-            ValueError: ``weights`` has the wrong shape.
-        """
+        """Total weight of the tokens below each node, accumulated in float64."""
         if _is_torch(weights):
             return self._on_torch("weight_sum", weights, batched=False)
         return self._reduce(self._row(weights), np.add, 0.0)
 
     def weight_max(self, weights: np.ndarray) -> np.ndarray:
-        """Largest weight of the tokens below each node (-inf where there is none).
-
-        Args:
-            weights: one weight per token id, shape ``(vocab_size,)``.
-
-        Returns:
-            A float64 array of shape ``(num_nodes,)``, indexed by node id.
-
-        Raises:
-            ValueError: ``weights`` has the wrong shape.
-        """
+        """Largest weight of the tokens below each node (-inf where there is none)."""
         if _is_torch(weights):
             return self._on_torch("weight_max", weights, batched=False)
         return self._reduce(self._row(weights), np.maximum, -np.inf)
 
     def batch_weight_sum(self, weights: np.ndarray) -> np.ndarray:
-        """Row-wise :meth:`weight_sum`, rows split over :attr:`threads` threads.
-
-        Args:
-            weights: one row of token weights per item, shape ``(B, vocab_size)``.
-
-        Returns:
-            A float64 array of shape ``(B, num_nodes)``; rows may be views of one
-            pooled output block.
-
-        Raises:
-            ValueError: ``weights`` has the wrong shape.
-        """
+        """Row-wise :meth:`weight_sum`."""
         if _is_torch(weights):
             return self._on_torch("weight_sum", weights, batched=True)
         return self._batch(weights, lambda w, out: self._reduce(w, np.add, 0.0, out))
 
     def batch_weight_max(self, weights: np.ndarray) -> np.ndarray:
-        """Row-wise :meth:`weight_max`, rows split over :attr:`threads` threads.
-
-        Args:
-            weights: one row of token weights per item, shape ``(B, vocab_size)``.
-
-        Returns:
-            A float64 array of shape ``(B, num_nodes)``; rows may be views of one
-            pooled output block.
-
-        Raises:
-            ValueError: ``weights`` has the wrong shape.
-        """
+        """Row-wise :meth:`weight_max`."""
         if _is_torch(weights):
             return self._on_torch("weight_max", weights, batched=True)
         return self._batch(weights, lambda w, out: self._reduce(w, np.maximum, -np.inf, out))
 
     def log_weight_max(self, logprobs: np.ndarray) -> np.ndarray:
-        """Largest log-probability below each node; the same as :meth:`weight_max`.
-
-        Args:
-            logprobs: one log-probability per token id, shape ``(vocab_size,)``.
-
-        Returns:
-            A float64 array of shape ``(num_nodes,)``, indexed by node id.
-
-        Raises:
-            ValueError: ``logprobs`` has the wrong shape.
-        """
+        """Largest log-probability below each node; the same as :meth:`weight_max`."""
         return self.weight_max(logprobs)
 
     def batch_log_weight_max(self, logprobs: np.ndarray) -> np.ndarray:
-        """Row-wise :meth:`log_weight_max`.
-
-        Args:
-            logprobs: one row of token log-probabilities per item, shape ``(B, vocab_size)``.
-
-        Returns:
-            A float64 array of shape ``(B, num_nodes)``; rows may be views of one
-            pooled output block.
-
-        Raises:
-            ValueError: ``logprobs`` has the wrong shape.
-        """
+        """Row-wise :meth:`log_weight_max`."""
         return self.batch_weight_max(logprobs)
 
     def log_weight_sum(self, logprobs: np.ndarray) -> np.ndarray:
-        """Log of the total probability below each node, from logprobs, exact in log space.
+        """Log of the total probability below each node, exact in log space.
 
-        Equal to ``log(weight_sum(exp(logprobs)))`` computed without underflow:
-        correct for masses far below float64's range (e.g. a node at -800 nats
-        when another token is at 0), and -inf only where every token below the
-        node is -inf.
-
-        Args:
-            logprobs: one log-probability per token id, shape ``(vocab_size,)``.
-
-        Returns:
-            A float64 array of shape ``(num_nodes,)``, indexed by node id.
-
-        Raises:
-            ValueError: ``logprobs`` has the wrong shape.
+        Equal to ``log(weight_sum(exp(logprobs)))`` computed without underflow: correct
+        for masses far below float64's range (a node at -800 nats when another token is
+        at 0), and -inf only where every token below the node is -inf.
         """
         if _is_torch(logprobs):
             return self._on_torch("log_weight_sum", logprobs, batched=False)
         return self._log_sum(self._row(logprobs), _empty((self.num_nodes,)))
 
     def batch_log_weight_sum(self, logprobs: np.ndarray) -> np.ndarray:
-        """Row-wise :meth:`log_weight_sum`, rows split over :attr:`threads` threads.
-
-        Args:
-            logprobs: one row of token log-probabilities per item, shape ``(B, vocab_size)``.
-
-        Returns:
-            A float64 array of shape ``(B, num_nodes)``; rows may be views of one
-            pooled output block.
-
-        Raises:
-            ValueError: ``logprobs`` has the wrong shape.
-        """
+        """Row-wise :meth:`log_weight_sum`."""
         if _is_torch(logprobs):
             return self._on_torch("log_weight_sum", logprobs, batched=True)
         return self._batch(logprobs, self._log_sum)
@@ -736,16 +614,8 @@ def set_trie_pool_limit(nbytes: int) -> int:
     Every :class:`TokenByteTrie` shares one pool of at most 8 freed outputs of
     1 MiB or more (module docstring, "Output memory"). ``0`` turns reuse off:
     each output goes back to malloc when freed. Lowering the cap frees pooled
-    memory at once. Without the C module there is no pool, and this returns 0.
-
-    Args:
-        nbytes: the new cap in bytes (the default is 256 MiB).
-
-    Returns:
-        The previous cap, in bytes.
-
-    Raises:
-        ValueError: ``nbytes`` is negative.
+    memory at once. The default cap is 256 MiB. Without the C module there is no pool,
+    and this returns 0.
     """
     if nbytes < 0:
         raise ValueError(f"the pool limit must be >= 0 bytes, got {nbytes}")
