@@ -50,10 +50,6 @@ class MLXLM(BatchedLM):
         **kwargs: scheduler and output-cache options of :class:`~genlm.core.BatchedLM`;
             ``max_context_length`` defaults to the model's maximum positions (see
             :func:`_max_positions`; None where its arguments name none, or to lift it).
-
-    Raises:
-        ValueError: ``prefill_chunk_size < 1``, or an invalid
-            :class:`~genlm.core.BatchedLM` option.
     """
 
     def __init__(
@@ -83,24 +79,10 @@ class MLXLM(BatchedLM):
 
     @classmethod
     def from_name(cls, name: str, **kwargs: Any) -> MLXLM:
-        """Load a model directory or hub id with ``mlx_lm.load`` (``"stories260K"`` works offline).
+        """Load a model directory, hub id or embedded name (``"stories260K"``) with mlx-lm.
 
-        mlx-lm reads Hugging Face safetensors checkpoints directly (it converts weights
-        on load).
-
-        Args:
-            name: a local model directory, a hub id, or an embedded model's name
-                (``"stories260K"``, resolved with :func:`~genlm.core.resolve_model_path`).
-            **kwargs: options of :class:`MLXLM` (``kv_cache_bytes``,
-                ``prefill_chunk_size``) and of :class:`~genlm.core.BatchedLM`.
-
-        Returns:
-            The model, evaluated and ready on its worker thread.
-
-        Raises:
-            ValueError: an invalid option (see :class:`MLXLM`).
-            Exception: what ``mlx_lm.load`` raises for a model it cannot find or read
-                propagates.
+        mlx-lm reads Hugging Face safetensors checkpoints directly (it converts weights on
+        load); its errors for a model it cannot find or read propagate.
         """
         model, tokenizer = mlx_lm.load(resolve_model_path(name))
         return cls(model, tokenizer, **kwargs)
