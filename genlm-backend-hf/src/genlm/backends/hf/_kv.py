@@ -192,7 +192,8 @@ class BufferedLayer(DynamicLayer if DynamicLayer is not None else object):
 
     ``columns``: attend over at least this many columns (a length bucket, see
     ``HFLM(kv_length_multiple=...)``). Columns after ``past + new`` lie after every query's
-    position, so the causal mask zeros them; they must hold finite values (0 * NaN is NaN).
+    position, so the causal mask zeros them; the caller zeroes them, as a masked column's
+    weight 0 times NaN (or whatever an uninitialized buffer holds) is NaN.
     """
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, past: int, columns: int = 0):

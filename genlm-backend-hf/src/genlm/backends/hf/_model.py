@@ -57,7 +57,8 @@ class HFLM(BatchedLM):
             trie, core's default) then pay nothing, where a torch row costs them a ~5 us
             view per read; torch callers pay one row copy per read instead.
         kv_length_multiple: attend over a KV length rounded up to a multiple of this (the
-            extra columns lie after every query, so the causal mask zeros them), so that
+            extra columns lie after every query, so the causal mask zeros them, and they are
+            zeroed before each pass, as 0 weight times NaN is NaN), so that
             successive SMC steps, whose contexts grow by a token, run the same shapes: shape
             caches (cuDNN plans, compiled kernels) are reused instead of rebuilt every step.
             ``None`` (default): 64 off the CPU, 1 (exact lengths) on the CPU, where extra
@@ -388,6 +389,8 @@ class HFLM(BatchedLM):
         mask = batch.attention_mask
         if columns > past + new:
             mask = torch.nn.functional.pad(mask, (0, columns - past - new))
+            # Attended but masked: 0 weight * NaN would be NaN.
+            buffer[..., past + new : columns, :].zero_()
         kwargs = {"logits_to_keep": 1} if self._keeps_last_logits else {}
         with self._attention_kernels():
             output = self.model(
@@ -426,8 +429,9 @@ class HFLM(BatchedLM):
     ) -> tuple[torch.Tensor, frozenset[int]]:
         """The KV buffer view for a batch (``columns`` wide), and the rows whose past it holds.
 
-        Columns after ``past + new`` (a length bucket) are attended but masked, so they must
-        be finite: a fresh buffer is zeroed there, a kept one holds earlier batches' KV.
+        The buffer is not initialized: every column a pass attends is written first (the
+        pasts and their padding by ``fill_past``, the new tokens by the pass, the bucket's
+        extra columns zeroed by ``_forward``).
         """
         shape = self.shape
         b, t = len(rows), past + new
@@ -439,11 +443,10 @@ class HFLM(BatchedLM):
             width = max(columns, t + max(64, t // 4))
             dims = (shape.layers, 2, rows_cap, shape.kv_heads, width, shape.head_dim)
             self._buffer = self._resident = None
-            empty = torch.empty if columns == t else torch.zeros
             if int(np.prod(dims)) * shape.dtype.itemsize > _KEEP_BUFFER_BYTES:
                 dims = (shape.layers, 2, b, shape.kv_heads, columns, shape.head_dim)
-                return empty(dims, dtype=shape.dtype, device=shape.device), frozenset()
-            kept = self._buffer = empty(dims, dtype=shape.dtype, device=shape.device)
+                return torch.empty(dims, dtype=shape.dtype, device=shape.device), frozenset()
+            kept = self._buffer = torch.empty(dims, dtype=shape.dtype, device=shape.device)
         return kept[:, :, :b, :, :columns], self._resident_rows(rows, marker, past)
 
     def _resident_rows(self, rows: list[Row], marker: int, past: int) -> frozenset[int]:
