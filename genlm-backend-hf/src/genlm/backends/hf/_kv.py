@@ -257,6 +257,30 @@ class BatchInputs:
         self.position_ids = torch.from_numpy(positions).to(device)
         self.attention_mask = torch.from_numpy(mask).to(device)
 
+    def chunks(self, max_tokens: int) -> list[tuple[int, int]]:
+        """The new-token columns ``[start, end)`` of successive forward passes.
+
+        Each pass runs at most ``max_tokens`` padded new tokens (at least one column), so a
+        long prefill runs in several passes, each resuming from the KV the last one wrote.
+        """
+        step = max(1, max_tokens // len(self.rows))
+        return [(start, min(start + step, self.new)) for start in range(0, self.new, step)]
+
+    def model_inputs(self, start: int, end: int, columns: int) -> dict[str, torch.Tensor]:
+        """Inputs for new-token columns ``[start, end)``, the mask ``columns`` wide.
+
+        The mask covers the past and the new tokens up to ``end``; any bucket columns after
+        them are masked (0).
+        """
+        mask = self.attention_mask[:, : self.past + end]
+        if columns > mask.shape[1]:
+            mask = torch.nn.functional.pad(mask, (0, columns - mask.shape[1]))
+        return {
+            "input_ids": self.input_ids[:, start:end],
+            "position_ids": self.position_ids[:, start:end],
+            "attention_mask": mask,
+        }
+
     def fill_past(self, skip: frozenset[int] = frozenset()) -> None:
         """Copy each row's cached pieces into the buffer, right-aligned at ``P``; zero the padding.
 

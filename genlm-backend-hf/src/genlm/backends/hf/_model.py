@@ -34,7 +34,8 @@ logger = logging.getLogger(__name__)
 
 #: Default byte budget of the KV cache.
 DEFAULT_KV_CACHE_BYTES = 1 << 30
-#: Padded new tokens per forward pass, at most (rows beyond it go to another pass).
+#: Padded new tokens per forward pass, at most (rows beyond it go to another pass, a longer
+#: context's new tokens run in several passes).
 DEFAULT_MAX_FORWARD_TOKENS = 4096
 #: The batch KV buffer is kept between batches up to this size (larger ones are freed).
 _KEEP_BUFFER_BYTES = 512 << 20
@@ -48,7 +49,10 @@ class HFLM(BatchedLM):
         tokenizer: its tokenizer; the vocabulary (and so the width of every row) is the
             tokenizer's, logit rows the model pads beyond it are dropped.
         kv_cache_bytes: byte budget of the KV cache (LRU-evicted; pinned prompts stay).
-        max_forward_tokens: most padded new tokens in one forward pass.
+        max_forward_tokens: most padded new tokens (rows times the widest row's new tokens)
+            in one forward pass; it bounds the activations and logits of a pass, not the KV.
+            Rows beyond it go to another pass, and a context with more new tokens than this
+            (a long prompt) runs in successive passes, each resuming from the KV of the last.
         device_rows: hand rows to core as float32 torch tensors on the model's device (no
             host round trip: ``output="torch"`` callers get them without a copy, numpy
             callers get one transfer per row). ``False``: rows cross to the host as numpy
@@ -373,10 +377,13 @@ class HFLM(BatchedLM):
         return out if self.device_rows else out.cpu().numpy()
 
     def _forward(self, rows: list[Row], marker: int) -> torch.Tensor:
-        """One padded forward pass over rows with cached pasts; stores their new KV."""
+        """Rows with cached pasts, padded into one batch; stores their new KV.
+
+        The new tokens run in passes of at most ``max_forward_tokens`` padded tokens, each
+        resuming from the KV the previous one wrote into the buffer (a chunked prefill).
+        """
         past, new = max(r.past for r in rows), max(r.new for r in rows)
-        columns = -(-(past + new) // self.kv_length_multiple) * self.kv_length_multiple
-        buffer, resident = self._batch_buffer(rows, marker, past, new, columns)
+        buffer, resident = self._batch_buffer(rows, marker, past, new, self._bucket(past + new))
         batch = BatchInputs(rows, buffer[..., : past + new, :], self._pad_id)
         # The kept buffer is about to be overwritten (pasts, then new KV): forget what it
         # held now, so a forward that fails (e.g. out of memory) leaves no stale record.
@@ -384,23 +391,19 @@ class HFLM(BatchedLM):
         self._resident = None
         batch.fill_past(skip=resident)
         self.kv_stats["resident_rows"] += len(resident)
-        cache = BufferedCache(buffer, batch.past, columns)
-        # The bucket's extra columns: masked here too (and by causality, see BufferedLayer).
-        mask = batch.attention_mask
-        if columns > past + new:
-            mask = torch.nn.functional.pad(mask, (0, columns - past - new))
-            # Attended but masked: 0 weight * NaN would be NaN.
-            buffer[..., past + new : columns, :].zero_()
         kwargs = {"logits_to_keep": 1} if self._keeps_last_logits else {}
-        with self._attention_kernels():
-            output = self.model(
-                input_ids=batch.input_ids,
-                attention_mask=mask,
-                position_ids=batch.position_ids,
-                past_key_values=cache,
-                use_cache=True,
-                **kwargs,
-            )
+        for start, end in batch.chunks(self.max_forward_tokens):
+            written, columns = past + end, self._bucket(past + end)
+            if columns > written:  # attended but masked: 0 weight * NaN would be NaN
+                buffer[..., written:columns, :].zero_()
+            with self._attention_kernels():
+                output = self.model(
+                    **batch.model_inputs(start, end, columns),
+                    past_key_values=BufferedCache(buffer, past + start, columns),
+                    use_cache=True,
+                    **kwargs,
+                )
+            self.kv_stats["forwards"] += 1
         logits = output.logits[:, -1, : len(self.vocab)]
         # Normalize in at least float32 (bf16 logits would lose small probabilities).
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
@@ -411,10 +414,13 @@ class HFLM(BatchedLM):
             # A row's tokens are contiguous unless padding separates its past and new ones.
             contiguous = [r.context if r.past == 0 or r.new == new else None for r in rows]
             self._resident = _Resident(marker, ResidentRows(contiguous), past + new)
-        self.kv_stats["forwards"] += 1
         self.kv_stats["computed_tokens"] += sum(r.new for r in rows)
         self.kv_stats["reused_tokens"] += sum(r.past for r in rows)
         return logprobs
+
+    def _bucket(self, length: int) -> int:
+        """``length`` rounded up to a multiple of :attr:`kv_length_multiple`."""
+        return -(-length // self.kv_length_multiple) * self.kv_length_multiple
 
     def _attention_kernels(self) -> contextlib.AbstractContextManager:
         """Restrict torch's attention kernels to :attr:`sdpa_backends` for one forward."""
