@@ -192,7 +192,8 @@ class BufferedLayer(DynamicLayer if DynamicLayer is not None else object):
 
     ``columns``: attend over at least this many columns (a length bucket, see
     ``HFLM(kv_length_multiple=...)``). Columns after ``past + new`` lie after every query's
-    position, so the causal mask zeros them; they must hold finite values (0 * NaN is NaN).
+    position, so the causal mask zeros them; the caller zeroes them, as a masked column's
+    weight 0 times NaN (or whatever an uninitialized buffer holds) is NaN.
     """
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, past: int, columns: int = 0):
@@ -255,6 +256,30 @@ class BatchInputs:
         self.input_ids = torch.from_numpy(ids).to(device)
         self.position_ids = torch.from_numpy(positions).to(device)
         self.attention_mask = torch.from_numpy(mask).to(device)
+
+    def chunks(self, max_tokens: int) -> list[tuple[int, int]]:
+        """The new-token columns ``[start, end)`` of successive forward passes.
+
+        Each pass runs at most ``max_tokens`` padded new tokens (at least one column), so a
+        long prefill runs in several passes, each resuming from the KV the last one wrote.
+        """
+        step = max(1, max_tokens // len(self.rows))
+        return [(start, min(start + step, self.new)) for start in range(0, self.new, step)]
+
+    def model_inputs(self, start: int, end: int, columns: int) -> dict[str, torch.Tensor]:
+        """Inputs for new-token columns ``[start, end)``, the mask ``columns`` wide.
+
+        The mask covers the past and the new tokens up to ``end``; any bucket columns after
+        them are masked (0).
+        """
+        mask = self.attention_mask[:, : self.past + end]
+        if columns > mask.shape[1]:
+            mask = torch.nn.functional.pad(mask, (0, columns - mask.shape[1]))
+        return {
+            "input_ids": self.input_ids[:, start:end],
+            "position_ids": self.position_ids[:, start:end],
+            "attention_mask": mask,
+        }
 
     def fill_past(self, skip: frozenset[int] = frozenset()) -> None:
         """Copy each row's cached pieces into the buffer, right-aligned at ``P``; zero the padding.

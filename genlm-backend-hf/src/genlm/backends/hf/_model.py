@@ -34,7 +34,8 @@ logger = logging.getLogger(__name__)
 
 #: Default byte budget of the KV cache.
 DEFAULT_KV_CACHE_BYTES = 1 << 30
-#: Padded new tokens per forward pass, at most (rows beyond it go to another pass).
+#: Padded new tokens per forward pass, at most (rows beyond it go to another pass, a longer
+#: context's new tokens run in several passes).
 DEFAULT_MAX_FORWARD_TOKENS = 4096
 #: The batch KV buffer is kept between batches up to this size (larger ones are freed).
 _KEEP_BUFFER_BYTES = 512 << 20
@@ -48,7 +49,10 @@ class HFLM(BatchedLM):
         tokenizer: its tokenizer; the vocabulary (and so the width of every row) is the
             tokenizer's, logit rows the model pads beyond it are dropped.
         kv_cache_bytes: byte budget of the KV cache (LRU-evicted; pinned prompts stay).
-        max_forward_tokens: most padded new tokens in one forward pass.
+        max_forward_tokens: most padded new tokens (rows times the widest row's new tokens)
+            in one forward pass; it bounds the activations and logits of a pass, not the KV.
+            Rows beyond it go to another pass, and a context with more new tokens than this
+            (a long prompt) runs in successive passes, each resuming from the KV of the last.
         device_rows: hand rows to core as float32 torch tensors on the model's device (no
             host round trip: ``output="torch"`` callers get them without a copy, numpy
             callers get one transfer per row). ``False``: rows cross to the host as numpy
@@ -57,7 +61,8 @@ class HFLM(BatchedLM):
             trie, core's default) then pay nothing, where a torch row costs them a ~5 us
             view per read; torch callers pay one row copy per read instead.
         kv_length_multiple: attend over a KV length rounded up to a multiple of this (the
-            extra columns lie after every query, so the causal mask zeros them), so that
+            extra columns lie after every query, so the causal mask zeros them, and they are
+            zeroed before each pass, as 0 weight times NaN is NaN), so that
             successive SMC steps, whose contexts grow by a token, run the same shapes: shape
             caches (cuDNN plans, compiled kernels) are reused instead of rebuilt every step.
             ``None`` (default): 64 off the CPU, 1 (exact lengths) on the CPU, where extra
@@ -372,10 +377,13 @@ class HFLM(BatchedLM):
         return out if self.device_rows else out.cpu().numpy()
 
     def _forward(self, rows: list[Row], marker: int) -> torch.Tensor:
-        """One padded forward pass over rows with cached pasts; stores their new KV."""
+        """Rows with cached pasts, padded into one batch; stores their new KV.
+
+        The new tokens run in passes of at most ``max_forward_tokens`` padded tokens, each
+        resuming from the KV the previous one wrote into the buffer (a chunked prefill).
+        """
         past, new = max(r.past for r in rows), max(r.new for r in rows)
-        columns = -(-(past + new) // self.kv_length_multiple) * self.kv_length_multiple
-        buffer, resident = self._batch_buffer(rows, marker, past, new, columns)
+        buffer, resident = self._batch_buffer(rows, marker, past, new, self._bucket(past + new))
         batch = BatchInputs(rows, buffer[..., : past + new, :], self._pad_id)
         # The kept buffer is about to be overwritten (pasts, then new KV): forget what it
         # held now, so a forward that fails (e.g. out of memory) leaves no stale record.
@@ -383,21 +391,19 @@ class HFLM(BatchedLM):
         self._resident = None
         batch.fill_past(skip=resident)
         self.kv_stats["resident_rows"] += len(resident)
-        cache = BufferedCache(buffer, batch.past, columns)
-        # The bucket's extra columns: masked here too (and by causality, see BufferedLayer).
-        mask = batch.attention_mask
-        if columns > past + new:
-            mask = torch.nn.functional.pad(mask, (0, columns - past - new))
         kwargs = {"logits_to_keep": 1} if self._keeps_last_logits else {}
-        with self._attention_kernels():
-            output = self.model(
-                input_ids=batch.input_ids,
-                attention_mask=mask,
-                position_ids=batch.position_ids,
-                past_key_values=cache,
-                use_cache=True,
-                **kwargs,
-            )
+        for start, end in batch.chunks(self.max_forward_tokens):
+            written, columns = past + end, self._bucket(past + end)
+            if columns > written:  # attended but masked: 0 weight * NaN would be NaN
+                buffer[..., written:columns, :].zero_()
+            with self._attention_kernels():
+                output = self.model(
+                    **batch.model_inputs(start, end, columns),
+                    past_key_values=BufferedCache(buffer, past + start, columns),
+                    use_cache=True,
+                    **kwargs,
+                )
+            self.kv_stats["forwards"] += 1
         logits = output.logits[:, -1, : len(self.vocab)]
         # Normalize in at least float32 (bf16 logits would lose small probabilities).
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
@@ -408,10 +414,13 @@ class HFLM(BatchedLM):
             # A row's tokens are contiguous unless padding separates its past and new ones.
             contiguous = [r.context if r.past == 0 or r.new == new else None for r in rows]
             self._resident = _Resident(marker, ResidentRows(contiguous), past + new)
-        self.kv_stats["forwards"] += 1
         self.kv_stats["computed_tokens"] += sum(r.new for r in rows)
         self.kv_stats["reused_tokens"] += sum(r.past for r in rows)
         return logprobs
+
+    def _bucket(self, length: int) -> int:
+        """``length`` rounded up to a multiple of :attr:`kv_length_multiple`."""
+        return -(-length // self.kv_length_multiple) * self.kv_length_multiple
 
     def _attention_kernels(self) -> contextlib.AbstractContextManager:
         """Restrict torch's attention kernels to :attr:`sdpa_backends` for one forward."""
@@ -426,8 +435,9 @@ class HFLM(BatchedLM):
     ) -> tuple[torch.Tensor, frozenset[int]]:
         """The KV buffer view for a batch (``columns`` wide), and the rows whose past it holds.
 
-        Columns after ``past + new`` (a length bucket) are attended but masked, so they must
-        be finite: a fresh buffer is zeroed there, a kept one holds earlier batches' KV.
+        The buffer is not initialized: every column a pass attends is written first (the
+        pasts and their padding by ``fill_past``, the new tokens by the pass, the bucket's
+        extra columns zeroed by ``_forward``).
         """
         shape = self.shape
         b, t = len(rows), past + new
@@ -439,11 +449,10 @@ class HFLM(BatchedLM):
             width = max(columns, t + max(64, t // 4))
             dims = (shape.layers, 2, rows_cap, shape.kv_heads, width, shape.head_dim)
             self._buffer = self._resident = None
-            empty = torch.empty if columns == t else torch.zeros
             if int(np.prod(dims)) * shape.dtype.itemsize > _KEEP_BUFFER_BYTES:
                 dims = (shape.layers, 2, b, shape.kv_heads, columns, shape.head_dim)
-                return empty(dims, dtype=shape.dtype, device=shape.device), frozenset()
-            kept = self._buffer = empty(dims, dtype=shape.dtype, device=shape.device)
+                return torch.empty(dims, dtype=shape.dtype, device=shape.device), frozenset()
+            kept = self._buffer = torch.empty(dims, dtype=shape.dtype, device=shape.device)
         return kept[:, :, :b, :, :columns], self._resident_rows(rows, marker, past)
 
     def _resident_rows(self, rows: list[Row], marker: int, past: int) -> frozenset[int]:
