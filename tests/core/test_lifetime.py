@@ -1,9 +1,12 @@
-"""A model dropped without close() stops its worker thread (issue #21)."""
+"""A model (or async trie) dropped without close() stops its worker thread (issue #21)."""
 
 import asyncio
 import gc
 import weakref
 
+import numpy as np
+
+from genlm.core import AsyncTokenByteTrie, TokenByteTrie
 from genlm.core.mock import MockLM
 
 VOCAB = [b"a", b"b", b"c", b"d"]
@@ -53,4 +56,16 @@ def test_dropping_a_closed_model_is_harmless():
     lm.close()
     ref = weakref.ref(lm)
     del lm
+    assert_collected_and_stopped(ref, thread)
+
+
+def test_an_async_trie_dropped_without_aclose_stops_its_worker():
+    """The same for AsyncTokenByteTrie (a ByteLM dropped without closing leaves one)."""
+
+    async def use() -> tuple[weakref.ref, object]:
+        trie = AsyncTokenByteTrie(TokenByteTrie(VOCAB))
+        await trie.weight_sum(np.ones(len(VOCAB)))
+        return weakref.ref(trie), trie.worker._thread
+
+    ref, thread = asyncio.run(use())
     assert_collected_and_stopped(ref, thread)
