@@ -6,6 +6,8 @@ import asyncio
 import math
 import re
 
+import pytest
+
 from genlm.bytes import ByteLM
 from genlm.core.cli import main
 from genlm.core.mock import MockLM
@@ -56,3 +58,33 @@ def test_cli_sample_stops_at_the_context_limit_and_prints_what_it_drew(capsys, m
         r"\(stopped after (\d+) bytes: the model's context limit, 8 tokens\)", note
     )
     assert stopped and int(stopped[1]) > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--seed", "-1"], "--seed must be an integer >= 0, got -1"),
+        (["--temperature", "inf"], "--temperature: temperature must be finite and >= 0"),
+        (["--temperature", "nan"], "--temperature: temperature must be finite and >= 0"),
+        (["--temperature", "-1"], "--temperature: temperature must be finite and >= 0"),
+        (["--temperature", "1e-310"], "--temperature: temperature 1e-310 is too small"),
+        (["--beam", "0"], "--beam must be a positive integer, got 0"),
+        (["--top", "0"], "--top must be a positive integer, got 0"),
+        (["--sample", "-1"], "--sample must be >= 0, got -1"),
+    ],
+)
+def test_cli_bad_numbers_are_one_line_before_loading(argv, message, capsys, monkeypatch):
+    """Each bad number ends the command with one stderr line naming the option, before the
+    model loads (--seed -1 and --temperature inf used to print the whole distribution and
+    then fail)."""
+    from genlm.core import BackendSpec
+
+    def forbidden(self, model, **opts):
+        raise AssertionError(f"a model was loaded: {model!r}")
+
+    monkeypatch.setattr(BackendSpec, "load", forbidden)
+    assert main(["bytes", "Hi", "--backend", "mock", "--sample", "3", *argv]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    [line] = captured.err.strip().splitlines()
+    assert line.startswith(f"genlm bytes: error: {message}"), line

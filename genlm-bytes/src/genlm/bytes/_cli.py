@@ -112,11 +112,12 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Reject bad numbers before the model loads.
+    """Reject bad numbers, every one of them, before the model loads.
 
     Raises:
         CLIError: naming the first bad argument.
     """
+    from genlm.core import check_temperature
     from genlm.core.cli import CLIError
 
     if args.beam < 1:
@@ -125,8 +126,12 @@ def check_args(args: argparse.Namespace) -> None:
         raise CLIError(f"--top must be a positive integer, got {args.top}")
     if args.sample < 0:
         raise CLIError(f"--sample must be >= 0, got {args.sample}")
-    if not args.temperature >= 0:
-        raise CLIError(f"--temperature must be >= 0 (0: greedy), got {args.temperature}")
+    if args.seed is not None and args.seed < 0:
+        raise CLIError(f"--seed must be an integer >= 0, got {args.seed}")
+    try:
+        check_temperature(args.temperature)
+    except ValueError as exc:
+        raise CLIError(f"--temperature: {exc}") from exc
 
 
 def run(args: argparse.Namespace) -> int:

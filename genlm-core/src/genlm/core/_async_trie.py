@@ -12,6 +12,7 @@ device back (see ``_trie_torch``).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -51,6 +52,8 @@ class AsyncTokenByteTrie:
     def __init__(self, trie: TokenByteTrie, *, max_batch_size: int = 64, max_wait_s: float = 0.0):
         self.trie = trie
         self.worker = ModelWorker("genlm-trie")
+        # Dropped without aclose(), it stops its thread (the finalizer holds the worker only).
+        weakref.finalize(self, self.worker.close, wait=False)
         # Items are (operation, where, row): "numpy", or the torch device of the row.
         self.batcher: AutoBatcher[tuple[str, str, np.ndarray], np.ndarray] = AutoBatcher(
             self._run,

@@ -9,7 +9,7 @@ existing ``except`` clauses keep working::
     ├── BackendNotFoundError (ValueError)     unknown or uninstalled backend
     ├── BackendUnavailableError (RuntimeError) installed, but cannot run here
     ├── PluginLoadError (ImportError)         a plugin failed to import or register
-    ├── BackendError (RuntimeError)           a backend broke its contract in a batch
+    ├── BackendError (RuntimeError)           a backend broke its contract (a batch, a loader)
     └── ModelClosedError (RuntimeError)       the model was closed with ``aclose()``
 """
 
@@ -59,12 +59,16 @@ class PluginLoadError(GenLMError, ImportError):
 
 
 class BackendError(GenLMError, RuntimeError):
-    """A backend broke its contract while computing a batch.
+    """A backend broke its contract: its loader returned something that is not a model,
+    or it failed while computing a batch.
 
-    Raised to every waiter of that batch (nothing of it is cached) when the backend
-    returns rows of the wrong shape or type, rows that are not log-probabilities (NaN,
-    ``+inf``, every entry ``-inf``, visibly unnormalized), or raises an exception that
-    cannot travel through a future (``StopIteration``, ``KeyboardInterrupt``,
+    Loading: ``load_model_by_name`` raises it, naming the plugin, its distribution and
+    what the loader returned, when that lacks a member of :class:`~genlm.core.AsyncLM`.
+
+    A batch: raised to every waiter of that batch (nothing of it is cached) when the
+    backend returns rows of the wrong shape or type, rows that are not log-probabilities
+    (NaN, ``+inf``, every entry ``-inf``, visibly unnormalized), or raises an exception
+    that cannot travel through a future (``StopIteration``, ``KeyboardInterrupt``,
     ``SystemExit``...): that exception is then the ``__cause__``. The model keeps serving.
     """
 

@@ -15,6 +15,7 @@ import concurrent.futures
 import enum
 import logging
 import threading
+import weakref
 from collections.abc import Hashable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
@@ -151,6 +152,9 @@ class BatchedLM(abc.ABC):
         self._tokenizer = tokenizer
         self.name = name or type(self).__name__
         self.worker = ModelWorker(f"genlm-{self.name}")
+        # A model dropped without close() must not leave its thread idling forever. The
+        # finalizer holds the worker, never the model, so it cannot keep the model alive.
+        weakref.finalize(self, self.worker.close, wait=False)
         self.output_cache = OutputCache(cache_bytes)
         self.batcher: AutoBatcher[Request, np.ndarray] = AutoBatcher(
             self._run_requests,

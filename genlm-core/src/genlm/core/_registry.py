@@ -6,7 +6,9 @@ entry point in ``genlm.backends`` (or ``genlm.plugins``) is imported — one mod
 :mod:`genlm.core.hookspecs`. Each plugin's hook is then called on its own, so a plugin
 that fails to import, validate or register is recorded as broken while the others keep
 working. The environment variable ``GENLM_BACKENDS`` (comma-separated entry point
-names) restricts which plugins load.
+names) restricts which plugins load; names are case-insensitive (``HF`` is ``hf``). When
+it hides installed plugins, every "no such backend" message names the variable, its
+value and the plugins it hid, so a filter is never mistaken for a missing install.
 
 Everything a plugin runs (its import, its hooks, its probe) is isolated: any exception,
 ``SystemExit`` included, makes it a :class:`PluginLoadError` (or an "unavailable" reason)
@@ -24,6 +26,7 @@ import importlib.metadata
 import logging
 import os
 import re
+import reprlib
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -34,6 +37,7 @@ import pluggy
 from genlm.core import hookspecs
 from genlm.core._backend_spec import BackendSpec
 from genlm.core._errors import (
+    BackendError,
     BackendNotFoundError,
     BackendUnavailableError,
     PluginLoadError,
@@ -129,13 +133,19 @@ class Registry:
         commands: CLI command name -> its ``genlm.core.cli.Command``.
         errors: one :class:`PluginLoadError` per broken plugin or rejected claim.
         plugins: ``(entry point name, distribution)`` of every plugin that loaded.
+        hidden: entry point names of the installed plugins the allowlist kept from loading.
+        allowlist_note: what the allowlist hid, as a sentence for messages (its value,
+            the plugins it hid, what to do); None when it hid nothing.
     """
 
     backends: dict[str, BackendSpec] = attrs.field(factory=dict)
     commands: dict[str, Any] = attrs.field(factory=dict)
     errors: list[PluginLoadError] = attrs.field(factory=list)
     plugins: list[tuple[str, str | None]] = attrs.field(factory=list)
+    hidden: list[str] = attrs.field(factory=list)
+    allowlist_note: str | None = None
     _claims: dict[str, list[_Claim]] = attrs.field(factory=dict, init=False, repr=False)
+    _winners: dict[str, _Claim] = attrs.field(factory=dict, init=False, repr=False)
     _rejected: set[_Claim] = attrs.field(factory=set, init=False, repr=False)
 
     @classmethod
@@ -147,24 +157,38 @@ class Registry:
         :attr:`errors`; only ``KeyboardInterrupt`` propagates.
 
         Args:
-            allowlist: entry point names to load; None reads ``GENLM_BACKENDS``
-                (comma-separated), and loads every plugin when it is unset.
+            allowlist: entry point names to load, case-insensitive; None reads
+                ``GENLM_BACKENDS`` (comma-separated), and loads every plugin when it is
+                unset or blank.
 
         Returns:
             A new registry.
         """
         if allowlist is None:
-            env = os.environ.get(ALLOWLIST_ENV, "").strip()
-            allowlist = [n.strip() for n in env.split(",") if n.strip()] if env else None
-        allowed = None if allowlist is None else set(allowlist)
-        found = []
+            env = os.environ.get(ALLOWLIST_ENV, "")
+            allowlist = [n.strip() for n in env.split(",") if n.strip()] if env.strip() else None
+            given = f"{ALLOWLIST_ENV}={env!r}"
+            advice = f"; unset {ALLOWLIST_ENV} or list the plugins to load in it"
+        else:
+            allowlist = list(allowlist)
+            given, advice = f"allowlist={allowlist!r}", ""
+        allowed = None if allowlist is None else {n.casefold() for n in allowlist}
+        found, hidden = [], set()
         for group in ENTRY_POINT_GROUPS:
             for ep in importlib.metadata.entry_points(group=group):
-                if allowed is not None and ep.name not in allowed:
+                if allowed is not None and ep.name.casefold() not in allowed:
+                    hidden.add(ep.name)
                     continue
                 dist = ep.dist.name if ep.dist is not None else None
                 found.append((ep.name, ep.value, _normalize(dist or ""), dist, ep))
-        registry = cls()
+        registry = cls(hidden=sorted(hidden))
+        if hidden:
+            unmatched = sorted(allowed - {name.casefold() for name, *_ in found})
+            registry.allowlist_note = (
+                f"{given} hides the installed plugins {', '.join(registry.hidden)}"
+                + (f" and names no installed plugin {', '.join(unmatched)}" if unmatched else "")
+                + advice
+            )
         modules: list[tuple[str, str | None, Any]] = []
         seen: set[tuple[str, str]] = set()
         for name, value, _, dist, ep in sorted(found, key=lambda f: f[:3]):
@@ -228,8 +252,10 @@ class Registry:
             winner, rejected = _arbitrate(name, self._claims[name])
             if winner is None:
                 self.backends.pop(name, None)
+                self._winners.pop(name, None)
             else:
                 self.backends[name] = winner.spec
+                self._winners[name] = winner
             for claim, reason in rejected:
                 if claim not in self._rejected:
                     self._rejected.add(claim)
@@ -259,8 +285,9 @@ class Registry:
         """The spec for ``backend``, or the best usable one when None.
 
         Args:
-            backend: a backend name, or None for auto-selection: the auto-selectable
-                backend that can run here with the highest priority (ties by name).
+            backend: a backend name (case-insensitive: names are lowercase), or None for
+                auto-selection: the auto-selectable backend that can run here with the
+                highest priority (ties by name).
 
         Returns:
             The chosen spec; nothing is imported.
@@ -270,7 +297,7 @@ class Registry:
             BackendUnavailableError: the named backend is installed but cannot run here.
         """
         if backend is not None:
-            spec = self.backends.get(backend)
+            spec = self.backends.get(backend.casefold() if isinstance(backend, str) else backend)
             if spec is None:
                 raise BackendNotFoundError(self._not_found_message(backend))
             reason = spec.unavailable_reason()
@@ -287,7 +314,8 @@ class Registry:
 
         With ``backend=None``, a chosen backend whose loader fails to import (a broken
         install) is skipped with a ``RuntimeWarning`` and the next usable one is tried.
-        Errors from the loader itself (a bad model name, out of memory) propagate.
+        Errors from the loader itself (a bad model name, out of memory) propagate. What
+        the loader returns must have every member of :class:`~genlm.core.AsyncLM`.
 
         Args:
             model: the model name, as for :func:`load_model_by_name`.
@@ -301,11 +329,12 @@ class Registry:
             BackendNotFoundError: unknown backend, or no usable backend at all.
             BackendUnavailableError: the named backend cannot run here.
             ImportError: the named backend's loader cannot be imported.
+            BackendError: the loader returned something that is not a model.
         """
         if backend is not None:
             spec = self.select(backend)
             logger.info("loading %s with backend %s", model, spec.name)
-            return spec.load(model, **opts)
+            return self._checked(spec, spec.load(model, **opts))
         usable, reasons = self._auto_candidates()
         for spec in usable:
             try:
@@ -323,8 +352,26 @@ class Registry:
                 reasons.append(f"{spec.name}: {reason}")
                 continue
             logger.info("loading %s with backend %s", model, spec.name)
-            return loader(model, **opts)
+            return self._checked(spec, loader(model, **opts))
         raise self._no_usable_backend(reasons)
+
+    def _checked(self, spec: BackendSpec, lm: Any) -> Any:
+        """``lm``, if it has every member of the ``AsyncLM`` protocol; else a
+        ``BackendError`` naming the plugin, its distribution and what its loader returned."""
+        from genlm.core._protocol import AsyncLM
+
+        members = [n for n in vars(AsyncLM) if not n.startswith("_")]
+        missing = [n for n in [*members, "__aenter__", "__aexit__"] if not hasattr(lm, n)]
+        if not missing:
+            return lm
+        claim = self._winners.get(spec.name)
+        plugin = repr(claim.plugin) if claim is not None else "unknown"
+        dist = (claim.distribution if claim is not None else None) or spec.distribution
+        raise BackendError(
+            f"backend {spec.name!r} (plugin {plugin}, distribution {dist}): its loader "
+            f"{spec.loader} returned {reprlib.repr(lm)} ({type(lm).__qualname__}), which is "
+            f"not a model: it lacks {', '.join(missing)} of genlm.core.AsyncLM"
+        )
 
     def _auto_candidates(self) -> tuple[list[BackendSpec], list[str]]:
         """Auto-selectable backends that can run here, best first; and why the others cannot."""
@@ -341,22 +388,29 @@ class Registry:
 
     def _no_usable_backend(self, reasons: list[str]) -> BackendNotFoundError:
         return BackendNotFoundError(
-            "no usable backend is installed"
+            f"no usable backend is {'loaded' if self.allowlist_note else 'installed'}"
             + (f" ({'; '.join(reasons)})" if reasons else "")
             + self._installed_hint()
-            + "; install one, e.g. pip install genlm-backend-hf"
+            + (
+                f"; {self.allowlist_note}"
+                if self.allowlist_note
+                else "; install one, e.g. pip install genlm-backend-hf"
+            )
         )
 
     def _not_found_message(self, backend: str) -> str:
+        if self.allowlist_note and str(backend).casefold() in {h.casefold() for h in self.hidden}:
+            return f"backend {backend!r} is installed but not loaded: {self.allowlist_note}"
         return (
             f"unknown backend {backend!r}"
             + self._installed_hint()
-            + f"; to install it: pip install genlm-backend-{backend}"
+            + (f"; {self.allowlist_note}" if self.allowlist_note else "")
+            + f"; to install it: pip install genlm-backend-{str(backend).casefold()}"
         )
 
     def _installed_hint(self) -> str:
         names = ", ".join(sorted(self.backends)) or "none"
-        hint = f"; installed backends: {names}"
+        hint = f"; {'loaded' if self.allowlist_note else 'installed'} backends: {names}"
         if self.errors:
             hint += "; broken plugins: " + ", ".join(sorted({e.plugin for e in self.errors}))
         return hint
@@ -400,7 +454,7 @@ def load_model_by_name(name: str, backend: str | None = None, **opts: Any) -> An
         name: the model: a Hugging Face hub id, a local directory, or an embedded
             model's name (``"stories260K"`` loads offline).
         backend: a backend name (``"hf"``, ``"vllm"``, ``"mlx"``, ``"mock"`` or a
-            third-party one), or None to choose automatically.
+            third-party one; case-insensitive), or None to choose automatically.
         **opts: passed to the backend's loader unchanged (e.g. ``max_batch_size``).
 
     Returns:
@@ -409,8 +463,10 @@ def load_model_by_name(name: str, backend: str | None = None, **opts: Any) -> An
 
     Raises:
         BackendNotFoundError: the backend is not installed (the message lists the
-            installed ones and the ``pip install`` to run), or no backend can run here.
+            installed ones and the ``pip install`` to run), or no backend can run here;
+            when ``GENLM_BACKENDS`` hid plugins, the message names its value and them.
         BackendUnavailableError: it is installed but cannot run on this machine.
         ImportError: the named backend's code cannot be imported.
+        BackendError: the loader returned something that is not an ``AsyncLM``.
     """
     return get_registry().load_model(name, backend, **opts)

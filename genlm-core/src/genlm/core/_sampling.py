@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 
 import numpy as np
+
+#: The smallest positive temperature, about ``5.6e-309``: below it ``1 / temperature``
+#: overflows float64.
+MIN_TEMPERATURE = math.nextafter(1 / sys.float_info.max, 1)
 
 
 def check_sampling_args(max_tokens: object, temperature: object) -> None:
@@ -21,8 +26,9 @@ def check_sampling_args(max_tokens: object, temperature: object) -> None:
     Raises:
         TypeError: ``max_tokens`` is not an integer (``2.5``, ``True``, ``"3"``), or
             ``temperature`` is not a real number (or is a bool).
-        ValueError: ``max_tokens`` is negative, or ``temperature`` is negative, NaN or
-            infinite (``temperature=0`` is greedy).
+        ValueError: ``max_tokens`` is negative, or ``temperature`` is negative, NaN,
+            infinite or a positive number below :data:`MIN_TEMPERATURE` (``temperature=0``
+            is greedy).
     """
     if isinstance(max_tokens, (bool, np.bool_)) or not isinstance(max_tokens, numbers.Integral):
         raise TypeError(
@@ -36,12 +42,20 @@ def check_sampling_args(max_tokens: object, temperature: object) -> None:
 def check_temperature(temperature: object) -> None:
     """Reject a sampling temperature that would silently misbehave (NaN draws token 0).
 
+    A positive temperature so small that its reciprocal overflows (a subnormal such as
+    ``1e-310``) is refused too, with a message saying so: dividing by it turns every
+    log-probability into ``-inf``. Core's own samplers (``sample``, ``smc``) shift the
+    row to a maximum of 0 before dividing, so any temperature accepted here draws
+    exactly (a tiny one among the most likely tokens).
+
     Args:
-        temperature: the value to check; ``0`` (greedy) and any finite positive real pass.
+        temperature: the value to check; ``0`` (greedy) and any finite real from
+            :data:`MIN_TEMPERATURE` (about ``5.6e-309``) up pass.
 
     Raises:
         TypeError: ``temperature`` is not a real number, or is a bool.
-        ValueError: ``temperature`` is negative, NaN or infinite.
+        ValueError: ``temperature`` is negative, NaN, infinite, or positive but below
+            :data:`MIN_TEMPERATURE`.
     """
     if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real):
         raise TypeError(
@@ -49,28 +63,35 @@ def check_temperature(temperature: object) -> None:
         )
     if not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be finite and >= 0 (0 is greedy), got {temperature}")
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise ValueError(
+            f"temperature {temperature} is too small: 1/temperature overflows float64 "
+            f"(the smallest is {MIN_TEMPERATURE:.4g}); pass 0 for greedy sampling"
+        )
 
 
 def sample_token(logprobs: np.ndarray, rng: np.random.Generator, temperature: float = 1.0) -> int:
     """Draw a token id from ``softmax(logprobs / temperature)``; ``temperature=0`` is argmax.
 
     Uses the Gumbel-max trick in float64, so tiny probabilities keep their exact
-    chance and no renormalization is needed. ``temperature`` must satisfy
-    :func:`check_sampling_args`.
+    chance and no renormalization is needed. The row is shifted so its maximum is 0
+    before dividing, so a tiny temperature (``1e-308``) cannot overflow every score to
+    ``-inf``: it draws among the most likely tokens, as its limit does. ``temperature``
+    must satisfy :func:`check_sampling_args`.
 
     Raises:
         ValueError: the row holds NaN or ``+inf``, or every token has probability zero
-            (``np.argmax`` would otherwise silently answer token 0). Checked on the
-            winning score only, so it costs nothing extra.
+            (``np.argmax`` would otherwise silently answer token 0).
     """
-    if temperature == 0:
-        scores = np.asarray(logprobs, dtype=np.float64)
-    else:
-        scores = np.asarray(logprobs, dtype=np.float64) / temperature
-        scores = scores + rng.gumbel(size=scores.shape)
+    scores = np.asarray(logprobs, dtype=np.float64)
     token = int(np.argmax(scores))  # the first NaN if there is one
     best = scores[token]
     if not np.isfinite(best):
         what = "NaN" if np.isnan(best) else "+inf" if best > 0 else "only -inf (no possible token)"
         raise ValueError(f"cannot sample from log-probabilities holding {what}")
-    return token
+    if temperature == 0:
+        return token
+    with np.errstate(over="ignore"):  # -inf: a probability below float64's range
+        scores = (scores - best) / temperature
+    scores += rng.gumbel(size=scores.shape)
+    return int(np.argmax(scores))

@@ -61,8 +61,13 @@ class MockLM(BatchedLM):
         tokenizer: returned by ``lm.tokenizer`` (e.g. to encode prompts); None for none.
         latency_s: sleep this long per batch, to imitate a forward pass.
         seed: changes every distribution (two mocks with different seeds differ).
+        keep_batches: how many of the latest batches :attr:`batches` holds, so that a
+            long run does not grow it without limit (0: none).
         **kwargs: scheduler and cache options of :class:`BatchedLM`.
     """
+
+    #: Default of ``keep_batches``.
+    KEEP_BATCHES = 1000
 
     def __init__(
         self,
@@ -71,16 +76,24 @@ class MockLM(BatchedLM):
         tokenizer: Any = None,
         latency_s: float = 0.0,
         seed: int = 0,
+        keep_batches: int = KEEP_BATCHES,
         **kwargs: Any,
     ):
         if not isinstance(vocab, Vocabulary):
             vocab = Vocabulary(tuple(bytes(t) for t in vocab))
         kwargs.setdefault("name", "mock")
         super().__init__(vocab, tokenizer, **kwargs)
+        if keep_batches < 0:
+            raise ValueError(f"keep_batches must be >= 0, got {keep_batches}")
         self.latency_s = latency_s
         self.seed = seed
-        #: Contexts the backend evaluated, batch by batch (tests inspect batching).
+        self.keep_batches = keep_batches
+        #: Contexts the backend evaluated, batch by batch, oldest first: the latest
+        #: ``keep_batches`` batches only (tests inspect batching).
         self.batches: list[list[tuple[int, ...]]] = []
+        #: Batches and contexts evaluated since the mock was made, all of them.
+        self.batch_count = 0
+        self.context_count = 0
 
     @classmethod
     def from_name(cls, name: str, **kwargs: Any) -> MockLM:
@@ -106,7 +119,11 @@ class MockLM(BatchedLM):
         return cls(Vocabulary.from_tokenizer_json(path), **kwargs)
 
     def _logprobs_batch(self, contexts: list[tuple[int, ...]], variant: Hashable) -> np.ndarray:
+        self.batch_count += 1
+        self.context_count += len(contexts)
         self.batches.append(list(contexts))
+        if len(self.batches) > self.keep_batches:
+            del self.batches[0]
         if self.latency_s:
             time.sleep(self.latency_s)
         return np.stack([mock_logprobs(c, len(self.vocab), self.seed) for c in contexts])

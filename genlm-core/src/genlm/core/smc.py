@@ -158,8 +158,8 @@ async def smc(
 
     Raises:
         TypeError: ``max_tokens`` is not an integer or ``temperature`` not a real number.
-        ValueError: a bad argument (``temperature`` must be finite and > 0), or a mask
-            that allows no token.
+        ValueError: a bad argument (``temperature`` must be finite and > 0, see
+            :func:`~genlm.core.check_temperature`), or a mask that allows no token.
         RuntimeError: every particle reached a context where the mask allows no token
             the model gives positive probability.
     """
@@ -220,16 +220,17 @@ def _extend(
     """Draw one token from the masked, tempered proposal and update the particle's weight.
 
     A particle whose allowed tokens all have probability 0 gets weight 0 (log -inf) and
-    stops: it cannot reach the target.
+    stops: it cannot reach the target. The allowed log-probabilities are shifted to a
+    maximum of 0 before dividing, so a tiny temperature cannot overflow them all to -inf.
     """
-    logq = logp / temperature
-    if mask is not None:
-        logq = np.where(mask, logq, -np.inf)
-    norm = logsumexp(logq)
-    if not np.isfinite(norm):
+    allowed = logp if mask is None else np.where(mask, logp, -np.inf)
+    top = allowed.max()
+    if not np.isfinite(top):
         particle.log_weight, particle.done = -np.inf, True
         return
-    logq -= norm
+    with np.errstate(over="ignore"):  # -inf: a probability below float64's range
+        logq = (allowed - top) / temperature
+    logq -= logsumexp(logq)
     token = int(np.argmax(logq + rng.gumbel(size=logq.shape)))
     particle.tokens.append(token)
     particle.log_weight += logp[token] - logq[token]

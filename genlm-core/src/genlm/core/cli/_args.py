@@ -29,6 +29,18 @@ def positive_float(text: str) -> float:
     return value
 
 
+def positive_temperature(text: str) -> float:
+    """A temperature > 0 whose reciprocal is finite, so sampling accepts it."""
+    from genlm.core._sampling import MIN_TEMPERATURE
+
+    value = positive_float(text)
+    if value < MIN_TEMPERATURE:
+        raise argparse.ArgumentTypeError(
+            f"must be at least {MIN_TEMPERATURE:.4g} (1/temperature overflows below), got {text}"
+        )
+    return value
+
+
 def fraction(text: str) -> float:
     """A float in [0, 1]."""
     value = float(text)

@@ -49,13 +49,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def run(args: argparse.Namespace) -> int:
-    rows, broken = backend_rows()
-    if args.json:
-        print(json.dumps({"backends": rows, "broken": broken}, indent=2))
-        return 0
-    if not rows:
-        print("no backends installed; try: pip install genlm-backend-hf")
+def print_table(rows: list[dict]) -> None:
+    """The rows as an aligned table, the status last (it can be long)."""
     header = ("backend", "distribution", "version", "auto", "status")
     table = [header] + [
         (
@@ -70,9 +65,27 @@ def run(args: argparse.Namespace) -> int:
     widths = [max(len(str(row[i])) for row in table) for i in range(len(header) - 1)]
     for row in table:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+
+
+def run(args: argparse.Namespace) -> int:
+    from genlm.core._registry import get_registry
+
+    rows, broken = backend_rows()
+    registry = get_registry()
+    if args.json:
+        report = {"backends": rows, "broken": broken, "hidden": registry.hidden}
+        print(json.dumps(report, indent=2))
+        return 0
+    if rows:
+        print_table(rows)
+    elif registry.allowlist_note is None:
+        print("no backends installed; try: pip install genlm-backend-hf")
     for b in broken:
         print(f"\nbroken plugin {b['plugin']} ({b['distribution'] or 'unknown distribution'}):")
         print(f"  {b['error']}")
+    note = registry.allowlist_note
+    if note is not None:
+        print(f"\nnot loaded: {note}" if rows or broken else f"no backends loaded: {note}")
     return 0
 
 

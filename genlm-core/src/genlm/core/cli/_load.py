@@ -117,6 +117,8 @@ def _check_hub_model(name: str) -> None:
 
 def load_model(model: str, backend: str | None, **opts: Any) -> Any:
     """Check the backend and the model name, then load the model with that backend."""
+    from genlm.core._registry import get_registry
+
     spec = select_backend(backend)
     name = check_model(model, spec.name)
-    return spec.load(name, **opts)
+    return get_registry().load_model(name, spec.name, **opts)

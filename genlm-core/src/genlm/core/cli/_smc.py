@@ -15,7 +15,13 @@ from collections import defaultdict
 
 from genlm.core._command import Command
 from genlm.core._embedded import DEFAULT_MODEL
-from genlm.core.cli._args import ascii_bytes, fraction, positive_float, positive_int
+from genlm.core.cli._args import (
+    ascii_bytes,
+    fraction,
+    non_negative_int,
+    positive_int,
+    positive_temperature,
+)
 from genlm.core.cli._errors import CLIError
 
 logger = logging.getLogger(__name__)
@@ -28,7 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--particles", type=positive_int, default=8, help="number of particles")
     parser.add_argument("--max-tokens", type=positive_int, default=32, help="tokens per particle")
     parser.add_argument(
-        "--temperature", type=positive_float, default=1.0, help="proposal temperature"
+        "--temperature", type=positive_temperature, default=1.0, help="proposal temperature"
     )
     parser.add_argument(
         "--ess-threshold",
@@ -43,7 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="CHARS",
         help="condition on a continuation containing none of these ASCII characters",
     )
-    parser.add_argument("--seed", type=int, default=None, help="random seed")
+    parser.add_argument("--seed", type=non_negative_int, default=None, help="random seed (>= 0)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 

@@ -1,0 +1,86 @@
+"""Tiny temperatures: refused where 1/temperature overflows, exact above (issue #21, item 7)."""
+
+import asyncio
+import math
+import sys
+
+import numpy as np
+import pytest
+
+from genlm.core import check_temperature
+from genlm.core._sampling import sample_token
+from genlm.core.mock import MockLM, mock_logprobs
+from genlm.core.smc import smc
+
+VOCAB = [bytes([b]) for b in b"abcdefghijklmnop"]
+#: The smallest float whose reciprocal is finite (1 / float max itself rounds to inf's side).
+SMALLEST = math.nextafter(1 / sys.float_info.max, 1)
+
+
+@pytest.mark.parametrize("temperature", [1e-310, 5e-324, math.nextafter(SMALLEST, 0)])
+def test_temperatures_whose_reciprocal_overflows_are_refused(temperature):
+    """A positive temperature whose reciprocal is inf is a ValueError that says why."""
+    assert math.isinf(1 / temperature)
+    with pytest.raises(ValueError, match="too small: 1/temperature overflows"):
+        check_temperature(temperature)
+
+
+def test_the_smallest_temperature_is_accepted():
+    """MIN_TEMPERATURE is the smallest float whose reciprocal is finite, and it passes."""
+    from genlm.core._sampling import MIN_TEMPERATURE
+
+    assert math.isfinite(1 / SMALLEST) and MIN_TEMPERATURE == SMALLEST
+    check_temperature(SMALLEST)
+
+
+def test_sample_and_smc_refuse_a_subnormal_temperature_before_any_work():
+    """sample, batch_sample and smc at 1e-310 say "too small" without a forward pass (they
+    used to fail after one, as "log-probabilities holding only -inf")."""
+    lm = MockLM(VOCAB)
+    for call in (
+        lm.sample([0], max_tokens=3, eos_token_ids=None, temperature=1e-310, seed=0),
+        lm.batch_sample([[0], [1]], max_tokens=3, eos_token_ids=None, temperature=1e-310),
+        smc(lm, [0], n_particles=2, max_tokens=3, temperature=1e-310, seed=0),
+    ):
+        with pytest.raises(ValueError, match="too small"):
+            asyncio.run(call)
+    assert lm.batch_count == 0
+    lm.close()
+
+
+def test_a_tiny_temperature_draws_uniformly_among_the_most_likely_tokens():
+    """At 1e-308 every score of this row used to overflow to -inf (an error); the limit of
+    softmax(logp / T) as T -> 0 is uniform over the tied maxima, tokens 3 and 7."""
+    probs = np.full(10, 0.76 / 8)
+    probs[[3, 7]] = 0.12
+    logprobs = np.log(probs)
+    with np.errstate(over="ignore"):
+        assert np.all(logprobs / 1e-308 == -np.inf)  # what the old division produced
+    rng = np.random.default_rng(0)
+    draws = np.array([sample_token(logprobs, rng, 1e-308) for _ in range(2000)])
+    assert set(draws) == {3, 7}
+    assert np.mean(draws == 3) == pytest.approx(0.5, abs=0.05)
+
+
+def test_a_tiny_temperature_in_smc_follows_the_greedy_path_of_the_allowed_tokens():
+    """With a mask that leaves only unlikely tokens, smc at 1e-308 used to kill every
+    particle; it now takes the most likely allowed token each step (computed here from
+    mock_logprobs), and each weight is the log-probability of that path."""
+    first = mock_logprobs([0], len(VOCAB))
+    mask = first < -2.5  # the allowed tokens' best is below -1.8: logp / 1e-308 overflows
+    with np.errstate(over="ignore"):
+        assert np.all(first[mask] / 1e-308 == -np.inf)
+    path, logp_path = [], 0.0
+    for _ in range(4):
+        row = np.where(mask, mock_logprobs([0, *path], len(VOCAB)), -np.inf)
+        path.append(int(np.argmax(row)))
+        logp_path += row[path[-1]]
+    lm = MockLM(VOCAB)
+    result = asyncio.run(
+        smc(lm, [0], n_particles=3, max_tokens=4, temperature=1e-308, token_mask=mask, seed=0)
+    )
+    lm.close()
+    assert [p.tokens for p in result.particles] == [path] * 3
+    for particle in result.particles:
+        assert particle.log_weight == pytest.approx(logp_path, abs=1e-5)
+    assert result.log_marginal == pytest.approx(logp_path, abs=1e-5)
