@@ -320,7 +320,7 @@ class HFLM(BatchedLM):
             ModelClosedError: the model is closed.
             MemoryError: the prompt's KV does not fit in ``kv_cache_bytes``.
         """
-        variant, context = self._request(prompt_token_ids)
+        variant, context = self.validate_request(prompt_token_ids)
         self.worker.call(self._cache_kv, variant, context)
 
     def _cache_kv(self, variant: Hashable, context: tuple[int, ...]) -> None:
