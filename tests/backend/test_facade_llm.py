@@ -185,4 +185,7 @@ def test_lora_name_selects_the_adapter_per_call(tmp_path):
     )
     np.testing.assert_array_equal(batch[0].numpy(), adapted.numpy())
     assert (adapted - base).abs().max() > 1e-3  # the adapter changes the distribution
+    llm.set_lora(str(tmp_path), "a")  # loaded already: selected, not loaded twice
+    llm.set_lora(str(tmp_path), "b")  # not loaded yet: loaded, then selected
+    assert core.loaded_loras == ("a", "b") and core.active_lora == "b"
     llm.close()

@@ -128,6 +128,7 @@ def test_unknown_or_duplicate_adapter_is_a_clear_error(lm, adapters):
         lm.set_lora("nope")
     with pytest.raises(ValueError, match="'a'"):
         lm.add_lora(adapters["a"][0], "a")
+    assert lm.loaded_loras == ("a", "b")  # in load order; the duplicate was not added
     assert np.isfinite(lm.next_token_logprobs_sync(CONTEXTS[1])).all()
 
 

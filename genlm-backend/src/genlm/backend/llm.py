@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from genlm.backend.tokenization import decode_vocab, vocab_lists
-from genlm.core import BatchedLM, Vocabulary, resolve_model_path
+from genlm.core import Vocabulary
+from genlm.core.backend import BatchedLM, resolve_model_path
 
 
 class AsyncLM(ABC):
@@ -350,7 +351,7 @@ class AsyncTransformer(_CoreBacked):
     def set_lora(self, lora_path: str | None = None, lora_name: str = "lora_1") -> None:
         """Make ``lora_name`` the adapter of later calls without ``lora_name=``; a
         ``lora_path`` not loaded yet is loaded first."""
-        if lora_path is not None and lora_name not in self.core_lm._adapters:
+        if lora_path is not None and lora_name not in self.core_lm.loaded_loras:
             self.add_new_lora(lora_path, lora_name)
         self.core_lm.set_lora(lora_name)
 
@@ -404,7 +405,7 @@ class AsyncVirtualLM(_CoreBacked):
         kwargs.setdefault("cache_bytes", 0)
         core = VLLMLM.from_name(model_name, engine_opts, **_core_opts(**kwargs))
         if cache_size:  # rows are V float32s; the width is known once the model is loaded
-            core.output_cache.max_bytes = int(cache_size) * len(core.vocab) * 4
+            core.output_cache.resize(int(cache_size) * len(core.vocab) * 4)
         return cls._wrap(core)
 
 
@@ -504,7 +505,7 @@ def load_model_by_name(
 
 
 def _has_vllm() -> bool:
-    from genlm.core import get_registry
+    from genlm.core.backend import get_registry
 
     registry = get_registry()
     return "vllm" in registry.backends and registry.backends["vllm"].unavailable_reason() is None

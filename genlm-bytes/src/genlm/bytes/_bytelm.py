@@ -7,7 +7,8 @@ from typing import Any
 
 from genlm.bytes._beam import ByteBeamState
 from genlm.bytes._model import ByteModel
-from genlm.core import InvalidContextError, validate_context
+from genlm.core import InvalidContextError
+from genlm.core.backend import validate_context
 
 
 class ByteLM(ByteModel):

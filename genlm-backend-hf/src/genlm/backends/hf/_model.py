@@ -28,7 +28,8 @@ from genlm.backends.hf._kv import (
     group_rows,
     layer_tensors,
 )
-from genlm.core import BatchedLM, ResidentRows, Vocabulary, plan_rows, resolve_model_path
+from genlm.core import Vocabulary
+from genlm.core.backend import BatchedLM, ResidentRows, plan_rows, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -278,6 +279,11 @@ class HFLM(BatchedLM):
     def active_lora(self) -> str | None:
         """The name of the adapter new requests use, or None for the base model."""
         return self._active_lora
+
+    @property
+    def loaded_loras(self) -> tuple[str, ...]:
+        """The names of the loaded adapters, in the order they were loaded."""
+        return tuple(self._adapters)
 
     def _variant(self) -> Hashable:
         return self._active_lora

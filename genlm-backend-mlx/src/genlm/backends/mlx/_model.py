@@ -23,7 +23,8 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from genlm.backends.mlx import _kv
-from genlm.core import BatchedLM, Vocabulary, group_equal, plan_rows, resolve_model_path
+from genlm.core import Vocabulary
+from genlm.core.backend import BatchedLM, group_equal, plan_rows, resolve_model_path
 
 logger = logging.getLogger(__name__)
 

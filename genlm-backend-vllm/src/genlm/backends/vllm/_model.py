@@ -40,7 +40,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from genlm.core import BatchedLM, Vocabulary, check_sampling_args, resolve_model_path
+from genlm.core import Vocabulary
+from genlm.core.backend import BatchedLM, check_sampling_args, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
