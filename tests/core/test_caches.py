@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genlm.core import OutputCache, PrefixCache
+from genlm.core.backend import OutputCache, PrefixCache
 
 
 class TestOutputCache:

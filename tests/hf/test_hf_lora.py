@@ -10,7 +10,7 @@ import pytest
 peft = pytest.importorskip("peft")
 
 from genlm.backends.hf import HFLM  # noqa: E402
-from genlm.core import resolve_model_path  # noqa: E402
+from genlm.core.backend import resolve_model_path  # noqa: E402
 
 STORIES = resolve_model_path("stories260K")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

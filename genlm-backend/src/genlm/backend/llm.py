@@ -1,11 +1,11 @@
 """The language-model classes of genlm-backend 0.3, as thin facades over genlm-core models.
 
-Each concrete class wraps one core model (a :class:`genlm.core.BatchedLM` of a backend plugin)
-and exposes it as ``core_lm``. Everything is the core model's: the scheduler (autobatching),
-the output cache, the KV reuse, the worker thread. The facade converts arguments (``lora_name``
-becomes core's per-request ``variant``, ``batch_size``/``timeout`` become ``max_batch_size``/
-``max_wait_s``) and asks core for torch rows (``output="torch"``: float32 tensors on the device
-the backend computed them on).
+Each concrete class wraps one core model (a :class:`genlm.core.backend.BatchedLM` of a
+backend plugin) and exposes it as ``core_lm``. Everything is the core model's: the scheduler
+(autobatching), the output cache, the KV reuse, the worker thread. The facade converts
+arguments (``lora_name`` becomes core's per-request ``variant``, ``batch_size``/``timeout``
+become ``max_batch_size``/``max_wait_s``) and asks core for torch rows (``output="torch"``:
+float32 tensors on the device the backend computed them on).
 """
 
 from __future__ import annotations
@@ -121,8 +121,8 @@ class _CoreBacked(AsyncLM):
     """What every facade shares: all calls go to ``self.core_lm``, a genlm-core model.
 
     Attributes:
-        core_lm (genlm.core.BatchedLM): the wrapped core model (genlm-bytes' ``ByteBeamState``
-            and any genlm.core API take it directly).
+        core_lm (genlm.core.backend.BatchedLM): the wrapped core model (genlm-bytes'
+            ``ByteBeamState`` and any genlm.core API take it directly).
     """
 
     core_lm: BatchedLM

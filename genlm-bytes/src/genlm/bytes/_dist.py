@@ -111,7 +111,7 @@ class NextByteLogprobs:
 
         Raises:
             TypeError: ``temperature`` is not a real number (see
-                :func:`genlm.core.check_temperature`).
+                :func:`genlm.core.backend.check_temperature`).
             ValueError: ``temperature`` is NaN, infinite or negative, or no byte and no
                 EOS has positive probability.
         """

@@ -19,7 +19,7 @@ class AsyncLM(Protocol):
     it), one entry per vocabulary token id. Arrays may be read-only (they can be shared
     with a cache): copy before modifying.
 
-    Every GenLM backend (a :class:`~genlm.core.BatchedLM`) satisfies this protocol, and
+    Every GenLM backend (a :class:`~genlm.core.backend.BatchedLM`) satisfies this protocol, and
     ``isinstance(lm, AsyncLM)`` checks it at run time. Concurrent calls are batched:
     awaiting many requests at once is the fast path, never a hazard.
 
@@ -48,7 +48,7 @@ class AsyncLM(Protocol):
         Args:
             token_ids: the context, a non-empty sequence of token ids (ints in
                 ``range(len(vocab))``; raw text is refused).
-            **options: ``variant=`` and ``output=``, as :class:`~genlm.core.BatchedLM`
+            **options: ``variant=`` and ``output=``, as :class:`~genlm.core.backend.BatchedLM`
                 takes them.
 
         Returns:
@@ -64,7 +64,7 @@ class AsyncLM(Protocol):
 
         Args:
             token_ids: the context, as for :meth:`next_token_logprobs`.
-            **options: ``variant=`` and ``output=``, as :class:`~genlm.core.BatchedLM`
+            **options: ``variant=`` and ``output=``, as :class:`~genlm.core.backend.BatchedLM`
                 takes them.
 
         Returns:
@@ -82,7 +82,7 @@ class AsyncLM(Protocol):
 
         Args:
             contexts: token-id contexts, each as for :meth:`next_token_logprobs`.
-            **options: ``variant=`` and ``output=``, as :class:`~genlm.core.BatchedLM`
+            **options: ``variant=`` and ``output=``, as :class:`~genlm.core.backend.BatchedLM`
                 takes them.
 
         Returns:
@@ -101,7 +101,7 @@ class AsyncLM(Protocol):
 
         Args:
             contexts: token-id contexts, each as for :meth:`next_token_logprobs`.
-            **options: ``variant=`` and ``output=``, as :class:`~genlm.core.BatchedLM`
+            **options: ``variant=`` and ``output=``, as :class:`~genlm.core.backend.BatchedLM`
                 takes them.
 
         Returns:

@@ -9,7 +9,7 @@ the caches, the row planner for KV reuse, the plugin registry and ``BackendSpec`
 small helpers (``is_torch``, ``resolve_model_path``, the sampling-argument checks,
 ``lazy_exports``). Command plugins use :mod:`genlm.core.cli` and
 :mod:`genlm.core.hookspecs`. A distribution other than genlm-core uses only these public
-modules, never a ``genlm.core._private`` one (a test checks).
+modules, never a ``genlm.core._private`` one (``tests/test_private_access.py`` checks).
 
 Names load lazily, as in :mod:`genlm.core`: a backend's plugin module imports
 ``BackendSpec`` from here without loading numpy, and nothing here imports torch.
@@ -48,7 +48,9 @@ __all__ = list(_EXPORTS)
 __getattr__, __dir__ = _lazy_exports(__name__, "genlm-core", _EXPORTS)
 
 
-if _TYPE_CHECKING:  # the same names, for type checkers and the API reference
+# _EXPORTS again, statically, for type checkers and the API reference (``X as X`` marks a
+# re-export); tests/core/test_packaging.py keeps the two equal.
+if _TYPE_CHECKING:
     from genlm.core._backend_spec import BackendSpec as BackendSpec
     from genlm.core._embedded import resolve_model_path as resolve_model_path
     from genlm.core._lazy import lazy_exports as lazy_exports

@@ -70,7 +70,7 @@ class HFLM(BatchedLM):
             ``None`` (default): on CUDA ``("efficient", "flash", "math")``, never cuDNN,
             which builds a plan per new sequence length (measured ~70 ms per SMC step on
             an H100, issue 14); elsewhere torch's own choice.
-        **kwargs: scheduler and output-cache options of :class:`genlm.core.BatchedLM`;
+        **kwargs: scheduler and output-cache options of :class:`genlm.core.backend.BatchedLM`;
             ``max_context_length`` defaults to the model's ``max_position_embeddings``
             (None where its configuration names no limit; pass None to lift it).
     """
@@ -172,7 +172,7 @@ class HFLM(BatchedLM):
             device: where the model runs; default ``cuda`` if available, else ``cpu``.
             dtype: weight dtype, ``"auto"`` keeps the checkpoint's.
             kv_cache_bytes: byte budget of the KV cache.
-            **kwargs: options of :class:`HFLM` and :class:`genlm.core.BatchedLM`; ``name``
+            **kwargs: options of :class:`HFLM` and :class:`genlm.core.backend.BatchedLM`; ``name``
                 defaults to ``model_id``.
 
         Returns:
