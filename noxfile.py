@@ -106,11 +106,13 @@ def core(session: nox.Session) -> None:
     Tokenizer libraries are installed for the vocabulary tests only.
     """
     install_core(session, *TOKENIZER_DEPS)
-    # The import-graph check reads every distribution's source (ast); it imports nothing.
+    # The import-graph and private-access checks read every distribution's source (ast);
+    # they import nothing.
     pytest(
         session,
         "tests/core",
         "tests/test_import_graph.py",
+        "tests/test_private_access.py",
         "tests/docs/test_backend_author_page.py",
     )
 
