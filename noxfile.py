@@ -39,6 +39,7 @@ DOCS_DEPS = [
     "mkdocstrings==1.0.8",
     "mkdocstrings-python==2.0.11",
     "griffelib==2.4.1",
+    "griffe-public-redundant-aliases==0.3.2",
     "pymdown-extensions==13.1",
 ]
 MLX = "mlx[cpu]" if platform.system() == "Linux" else "mlx"

@@ -233,6 +233,14 @@ class BatchedLM(abc.ABC):
         that bad input fails the same way. ``variant`` is resolved: the current one
         (:meth:`_variant`) by default, else what :meth:`_check_variant` accepts.
 
+        Args:
+            token_ids: the context, at least one token id.
+            variant: the variant of this one request, or the model's current one.
+
+        Returns:
+            ``(variant, ids)``: the resolved variant and the ids as a tuple of ints, the
+            key the scheduler and the output cache use.
+
         Raises:
             ModelClosedError: the model is closed.
             InvalidContextError: bad token ids, or more than ``max_context_length``.

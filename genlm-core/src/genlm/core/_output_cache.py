@@ -120,7 +120,10 @@ class OutputCache:
         """Set the budget to ``max_bytes``, evicting the least recently used entries to fit.
 
         For a budget known only once the model is loaded (the genlm-backend facade sizes
-        the cache in rows, whose width is the vocabulary's). 0 disables caching.
+        the cache in rows, whose width is the vocabulary's).
+
+        Args:
+            max_bytes: the new budget; 0 disables caching.
 
         Raises:
             ValueError: a negative ``max_bytes``.

@@ -116,7 +116,22 @@ def _check_hub_model(name: str) -> None:
 
 
 def load_model(model: str, backend: str | None, **opts: Any) -> Any:
-    """Check the backend and the model name, then load the model with that backend."""
+    """Check the backend and the model name, then load the model with that backend.
+
+    What a command plugin calls to load the model its user named (``genlm bytes`` does):
+    mistakes become a :class:`~genlm.core.cli.CLIError` before anything heavy loads.
+
+    Args:
+        model: a model name (embedded, hub id or local path).
+        backend: the backend to use, or None to pick the best available one.
+        **opts: the backend loader's options.
+
+    Returns:
+        The loaded model (an :class:`~genlm.core.AsyncLM`).
+
+    Raises:
+        CLIError: no such backend, or a model name that cannot be found.
+    """
     spec = select_backend(backend)
     name = check_model(model, spec.name)
     return spec.load(name, **opts)
