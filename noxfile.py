@@ -39,6 +39,7 @@ DOCS_DEPS = [
     "mkdocstrings==1.0.8",
     "mkdocstrings-python==2.0.11",
     "griffelib==2.4.1",
+    "griffe-public-redundant-aliases==0.3.2",
     "pymdown-extensions==13.1",
 ]
 MLX = "mlx[cpu]" if platform.system() == "Linux" else "mlx"
@@ -106,11 +107,13 @@ def core(session: nox.Session) -> None:
     Tokenizer libraries are installed for the vocabulary tests only.
     """
     install_core(session, *TOKENIZER_DEPS)
-    # The import-graph check reads every distribution's source (ast); it imports nothing.
+    # The import-graph and private-access checks read every distribution's source (ast);
+    # they import nothing.
     pytest(
         session,
         "tests/core",
         "tests/test_import_graph.py",
+        "tests/test_private_access.py",
         "tests/docs/test_backend_author_page.py",
     )
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from genlm.bytes import ByteLM  # noqa: E402
-from genlm.core import resolve_model_path  # noqa: E402
+from genlm.core.backend import resolve_model_path  # noqa: E402
 
 logger = logging.getLogger("bytes_bench")
 

@@ -33,7 +33,7 @@ def model_dirs() -> dict[str, str]:
     sys.path.insert(0, str(REPO / "tests"))
     from support.random_llama import cached_random_llama
 
-    from genlm.core import resolve_model_path
+    from genlm.core.backend import resolve_model_path
 
     return {
         "bench53m": str(cached_random_llama("bench53m")),

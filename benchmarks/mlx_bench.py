@@ -144,7 +144,7 @@ def main() -> None:
     sys.path.insert(0, str(REPO / "tests"))
     from support.random_llama import cached_random_llama
 
-    from genlm.core import resolve_model_path
+    from genlm.core.backend import resolve_model_path
 
     models = {
         "stories260K": resolve_model_path("stories260K"),

@@ -41,7 +41,7 @@ logger = logging.getLogger("vllm_bench")
 
 def model_path(name: str) -> Path:
     if name == "stories260K":
-        from genlm.core import resolve_model_path
+        from genlm.core.backend import resolve_model_path
 
         return Path(resolve_model_path(name))
     tokenizer = "gpt2"

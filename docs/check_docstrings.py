@@ -3,7 +3,10 @@
 Run by ``nox -s docs`` (``python docs/check_docstrings.py``). The sources are read
 statically with griffe, the library mkdocstrings renders the reference with, so no
 backend library (torch, vllm, mlx) needs to be installed. A public name is one listed in a
-package's ``__all__`` (every name defined at the top level, for modules without one).
+package's ``__all__``; where griffe cannot read ``__all__`` (the lazy packages build it
+from ``_EXPORTS``), the names griffe sees as public: those defined at the top level and
+those imported as ``from m import X as X`` (their ``TYPE_CHECKING`` mirror of
+``_EXPORTS``; the ``griffe_public_redundant_aliases`` extension, as in mkdocs.yml).
 The check demands a docstring for every public name and for every public method or
 property of a public class. It demands no ``Args:``/``Returns:`` sections: a contract is
 written once, on the class, and a method's docstring is one line unless the method
@@ -25,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PUBLIC_MODULES = {
     "genlm-core/src": [
         "genlm.core",
+        "genlm.core.backend",
         "genlm.core.hookspecs",
         "genlm.core.mock",
         "genlm.core.smc",
@@ -70,11 +74,15 @@ def check_object(path: str, obj: griffe.Object) -> list[str]:
     return [] if obj.docstring else [f"{path}: no docstring (add a string literal after it)"]
 
 
+#: The griffe extensions mkdocs.yml loads: they decide which names are public.
+EXTENSIONS = ["griffe_public_redundant_aliases"]
+
+
 def public_names(module: griffe.Module) -> list[str]:
-    """``__all__``, or every non-underscore name the module defines itself."""
-    if module.exports is not None:
+    """``__all__`` where griffe reads it, else the names griffe sees as public."""
+    if module.exports:
         return [str(name) for name in module.exports]
-    return [n for n, m in module.members.items() if not n.startswith("_") and not m.is_alias]
+    return [n for n, m in module.members.items() if not n.startswith("_") and m.is_public]
 
 
 def check_module(module: griffe.Module) -> list[str]:
@@ -99,7 +107,11 @@ def main() -> int:
     """Check every public module whose distribution folder exists; print the problems."""
     logging.getLogger("griffe").setLevel(logging.ERROR)  # its own parse warnings are noise here
     search_paths = [str(ROOT / folder) for folder in PUBLIC_MODULES if (ROOT / folder).is_dir()]
-    loader = griffe.GriffeLoader(search_paths=search_paths, docstring_parser="google")
+    loader = griffe.GriffeLoader(
+        search_paths=search_paths,
+        docstring_parser="google",
+        extensions=griffe.load_extensions(*EXTENSIONS),
+    )
     problems: list[str] = []
     checked = 0
     for folder, modules in PUBLIC_MODULES.items():

@@ -25,7 +25,7 @@ def reference():
     import torch
     import transformers
 
-    from genlm.core import resolve_model_path
+    from genlm.core.backend import resolve_model_path
 
     model = transformers.AutoModelForCausalLM.from_pretrained(resolve_model_path("stories260K"))
     model = model.eval()

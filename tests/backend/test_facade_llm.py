@@ -135,7 +135,7 @@ def test_load_model_by_name_rejects_unknown_backends_and_engines():
 def test_constructor_maps_batch_size_and_timeout():
     import transformers
 
-    from genlm.core import resolve_model_path
+    from genlm.core.backend import resolve_model_path
 
     path = resolve_model_path("stories260K")
     llm = AsyncTransformer(
@@ -154,7 +154,7 @@ def test_lora_name_selects_the_adapter_per_call(tmp_path):
     peft = pytest.importorskip("peft")
     import transformers
 
-    from genlm.core import resolve_model_path
+    from genlm.core.backend import resolve_model_path
 
     path = resolve_model_path("stories260K")
     torch.manual_seed(0)
@@ -185,4 +185,7 @@ def test_lora_name_selects_the_adapter_per_call(tmp_path):
     )
     np.testing.assert_array_equal(batch[0].numpy(), adapted.numpy())
     assert (adapted - base).abs().max() > 1e-3  # the adapter changes the distribution
+    llm.set_lora(str(tmp_path), "a")  # loaded already: selected, not loaded twice
+    llm.set_lora(str(tmp_path), "b")  # not loaded yet: loaded, then selected
+    assert core.loaded_loras == ("a", "b") and core.active_lora == "b"
     llm.close()

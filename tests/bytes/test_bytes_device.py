@@ -138,7 +138,7 @@ def test_hf_device_rows_end_to_end(loaded_stories, device):
 def loaded_stories():
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("genlm.backends.hf")
-    from genlm.core import resolve_model_path
+    from genlm.core.backend import resolve_model_path
 
     path = resolve_model_path("stories260K")
     tok = transformers.AutoTokenizer.from_pretrained(path)

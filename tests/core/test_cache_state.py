@@ -15,7 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from genlm.core import OutputCache, PrefixCache
+from genlm.core.backend import OutputCache, PrefixCache
 
 SETTINGS = settings(max_examples=40, stateful_step_count=30, deadline=None)
 

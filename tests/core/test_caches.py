@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genlm.core import OutputCache, PrefixCache
+from genlm.core.backend import OutputCache, PrefixCache
 
 
 class TestOutputCache:
@@ -53,6 +53,21 @@ class TestOutputCache:
         held = [k for k in keys if cache.get(k) is not None]
         real = sum(400 + sum(map(sys.getsizeof, [k, None, k[1], *k[1]])) for k in held)
         assert held == keys[-1:] and cache.nbytes == real <= 20_000
+
+    def test_resize_evicts_the_least_recent_to_fit(self):
+        """Shrinking keeps the most recently used entries that fit; a bad budget is refused."""
+        entry = 400 + sys.getsizeof(1000)
+        cache = OutputCache(max_bytes=4 * entry)
+        for i in range(1000, 1004):
+            cache.put(i, np.zeros(100, dtype=np.float32))
+        cache.get(1000)  # most recent now: 1001, 1002, 1003, 1000
+        cache.resize(2 * entry + 1)
+        assert [k for k in range(1000, 1004) if cache.get(k) is not None] == [1000, 1003]
+        assert cache.nbytes == 2 * entry and cache.max_bytes == 2 * entry + 1
+        cache.resize(0)
+        assert len(cache) == 0 and cache.nbytes == 0
+        with pytest.raises(ValueError, match="max_bytes must be >= 0"):
+            cache.resize(-1)
 
     def test_zero_budget_disables_caching(self):
         """max_bytes=0 stores nothing."""

@@ -18,14 +18,8 @@ import attrs
 import pytest
 from support.plugins import plugin_module
 
-from genlm.core import (
-    BackendNotFoundError,
-    BackendSpec,
-    BackendUnavailableError,
-    Registry,
-    _registry,
-    load_model_by_name,
-)
+from genlm.core import BackendNotFoundError, BackendUnavailableError, _registry, load_model_by_name
+from genlm.core.backend import BackendSpec, Registry
 from genlm.core.cli import main
 from genlm.core.mock import MockLM
 
@@ -75,7 +69,7 @@ def backend_plugin(make_module, name, distribution, description="", loader=MOCK_
     extra = "".join(f", {k}={v!r}" for k, v in kw.items())
     return make_module(
         f"""
-        from genlm.core import BackendSpec
+        from genlm.core.backend import BackendSpec
         from genlm.core.hookspecs import hookimpl
 
         @hookimpl

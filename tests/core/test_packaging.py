@@ -1,12 +1,14 @@
 """Packaging promises: namespace layout, light imports, public names, embedded model."""
 
+import ast
 import hashlib
+import importlib
 from pathlib import Path
 
+import pytest
 from support.imports import modules_loaded_by
 
-import genlm.core
-from genlm.core import resolve_model_path
+from genlm.core.backend import resolve_model_path
 
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "vllm", "mlx", "mlx_lm", "scipy", "numpy", "asyncio")
@@ -22,22 +24,53 @@ def test_no_genlm_init_anywhere():
     assert offenders == []
 
 
-def test_import_is_light():
-    """`import genlm.core` imports no torch, transformers, vllm or mlx (nor even numpy)."""
-    assert modules_loaded_by("import genlm.core", HEAVY) == []
+@pytest.mark.parametrize("module", ["genlm.core", "genlm.core.backend"])
+def test_import_is_light(module):
+    """The user API and the backend authors' module import no torch, transformers, vllm or
+    mlx (nor even numpy): a plugin module imports ``BackendSpec`` during discovery."""
+    assert modules_loaded_by(f"import {module}", HEAVY) == []
 
 
-def test_all_lists_exactly_the_public_names():
-    """Every name in `genlm.core.__all__` resolves, and no other public name exists."""
-    for name in genlm.core.__all__:
-        assert getattr(genlm.core, name) is not None
-    public = {
-        name
-        for name in dir(genlm.core)
-        if not name.startswith("_") and not isinstance(getattr(genlm.core, name), type(genlm.core))
+def _type_checking_imports(path: Path) -> dict[str, str]:
+    """``name -> module`` of the ``if TYPE_CHECKING:`` imports of a source file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    block = next(
+        n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)
+    )
+    return {
+        alias.asname or alias.name: node.module
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
     }
-    assert set(genlm.core.__all__) == public == set(genlm.core._EXPORTS)
-    assert genlm.core.__version__ != "0+unknown"
+
+
+@pytest.mark.parametrize("name", ["genlm.core", "genlm.core.backend"])
+def test_all_lists_exactly_the_public_names(name):
+    """``__all__`` is made from ``_EXPORTS``; every name resolves to the module the map names,
+    no other public name exists, and the static ``TYPE_CHECKING`` mirror (what type checkers
+    and the API reference read) names the same objects from the same modules."""
+    module = importlib.import_module(name)
+    assert module.__all__ == list(module._EXPORTS)
+    public = {
+        n
+        for n in dir(module)
+        if not n.startswith("_") and not isinstance(getattr(module, n), type(module))
+    }
+    assert set(module.__all__) == public
+    full = {n: (m if "." in m else f"genlm.core.{m}") for n, m in module._EXPORTS.items()}
+    for n, m in full.items():
+        assert getattr(module, n) is getattr(importlib.import_module(m), n)
+    assert _type_checking_imports(Path(module.__file__)) == full
+    assert module.__version__ != "0+unknown"
+
+
+def test_user_api_and_backend_api_are_disjoint():
+    """A name has one home: the user API, or the backend authors' module."""
+    import genlm.core
+    import genlm.core.backend
+
+    assert set(genlm.core.__all__).isdisjoint(genlm.core.backend.__all__)
 
 
 def test_embedded_model_resolves_offline():

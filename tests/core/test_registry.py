@@ -10,13 +10,8 @@ import types
 import pytest
 from support.plugins import plugin_module as plugin
 
-from genlm.core import (
-    BackendNotFoundError,
-    BackendSpec,
-    BackendUnavailableError,
-    Registry,
-    load_model_by_name,
-)
+from genlm.core import BackendNotFoundError, BackendUnavailableError, load_model_by_name
+from genlm.core.backend import BackendSpec, Registry
 from genlm.core.hookspecs import hookimpl
 from genlm.core.mock import MockLM
 
@@ -140,7 +135,7 @@ def discover_in_subprocess(env_allowlist=None):
     """Run discovery in a fresh interpreter; return its backends, errors and heavy modules."""
     code = (
         "import json, sys\n"
-        "from genlm.core import Registry\n"
+        "from genlm.core.backend import Registry\n"
         "r = Registry.discover()\n"
         "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', "
         "'vllm', 'mlx', 'mlx_lm'})\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genlm.core import ResidentRows, group_equal, group_padded, plan_rows
+from genlm.core.backend import ResidentRows, group_equal, group_padded, plan_rows
 
 #: Small alphabets and lengths, so random contexts often share prefixes.
 tokens = st.lists(st.integers(0, 2), min_size=1, max_size=6).map(tuple)

@@ -10,7 +10,8 @@ import weakref
 import numpy as np
 import pytest
 
-from genlm.core import AutoBatcher, ModelClosedError, ModelWorker
+from genlm.core import ModelClosedError
+from genlm.core.backend import AutoBatcher, ModelWorker
 from genlm.core.mock import MockLM, mock_logprobs
 
 VOCAB = [bytes([b]) for b in range(32)]

@@ -17,7 +17,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from genlm.core import AutoBatcher, ModelClosedError, ModelWorker
+from genlm.core import ModelClosedError
+from genlm.core.backend import AutoBatcher, ModelWorker
 
 MAX_BATCH = 3
 BAD = 4  # an item (group, BAD) makes its whole batch fail

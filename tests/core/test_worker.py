@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.faulty import within
 
-from genlm.core import BackendError, ModelClosedError, ModelWorker
+from genlm.core import BackendError, ModelClosedError
+from genlm.core.backend import ModelWorker
 
 #: What a backend may raise that a future cannot carry, or that is no exception.
 UNTRANSPORTABLE = [

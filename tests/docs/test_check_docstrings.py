@@ -100,3 +100,36 @@ def test_flags_each_kind_of_gap(tmp_path):
             "pkg_under_check._private_ok: no docstring",
         ]
     )
+
+
+def test_a_lazy_package_is_checked_through_its_type_checking_mirror(tmp_path):
+    """A package whose ``__all__`` griffe cannot read (made from ``_EXPORTS``) is checked by
+    the names its ``TYPE_CHECKING`` block re-exports as ``X as X``; a plain import is not
+    public."""
+    package = tmp_path / "lazy_under_check"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        textwrap.dedent(
+            '''
+            """A lazy package."""
+            from typing import TYPE_CHECKING
+            _EXPORTS = {"bare": "_impl", "good": "_impl"}
+            __all__ = list(_EXPORTS)
+            if TYPE_CHECKING:
+                from lazy_under_check._impl import bare as bare
+                from lazy_under_check._impl import good as good
+                from lazy_under_check._impl import hidden
+            '''
+        )
+    )
+    (package / "_impl.py").write_text(
+        'def bare(): pass\ndef good():\n    """Documented."""\ndef hidden(): pass\n'
+    )
+    check = checker()
+    module = griffe.load(
+        "lazy_under_check",
+        search_paths=[str(tmp_path)],
+        extensions=griffe.load_extensions(*check.EXTENSIONS),
+    )
+    assert sorted(check.public_names(module)) == ["bare", "good"]
+    assert check.check_module(module) == ["lazy_under_check.bare: no docstring"]

@@ -7,7 +7,7 @@ import pytest
 from support.backend_guard import missing, skip_every_module
 from support.random_llama import cached_random_llama
 
-from genlm.core import resolve_model_path
+from genlm.core.backend import resolve_model_path
 
 if absent := missing("torch", "transformers"):
     pytest_pycollect_makemodule = skip_every_module(f"{absent} is not installed")

@@ -14,7 +14,8 @@ transformers = pytest.importorskip("transformers")
 from support.imports import modules_loaded_by  # noqa: E402
 
 from genlm.backends.hf import HFLM  # noqa: E402
-from genlm.core import get_registry, load_model_by_name, resolve_model_path  # noqa: E402
+from genlm.core import load_model_by_name  # noqa: E402
+from genlm.core.backend import get_registry, resolve_model_path  # noqa: E402
 
 STORIES = resolve_model_path("stories260K")
 

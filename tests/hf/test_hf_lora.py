@@ -10,7 +10,7 @@ import pytest
 peft = pytest.importorskip("peft")
 
 from genlm.backends.hf import HFLM  # noqa: E402
-from genlm.core import resolve_model_path  # noqa: E402
+from genlm.core.backend import resolve_model_path  # noqa: E402
 
 STORIES = resolve_model_path("stories260K")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -128,6 +128,7 @@ def test_unknown_or_duplicate_adapter_is_a_clear_error(lm, adapters):
         lm.set_lora("nope")
     with pytest.raises(ValueError, match="'a'"):
         lm.add_lora(adapters["a"][0], "a")
+    assert lm.loaded_loras == ("a", "b")  # in load order; the duplicate was not added
     assert np.isfinite(lm.next_token_logprobs_sync(CONTEXTS[1])).all()
 
 

@@ -14,7 +14,7 @@ if absent := missing("mlx.core", "mlx_lm"):
 @pytest.fixture(scope="session")
 def stories_dir() -> str:
     """The embedded stories260K model directory."""
-    from genlm.core import resolve_model_path
+    from genlm.core.backend import resolve_model_path
 
     return resolve_model_path("stories260K")
 

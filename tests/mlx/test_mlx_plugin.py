@@ -5,7 +5,7 @@ from __future__ import annotations
 from support.imports import modules_loaded_by
 
 from genlm.backends.mlx import plugin
-from genlm.core import BackendSpec
+from genlm.core.backend import BackendSpec
 
 
 def _registered() -> BackendSpec:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from genlm.bytes import EOS
-from genlm.core import Vocabulary, resolve_model_path
+from genlm.core import Vocabulary
+from genlm.core.backend import resolve_model_path
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:

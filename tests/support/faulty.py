@@ -1,6 +1,6 @@
 """``FaultyLM``: a backend that fails on demand, to drive core through its failure paths.
 
-A :class:`~genlm.core.BatchedLM` over a small vocabulary whose healthy rows are
+A :class:`~genlm.core.backend.BatchedLM` over a small vocabulary whose healthy rows are
 :func:`genlm.core.mock.mock_logprobs` (so a test can check a result against an
 independent expectation). A :class:`Fault` says what goes wrong; it is attached
 
@@ -38,7 +38,8 @@ from typing import Any, Literal
 import attrs
 import numpy as np
 
-from genlm.core import BatchedLM, Vocabulary
+from genlm.core import Vocabulary
+from genlm.core.backend import BatchedLM
 from genlm.core.mock import mock_logprobs
 
 #: How a fault corrupts the rows of its batch (or of its context's row):

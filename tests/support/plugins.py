@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import types
 
-from genlm.core import BackendSpec
+from genlm.core.backend import BackendSpec
 from genlm.core.hookspecs import hookimpl
 
 

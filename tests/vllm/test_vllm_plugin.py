@@ -6,7 +6,7 @@ from support.imports import modules_loaded_by
 
 from genlm.backends.vllm import plugin
 from genlm.backends.vllm._model import MULTIPROCESSING_ENV, in_process_sampler
-from genlm.core import Registry
+from genlm.core.backend import Registry
 
 
 def registry():

@@ -1,11 +1,11 @@
 """The language-model classes of genlm-backend 0.3, as thin facades over genlm-core models.
 
-Each concrete class wraps one core model (a :class:`genlm.core.BatchedLM` of a backend plugin)
-and exposes it as ``core_lm``. Everything is the core model's: the scheduler (autobatching),
-the output cache, the KV reuse, the worker thread. The facade converts arguments (``lora_name``
-becomes core's per-request ``variant``, ``batch_size``/``timeout`` become ``max_batch_size``/
-``max_wait_s``) and asks core for torch rows (``output="torch"``: float32 tensors on the device
-the backend computed them on).
+Each concrete class wraps one core model (a :class:`genlm.core.backend.BatchedLM` of a
+backend plugin) and exposes it as ``core_lm``. Everything is the core model's: the scheduler
+(autobatching), the output cache, the KV reuse, the worker thread. The facade converts
+arguments (``lora_name`` becomes core's per-request ``variant``, ``batch_size``/``timeout``
+become ``max_batch_size``/``max_wait_s``) and asks core for torch rows (``output="torch"``:
+float32 tensors on the device the backend computed them on).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from genlm.backend.tokenization import decode_vocab, vocab_lists
-from genlm.core import BatchedLM, Vocabulary, resolve_model_path
+from genlm.core import Vocabulary
+from genlm.core.backend import BatchedLM, resolve_model_path
 
 
 class AsyncLM(ABC):
@@ -120,8 +121,8 @@ class _CoreBacked(AsyncLM):
     """What every facade shares: all calls go to ``self.core_lm``, a genlm-core model.
 
     Attributes:
-        core_lm (genlm.core.BatchedLM): the wrapped core model (genlm-bytes' ``ByteBeamState``
-            and any genlm.core API take it directly).
+        core_lm (genlm.core.backend.BatchedLM): the wrapped core model (genlm-bytes'
+            ``ByteBeamState`` and any genlm.core API take it directly).
     """
 
     core_lm: BatchedLM
@@ -350,7 +351,7 @@ class AsyncTransformer(_CoreBacked):
     def set_lora(self, lora_path: str | None = None, lora_name: str = "lora_1") -> None:
         """Make ``lora_name`` the adapter of later calls without ``lora_name=``; a
         ``lora_path`` not loaded yet is loaded first."""
-        if lora_path is not None and lora_name not in self.core_lm._adapters:
+        if lora_path is not None and lora_name not in self.core_lm.loaded_loras:
             self.add_new_lora(lora_path, lora_name)
         self.core_lm.set_lora(lora_name)
 
@@ -404,7 +405,7 @@ class AsyncVirtualLM(_CoreBacked):
         kwargs.setdefault("cache_bytes", 0)
         core = VLLMLM.from_name(model_name, engine_opts, **_core_opts(**kwargs))
         if cache_size:  # rows are V float32s; the width is known once the model is loaded
-            core.output_cache.max_bytes = int(cache_size) * len(core.vocab) * 4
+            core.output_cache.resize(int(cache_size) * len(core.vocab) * 4)
         return cls._wrap(core)
 
 
@@ -504,7 +505,7 @@ def load_model_by_name(
 
 
 def _has_vllm() -> bool:
-    from genlm.core import get_registry
+    from genlm.core.backend import get_registry
 
     registry = get_registry()
     return "vllm" in registry.backends and registry.backends["vllm"].unavailable_reason() is None

@@ -6,7 +6,7 @@ package's plugin module without loading numpy or the beam machinery.
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
-from genlm.core import lazy_exports as _lazy_exports
+from genlm.core.backend import lazy_exports as _lazy_exports
 
 #: Public name -> the private module defining it.
 _EXPORTS = {

@@ -7,7 +7,8 @@ from typing import Any
 
 from genlm.bytes._beam import ByteBeamState
 from genlm.bytes._model import ByteModel
-from genlm.core import InvalidContextError, validate_context
+from genlm.core import InvalidContextError
+from genlm.core.backend import validate_context
 
 
 class ByteLM(ByteModel):
@@ -65,7 +66,7 @@ class ByteLM(ByteModel):
         """The state after a prompt: token ids, or bytes/text.
 
         Token ids are the context as given (non-empty; checked by
-        :func:`genlm.core.validate_context`, as core checks every context). Bytes
+        :func:`genlm.core.backend.validate_context`, as core checks every context). Bytes
         (``bytes``, ``bytearray``, ``memoryview``; or text, UTF-8 encoded) start from the
         BOS token and are prefilled byte by byte, summing over their tokenizations; a
         vocabulary without BOS uses the prompt's first token (longest match) as the

@@ -86,8 +86,8 @@ def _show(symbol: int) -> str:
 
 async def _main(args: argparse.Namespace) -> int:
     from genlm.bytes._bytelm import ByteLM
-    from genlm.core._embedded import DEFAULT_MODEL
-    from genlm.core.cli._load import load_model
+    from genlm.core import DEFAULT_MODEL
+    from genlm.core.cli import load_model
 
     lm = load_model(args.model or DEFAULT_MODEL, args.backend)
     async with ByteLM(lm, K=args.beam, close_lm=True) as byte_lm:

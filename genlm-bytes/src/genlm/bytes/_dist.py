@@ -5,7 +5,8 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from genlm.core import EOS_EDGE, check_temperature
+from genlm.core import EOS_EDGE
+from genlm.core.backend import check_temperature
 
 EOS = EOS_EDGE
 """Index of end-of-sequence in :attr:`NextByteLogprobs.logprobs` (256: one past the last
@@ -110,7 +111,7 @@ class NextByteLogprobs:
 
         Raises:
             TypeError: ``temperature`` is not a real number (see
-                :func:`genlm.core.check_temperature`).
+                :func:`genlm.core.backend.check_temperature`).
             ValueError: ``temperature`` is NaN, infinite or negative, or no byte and no
                 EOS has positive probability.
         """

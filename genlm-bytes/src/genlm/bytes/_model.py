@@ -20,7 +20,7 @@ from genlm.bytes._dist import logsumexp
 from genlm.bytes._mass_cache import MassCache
 from genlm.bytes._types import NextTokens
 from genlm.core import TokenByteTrie
-from genlm.core._rows import is_torch as _is_torch
+from genlm.core.backend import is_torch as _is_torch
 
 logger = logging.getLogger(__name__)
 

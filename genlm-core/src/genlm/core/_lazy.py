@@ -20,7 +20,8 @@ def lazy_exports(
     Args:
         package: the package's ``__name__``.
         distribution: its pip distribution, for ``__version__``.
-        exports: public name -> the submodule (relative to ``package``) defining it.
+        exports: public name -> the module defining it: a submodule of ``package``
+            (``"_model"``), or a full module name (``"genlm.core._model"``).
 
     Returns:
         ``(__getattr__, __dir__)``, to assign at the package's top level:
@@ -40,7 +41,9 @@ def lazy_exports(
         module = exports.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{module}"), name)
+        if "." not in module:
+            module = f"{package}.{module}"
+        value = getattr(importlib.import_module(module), name)
         namespace[name] = value  # later lookups skip __getattr__
         return value
 

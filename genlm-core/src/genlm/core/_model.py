@@ -227,7 +227,28 @@ class BatchedLM(abc.ABC):
         """The tokenizer the model was built with, or None."""
         return self._tokenizer
 
-    def _request(self, token_ids: Sequence[int], variant: Hashable = CURRENT_VARIANT) -> Request:
+    def validate_request(
+        self, token_ids: Sequence[int], variant: Hashable = CURRENT_VARIANT
+    ) -> Request:
+        """Check a request as every call does and return it as ``(variant, ids)``.
+
+        Every public method validates here, on the caller, before anything is queued;
+        a backend's own entry points (hf's ``cache_kv``, vllm's ``sample``) call it so
+        that bad input fails the same way. ``variant`` is resolved: the current one
+        (:meth:`_variant`) by default, else what :meth:`_check_variant` accepts.
+
+        Args:
+            token_ids: the context, at least one token id.
+            variant: the variant of this one request, or the model's current one.
+
+        Returns:
+            ``(variant, ids)``: the resolved variant and the ids as a tuple of ints, the
+            key the scheduler and the output cache use.
+
+        Raises:
+            ModelClosedError: the model is closed.
+            InvalidContextError: bad token ids, or more than ``max_context_length``.
+        """
         if self._closed:
             raise ModelClosedError(f"{self.name} is closed")
         ids = validate_context(token_ids, len(self._vocab))
@@ -271,7 +292,7 @@ class BatchedLM(abc.ABC):
                 log-probabilities of the vocabulary's width.
         """
         check_output(output)
-        request = self._request(token_ids, variant)
+        request = self.validate_request(token_ids, variant)
         row = self.output_cache.get(request)
         if row is None:
             row = await self.batcher.submit(request)
@@ -307,7 +328,7 @@ class BatchedLM(abc.ABC):
                 log-probabilities of the vocabulary's width.
         """
         check_output(output)
-        row = self._rows_sync([self._request(token_ids, variant)])[0]
+        row = self._rows_sync([self.validate_request(token_ids, variant)])[0]
         return as_output(row, output)
 
     def next_token_logprobs_uncached(
@@ -342,7 +363,7 @@ class BatchedLM(abc.ABC):
                 log-probabilities of the vocabulary's width.
         """
         check_output(output)
-        (row,) = self.worker.call(self._run_requests, [self._request(token_ids, variant)])
+        (row,) = self.worker.call(self._run_requests, [self.validate_request(token_ids, variant)])
         return as_output(row, output)
 
     async def batch_next_token_logprobs(
@@ -376,7 +397,7 @@ class BatchedLM(abc.ABC):
                 log-probabilities of the vocabulary's width.
         """
         check_output(output)
-        requests = [self._request(c, variant) for c in contexts]  # validate all first
+        requests = [self.validate_request(c, variant) for c in contexts]  # validate all first
         rows = await asyncio.gather(*(self._row(r) for r in requests))
         return stack_output(rows, len(self._vocab), output)
 
@@ -411,7 +432,7 @@ class BatchedLM(abc.ABC):
                 log-probabilities of the vocabulary's width.
         """
         check_output(output)
-        rows = self._rows_sync([self._request(c, variant) for c in contexts])
+        rows = self._rows_sync([self.validate_request(c, variant) for c in contexts])
         return stack_output(rows, len(self._vocab), output)
 
     async def _row(self, request: Request) -> Any:
@@ -500,7 +521,7 @@ class BatchedLM(abc.ABC):
         )
 
     async def _sample(self, prompt, max_tokens, eos_token_ids, temperature, rng) -> list[int]:
-        context = list(self._request(prompt)[1])  # validated before the first await
+        context = list(self.validate_request(prompt)[1])  # validated before the first await
         eos = set(self._vocab.eos_token_ids if eos_token_ids is None else eos_token_ids)
         generated: list[int] = []
         limit = self.max_context_length
@@ -546,7 +567,7 @@ class BatchedLM(abc.ABC):
         """
         check_sampling_args(max_tokens, temperature)
         for prompt in prompts:
-            self._request(prompt)
+            self.validate_request(prompt)
         rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(len(prompts))]
         return list(
             await asyncio.gather(

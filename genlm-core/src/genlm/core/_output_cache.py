@@ -113,10 +113,32 @@ class OutputCache:
                 self._bytes -= old[1]
             self._data[key] = (value, size)
             self._bytes += size
-            while self._bytes > self.max_bytes:
-                _, (_, evicted) = self._data.popitem(last=False)
-                self._bytes -= evicted
+            self._evict_to_fit()
         return value
+
+    def resize(self, max_bytes: int) -> None:
+        """Set the budget to ``max_bytes``, evicting the least recently used entries to fit.
+
+        For a budget known only once the model is loaded (the genlm-backend facade sizes
+        the cache in rows, whose width is the vocabulary's).
+
+        Args:
+            max_bytes: the new budget; 0 disables caching.
+
+        Raises:
+            ValueError: a negative ``max_bytes``.
+        """
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        with self._lock:
+            self.max_bytes = max_bytes
+            self._evict_to_fit()
+
+    def _evict_to_fit(self) -> None:
+        """Drop least recently used entries until the budget holds (caller holds the lock)."""
+        while self._bytes > self.max_bytes:
+            _, (_, evicted) = self._data.popitem(last=False)
+            self._bytes -= evicted
 
     def clear(self) -> None:
         """Drop every entry (the hit and miss counters are kept)."""

@@ -23,7 +23,7 @@ class AsyncLM(Protocol):
     ``ValueError``) before anything is computed, and a batch call computes nothing if one
     of its contexts is bad. After ``aclose`` every call raises ``ModelClosedError``.
 
-    Every GenLM backend (a :class:`~genlm.core.BatchedLM`) satisfies this protocol, and
+    Every GenLM backend (a :class:`~genlm.core.backend.BatchedLM`) satisfies this protocol, and
     ``isinstance(lm, AsyncLM)`` checks it at run time. Concurrent calls are batched:
     awaiting many requests at once is the fast path, never a hazard. Each ``_sync`` method
     is the blocking twin of its async namesake, for code without an event loop.

@@ -458,7 +458,7 @@ def load_model_by_name(name: str, backend: str | None = None, **opts: Any) -> An
         **opts: passed to the backend's loader unchanged (e.g. ``max_batch_size``).
 
     Returns:
-        The loaded model, an :class:`~genlm.core.AsyncLM` (a :class:`~genlm.core.BatchedLM`
+        The loaded model, an :class:`~genlm.core.AsyncLM` (a :class:`~genlm.core.backend.BatchedLM`
         for every bundled backend).
 
     Raises:

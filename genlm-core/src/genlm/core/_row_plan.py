@@ -2,7 +2,7 @@
 
 A backend that keeps key/value state has two places to resume a context from: the rows its
 last batch left in place (*resident* rows: hf's kept batch buffer, mlx's live batch), and
-compact copies of earlier contexts in a :class:`~genlm.core.PrefixCache`. For each context
+compact copies of earlier contexts in a :class:`~genlm.core.backend.PrefixCache`. For each context
 of a new batch this module decides where its past comes from:
 
 - *extend resident row s by k new tokens* (:meth:`ResidentRows.row`,

@@ -31,7 +31,15 @@ def check_output(output: str) -> None:
 
 
 def is_torch(x: Any) -> bool:
-    """Whether ``x`` is a torch tensor (without importing torch when nobody has)."""
+    """Whether ``x`` is a torch tensor, without importing torch when nobody has.
+
+    Args:
+        x: any object (a backend's row, a caller's weights).
+
+    Returns:
+        True for a ``torch.Tensor``; False for anything else, and always while torch is
+        not imported (no tensor can exist then).
+    """
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
 

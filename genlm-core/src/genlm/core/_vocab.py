@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-__all__ = ["Vocabulary", "decode_vocab"]
+__all__ = ["Vocabulary"]
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _SPIECE_SPACE = "\u2581"  # "▁", SentencePiece's stand-in for a space
@@ -527,20 +527,3 @@ class Vocabulary:
             bos=ids.get(bos_name) if bos_name else None,
             eos=[ids.get(eos_name)] if eos_name else [],
         )
-
-
-def decode_vocab(tokenizer: Any, size: int | None = None) -> Vocabulary:
-    """Read a tokenizer's byte vocabulary; the same as :meth:`Vocabulary.from_tokenizer`.
-
-    Args:
-        tokenizer: a transformers tokenizer, a ``tokenizers.Tokenizer`` or a tiktoken
-            ``Encoding``.
-        size: the model's logit width, if wider than the tokenizer.
-
-    Returns:
-        The vocabulary.
-
-    Raises:
-        TypeError: the object is none of the supported tokenizer kinds.
-    """
-    return Vocabulary.from_tokenizer(tokenizer, size)

@@ -4,7 +4,7 @@ A plugin is a module named by an entry point in the group ``genlm.backends`` (a
 backend) or ``genlm.plugins`` (anything else, e.g. CLI commands). It must be cheap to
 import: heavy libraries (torch, vllm, mlx) are imported by the loader, on load.
 
-Core imports every plugin module once per discovery (``genlm.core.get_registry()``, the
+Core imports every plugin module once per discovery (``genlm.core.backend.get_registry()``, the
 first ``load_model_by_name`` or any ``genlm`` command), registers it with pluggy, which
 checks each hook's arguments against the specs below, then calls each plugin's hooks on
 their own. Whatever a plugin raises there, ``SystemExit`` included, is reported in
@@ -56,7 +56,7 @@ def genlm_register_backends(register: Callable[[BackendSpec], None]) -> None:
     A hook that raises is reported as a broken plugin; its other backends may be lost.
 
     Args:
-        register: the callback taking one :class:`~genlm.core.BackendSpec`; it raises
+        register: the callback taking one :class:`~genlm.core.backend.BackendSpec`; it raises
             ``TypeError`` for anything else.
     """
 

@@ -42,7 +42,7 @@ import torch
 # transformers >= 4.56 (we require 4.57): caches are lists of layer objects we can subclass.
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
-from genlm.core import PrefixCache, RowPlan, group_padded
+from genlm.core.backend import PrefixCache, RowPlan, group_padded
 
 logger = logging.getLogger(__name__)
 

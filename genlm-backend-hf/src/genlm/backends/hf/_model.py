@@ -28,7 +28,8 @@ from genlm.backends.hf._kv import (
     group_rows,
     layer_tensors,
 )
-from genlm.core import BatchedLM, ResidentRows, Vocabulary, plan_rows, resolve_model_path
+from genlm.core import Vocabulary
+from genlm.core.backend import BatchedLM, ResidentRows, plan_rows, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class HFLM(BatchedLM):
             ``None`` (default): on CUDA ``("efficient", "flash", "math")``, never cuDNN,
             which builds a plan per new sequence length (measured ~70 ms per SMC step on
             an H100, issue 14); elsewhere torch's own choice.
-        **kwargs: scheduler and output-cache options of :class:`genlm.core.BatchedLM`;
+        **kwargs: scheduler and output-cache options of :class:`genlm.core.backend.BatchedLM`;
             ``max_context_length`` defaults to the model's ``max_position_embeddings``
             (None where its configuration names no limit; pass None to lift it).
     """
@@ -176,7 +177,7 @@ class HFLM(BatchedLM):
             device: where the model runs; default ``cuda`` if available, else ``cpu``.
             dtype: weight dtype, ``"auto"`` keeps the checkpoint's.
             kv_cache_bytes: byte budget of the KV cache.
-            **kwargs: options of :class:`HFLM` and :class:`genlm.core.BatchedLM`; ``name``
+            **kwargs: options of :class:`HFLM` and :class:`genlm.core.backend.BatchedLM`; ``name``
                 defaults to ``model_id``.
 
         Returns:
@@ -284,6 +285,11 @@ class HFLM(BatchedLM):
         """The name of the adapter new requests use, or None for the base model."""
         return self._active_lora
 
+    @property
+    def loaded_loras(self) -> tuple[str, ...]:
+        """The names of the loaded adapters, in the order they were loaded."""
+        return tuple(self._adapters)
+
     def _variant(self) -> Hashable:
         return self._active_lora
 
@@ -325,7 +331,7 @@ class HFLM(BatchedLM):
             ModelClosedError: the model is closed.
             MemoryError: the prompt's KV does not fit in ``kv_cache_bytes``.
         """
-        variant, context = self._request(prompt_token_ids)
+        variant, context = self.validate_request(prompt_token_ids)
         self.worker.call(self._cache_kv, variant, context)
 
     def _cache_kv(self, variant: Hashable, context: tuple[int, ...]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 
-from genlm.core import BackendSpec
+from genlm.core.backend import BackendSpec
 from genlm.core.hookspecs import hookimpl
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from genlm.core import PrefixCache, PrefixHit, ResidentRows
+from genlm.core.backend import PrefixCache, PrefixHit, ResidentRows
 
 #: One layer's cached keys and values, each ``(1, kv_heads, length, head_dim)``.
 LayerKV = tuple[mx.array, mx.array]

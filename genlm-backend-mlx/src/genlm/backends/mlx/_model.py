@@ -23,7 +23,8 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from genlm.backends.mlx import _kv
-from genlm.core import BatchedLM, Vocabulary, group_equal, plan_rows, resolve_model_path
+from genlm.core import Vocabulary
+from genlm.core.backend import BatchedLM, group_equal, plan_rows, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ class MLXLM(BatchedLM):
     kept lengths share one forward pass. The last batch's caches stay live: a batch whose
     contexts all extend its rows by the same number of tokens (an SMC step, resampled or
     not) runs in place, without copying any row's past. Other batches resume from compact
-    copies in a :class:`~genlm.core.PrefixCache`: the rows of every such batch, and those
+    copies in a :class:`~genlm.core.backend.PrefixCache`: the rows of every such batch, and those
     of a live batch when a batch breaks its pattern (contexts a live batch ran and then
     extended are not kept). ``kv_cache_bytes`` bounds the copies and the live batch.
     Models whose caches cannot resume from a prefix (sliding-window or state-space layers)
@@ -47,7 +48,7 @@ class MLXLM(BatchedLM):
         kv_cache_bytes: byte budget of the prefix KV cache (0 disables reuse).
         prefill_chunk_size: longest run of new tokens fed to the model in one call; long
             prompts are prefilled in chunks so the lazy graph and activations stay small.
-        **kwargs: scheduler and output-cache options of :class:`~genlm.core.BatchedLM`;
+        **kwargs: scheduler and output-cache options of :class:`~genlm.core.backend.BatchedLM`;
             ``max_context_length`` defaults to the model's maximum positions (see
             :func:`_max_positions`; None where its arguments name none, or to lift it).
     """

@@ -6,7 +6,7 @@ import importlib.util
 import platform
 from collections.abc import Callable
 
-from genlm.core import BackendSpec
+from genlm.core.backend import BackendSpec
 from genlm.core.hookspecs import hookimpl
 
 

@@ -40,7 +40,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from genlm.core import BatchedLM, Vocabulary, check_sampling_args, resolve_model_path
+from genlm.core import Vocabulary
+from genlm.core.backend import BatchedLM, check_sampling_args, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -120,14 +121,14 @@ class VLLMLM(BatchedLM):
             logits processor; fast), ``"logprobs"`` (vLLM's full logprobs output; works
             with worker processes and parallelism) or ``"auto"`` (``"processor"`` when it
             can work here, else ``"logprobs"``, logged).
-        **kwargs: :class:`~genlm.core.BatchedLM` options (``max_batch_size`` defaults to
+        **kwargs: :class:`~genlm.core.backend.BatchedLM` options (``max_batch_size`` defaults to
             128 here, ``name`` to ``"vllm:<directory name>"``). ``max_context_length`` is
             lowered to the engine's ``max_model_len - 1`` (room for one output token).
 
     Raises:
         ValueError: ``row_source`` is not one of the three, ``"processor"`` is asked for
             where it cannot work (engine core or model in another process), or a
-            :class:`~genlm.core.BatchedLM` option is invalid.
+            :class:`~genlm.core.backend.BatchedLM` option is invalid.
         Exception: what transformers or vLLM raise while loading (e.g. ``OSError`` for
             a model that cannot be found) propagates; a half-started engine's memory is
             released and the worker closed first.
@@ -175,13 +176,13 @@ class VLLMLM(BatchedLM):
 
         Args:
             name: the model: a local directory, a hub id, or an embedded model's name
-                (``"stories260K"``, resolved with :func:`~genlm.core.resolve_model_path`).
+                (``"stories260K"``, resolved with :func:`~genlm.core.backend.resolve_model_path`).
             engine_opts: keyword arguments for ``vllm.LLM`` (``tensor_parallel_size``,
                 ``pipeline_parallel_size``, ``distributed_executor_backend``,
                 ``max_model_len``, ``dtype``, ``gpu_memory_utilization``,
                 ``enable_lora``, ...), passed through unchanged; prefix caching is on
                 unless they say otherwise.
-            **kwargs: ``row_source`` and :class:`~genlm.core.BatchedLM` options
+            **kwargs: ``row_source`` and :class:`~genlm.core.backend.BatchedLM` options
                 (``max_batch_size``, ``max_wait_s``, ``cache_bytes``, ``name``,
                 ``max_context_length``). Contexts longer than the engine's
                 ``max_model_len - 1`` (room for one output token) are rejected when
@@ -448,7 +449,7 @@ class VLLMLM(BatchedLM):
         """
         # Core's checks: NaN or inf temperatures and max_tokens=2.5 must not reach vLLM.
         check_sampling_args(max_tokens, temperature)
-        requests = [self._request(p) for p in prompts]
+        requests = [self.validate_request(p) for p in prompts]
         if max_tokens == 0 or not requests:
             return [[] for _ in requests]
         from vllm import SamplingParams

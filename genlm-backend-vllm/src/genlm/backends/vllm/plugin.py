@@ -15,7 +15,7 @@ import os
 import shutil
 from collections.abc import Callable
 
-from genlm.core import BackendSpec
+from genlm.core.backend import BackendSpec
 from genlm.core.hookspecs import hookimpl
 
 

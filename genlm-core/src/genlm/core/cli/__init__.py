@@ -20,8 +20,9 @@ from collections.abc import Sequence
 
 from genlm.core._command import Command
 from genlm.core.cli._errors import CLIError, one_line
+from genlm.core.cli._load import load_model
 
-__all__ = ["CLIError", "Command", "main", "one_line"]
+__all__ = ["CLIError", "Command", "load_model", "main", "one_line"]
 
 
 class _HelpFormatter(argparse.HelpFormatter):

@@ -116,7 +116,11 @@ def _check_hub_model(name: str) -> None:
 
 
 def load_model(model: str, backend: str | None, **opts: Any) -> Any:
-    """Check the backend and the model name, then load the model with that backend."""
+    """Check the backend and the model name, then load the model with that backend.
+
+    What a command plugin calls to load the model its user named (``genlm bytes`` does):
+    a mistake becomes a :class:`~genlm.core.cli.CLIError` before anything heavy loads.
+    """
     from genlm.core._registry import get_registry
 
     spec = select_backend(backend)

@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from genlm.core import BatchedLM, Vocabulary
+from genlm.core import Vocabulary
+from genlm.core.backend import BatchedLM
 
 
 class BigramLM(BatchedLM):

@@ -1,6 +1,6 @@
 """Entry point module: cheap to import, registers the ``example`` backend."""
 
-from genlm.core import BackendSpec
+from genlm.core.backend import BackendSpec
 from genlm.core.hookspecs import hookimpl
 
 

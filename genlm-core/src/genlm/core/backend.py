@@ -1,0 +1,73 @@
+"""The public interface for backend authors: what a GenLM backend plugin builds on.
+
+:mod:`genlm.core` is the user API (load a model, its vocabulary, the token-byte tries,
+the error types). This module holds what a backend and the packages built on core use
+besides: the base class :class:`BatchedLM` and its hooks (``_logprobs_batch``,
+``_variant``, ``_check_variant``, ``_clear_backend_cache``, ``_close_backend``), the
+request check :meth:`BatchedLM.validate_request`, the worker thread, the scheduler,
+the caches, the row planner for KV reuse, the plugin registry and ``BackendSpec``, and
+small helpers (``is_torch``, ``resolve_model_path``, the sampling-argument checks,
+``lazy_exports``). Command plugins use :mod:`genlm.core.cli` and
+:mod:`genlm.core.hookspecs`. A distribution other than genlm-core uses only these public
+modules, never a ``genlm.core._private`` one (``tests/test_private_access.py`` checks).
+
+Names load lazily, as in :mod:`genlm.core`: a backend's plugin module imports
+``BackendSpec`` from here without loading numpy, and nothing here imports torch.
+"""
+
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+from genlm.core._lazy import lazy_exports as _lazy_exports
+
+#: Public name -> the module defining it; the one list ``__all__`` is made from.
+_EXPORTS = {
+    "AutoBatcher": "genlm.core._scheduler",
+    "BackendSpec": "genlm.core._backend_spec",
+    "BatchedLM": "genlm.core._model",
+    "ModelWorker": "genlm.core._worker",
+    "OutputCache": "genlm.core._output_cache",
+    "PrefixCache": "genlm.core._prefix_cache",
+    "PrefixHit": "genlm.core._prefix_cache",
+    "Registry": "genlm.core._registry",
+    "ResidentRows": "genlm.core._row_plan",
+    "RowPlan": "genlm.core._row_plan",
+    "check_sampling_args": "genlm.core._sampling",
+    "check_temperature": "genlm.core._sampling",
+    "get_registry": "genlm.core._registry",
+    "group_equal": "genlm.core._row_plan",
+    "group_padded": "genlm.core._row_plan",
+    "is_torch": "genlm.core._rows",
+    "lazy_exports": "genlm.core._lazy",
+    "plan_rows": "genlm.core._row_plan",
+    "resolve_model_path": "genlm.core._embedded",
+    "validate_context": "genlm.core._model",
+}
+
+__all__ = list(_EXPORTS)
+
+__getattr__, __dir__ = _lazy_exports(__name__, "genlm-core", _EXPORTS)
+
+
+# _EXPORTS again, statically, for type checkers and the API reference (``X as X`` marks a
+# re-export); tests/core/test_packaging.py keeps the two equal.
+if _TYPE_CHECKING:
+    from genlm.core._backend_spec import BackendSpec as BackendSpec
+    from genlm.core._embedded import resolve_model_path as resolve_model_path
+    from genlm.core._lazy import lazy_exports as lazy_exports
+    from genlm.core._model import BatchedLM as BatchedLM
+    from genlm.core._model import validate_context as validate_context
+    from genlm.core._output_cache import OutputCache as OutputCache
+    from genlm.core._prefix_cache import PrefixCache as PrefixCache
+    from genlm.core._prefix_cache import PrefixHit as PrefixHit
+    from genlm.core._registry import Registry as Registry
+    from genlm.core._registry import get_registry as get_registry
+    from genlm.core._row_plan import ResidentRows as ResidentRows
+    from genlm.core._row_plan import RowPlan as RowPlan
+    from genlm.core._row_plan import group_equal as group_equal
+    from genlm.core._row_plan import group_padded as group_padded
+    from genlm.core._row_plan import plan_rows as plan_rows
+    from genlm.core._rows import is_torch as is_torch
+    from genlm.core._sampling import check_sampling_args as check_sampling_args
+    from genlm.core._sampling import check_temperature as check_temperature
+    from genlm.core._scheduler import AutoBatcher as AutoBatcher
+    from genlm.core._worker import ModelWorker as ModelWorker
