@@ -4,7 +4,8 @@ import importlib.metadata
 
 import pytest
 
-from genlm.core import BackendNotFoundError, Registry, _registry, load_model_by_name
+from genlm.core import BackendNotFoundError, _registry, load_model_by_name
+from genlm.core.backend import Registry
 from genlm.core.cli import main
 
 

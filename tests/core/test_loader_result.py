@@ -3,7 +3,8 @@
 import pytest
 from support.plugins import plugin_module
 
-from genlm.core import AsyncLM, BackendError, BackendSpec, Registry, _registry
+from genlm.core import AsyncLM, BackendError, _registry
+from genlm.core.backend import BackendSpec, Registry
 from genlm.core.cli import main
 from genlm.core.mock import MockLM
 

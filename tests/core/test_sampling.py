@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from genlm.core import check_temperature
 from genlm.core._sampling import sample_token
+from genlm.core.backend import check_temperature
 from genlm.core.mock import MockLM, mock_logprobs
 from genlm.core.smc import smc
 
