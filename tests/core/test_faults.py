@@ -30,53 +30,77 @@ async def until(predicate, timeout_s=5.0):
         await asyncio.sleep(0.002)
 
 
+def outcomes_of(lm, contexts):
+    """Each context's row or exception, all requested at once (so they can share batches)."""
+
+    async def main():
+        requests = (lm.next_token_logprobs(c) for c in contexts)
+        return await asyncio.gather(*requests, return_exceptions=True)
+
+    return run(main())
+
+
+@pytest.fixture
+def lm():
+    """A healthy FaultyLM, closed after the test."""
+    model = FaultyLM()
+    yield model
+    model.close()
+
+
+@pytest.fixture
+def blocked():
+    """``(lm, gate)``: a FaultyLM whose first batch blocks until ``gate`` is set."""
+    model, gate = FaultyLM(), threading.Event()
+    model.fail_next_call(Fault(block=gate))
+    yield model, gate
+    gate.set()
+    model.close()
+
+
+async def start_blocked_batch(lm):
+    """Request ``[1]`` and return its future once the backend has started (and blocks on) it."""
+    running = asyncio.ensure_future(lm.next_token_logprobs([1]))
+    await until(lm.started.is_set)
+    return running
+
+
+async def cancel_aclose(lm):
+    """An ``aclose()`` cancelled by a timeout while the blocked batch runs."""
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(lm.aclose(), 0.05)
+
+
 class TestBadRows:
     @pytest.mark.parametrize("bad_row", BAD_ROWS)
-    def test_bad_batch_fails_its_waiters_and_is_not_cached(self, bad_row):
+    def test_bad_batch_fails_its_waiters_and_is_not_cached(self, bad_row, lm):
         """Every waiter of a corrupted batch gets a BackendError naming the backend;
         nothing is cached, and the same contexts are computed afresh afterwards."""
-        lm = FaultyLM()
         lm.fail_next_call(Fault(bad_row=bad_row))
-
-        async def main():
-            return await asyncio.gather(
-                *(lm.next_token_logprobs(c) for c in [(1,), (2,), (1,)]), return_exceptions=True
-            )
-
-        outcomes = run(main())
-        for outcome in outcomes:
+        for outcome in outcomes_of(lm, [(1,), (2,), (1,)]):
             assert isinstance(outcome, BackendError)
             assert "FaultyLM 'faulty'" in str(outcome)
         assert len(lm.output_cache) == 0
         np.testing.assert_allclose(lm.next_token_logprobs_sync([1]), lm.expected((1,)), atol=1e-6)
         assert len(lm.batches) == 2
-        lm.close()
 
     @pytest.mark.parametrize(
         ("bad_row", "says"),
         [("nan", "NaN"), ("posinf", r"\+inf"), ("neginf", "-inf everywhere"), ("logits", "> 0")],
     )
-    def test_message_names_the_row_the_context_and_the_problem(self, bad_row, says):
+    def test_message_names_the_row_the_context_and_the_problem(self, bad_row, says, lm):
         """The error says which row, which context and what is wrong with it."""
-        lm = FaultyLM()
         lm.fail_context((5, 6), Fault(bad_row=bad_row))
         with pytest.raises(BackendError, match=rf"row 1 .*\(5, 6\).*{says}"):
             lm.batch_next_token_logprobs_sync([[1], [5, 6]])
         assert len(lm.output_cache) == 0
-        lm.close()
 
     def test_only_the_batch_holding_a_bad_row_fails(self):
         """With two batches in flight, the one without the NaN row delivers its rows."""
         lm = FaultyLM(max_batch_size=2, cache_bytes=0)
         lm.fail_context((2,), Fault(bad_row="nan"))
         contexts = [(1,), (2,), (3,), (4,)]
-
-        async def main():
-            return await asyncio.gather(
-                *(lm.next_token_logprobs(c) for c in contexts), return_exceptions=True
-            )
-
-        outcomes = run(main())
+        outcomes = outcomes_of(lm, contexts)
         assert lm.batches == [[(1,), (2,)], [(3,), (4,)]]
         assert all(isinstance(o, BackendError) for o in outcomes[:2])
         for context, row in zip(contexts[2:], outcomes[2:]):
@@ -112,13 +136,7 @@ class TestBadRows:
             fault = Fault(raises=ValueError("boom")) if how == "raise" else Fault(bad_row=how)
             lm.fail_context((i, 1), fault)
         contexts = [(i, 1) for i in range(12)]
-
-        async def main():
-            return await asyncio.gather(
-                *(lm.next_token_logprobs(c) for c in contexts), return_exceptions=True
-            )
-
-        outcomes = run(main())
+        outcomes = outcomes_of(lm, contexts)
         batch_of = {c: tuple(b) for b in lm.batches for c in b}
         for context, outcome in zip(contexts, outcomes):
             spoiled = any(c[0] in faulty for c in batch_of[context])
@@ -135,10 +153,9 @@ class TestRaisingBackend:
         [StopIteration, StopAsyncIteration, KeyboardInterrupt, SystemExit],
         ids=lambda e: e.__name__,
     )
-    def test_untransportable_exception_fails_the_batch_and_the_model_serves_on(self, exc):
+    def test_untransportable_exception_fails_the_batch_and_the_model_serves_on(self, exc, lm):
         """The batch's waiters get BackendError (cause: the original), later requests
         work, and aclose() finishes: nothing hangs, nothing escapes the worker."""
-        lm = FaultyLM()
         lm.fail_next_call(Fault(raises=exc))
 
         async def main():
@@ -160,29 +177,24 @@ class TestRaisingBackend:
         lm.worker._thread.join(5)
         assert not lm.worker._thread.is_alive()
 
-    def test_sync_path_gets_backend_error_too(self):
+    def test_sync_path_gets_backend_error_too(self, lm):
         """next_token_logprobs_sync over a StopIteration backend raises BackendError."""
-        lm = FaultyLM()
         lm.fail_next_call(Fault(raises=StopIteration))
         with pytest.raises(BackendError):
             within(5, lm.next_token_logprobs_sync, [1])
         np.testing.assert_allclose(
             within(5, lm.next_token_logprobs_sync, [1]), lm.expected((1,)), atol=1e-6
         )
-        lm.close()
 
 
 class TestClose:
-    def test_sync_close_fails_requests_queued_behind_the_running_batch(self):
+    def test_sync_close_fails_requests_queued_behind_the_running_batch(self, blocked):
         """close() from another thread: the running batch delivers, the queued requests
         fail with ModelClosedError, none is left pending."""
-        lm = FaultyLM()
-        gate = threading.Event()
-        lm.fail_next_call(Fault(block=gate))
+        lm, gate = blocked
 
         async def main():
-            running = asyncio.ensure_future(lm.next_token_logprobs([1]))
-            await until(lm.started.is_set)
+            running = await start_blocked_batch(lm)
             queued = [asyncio.ensure_future(lm.next_token_logprobs([i])) for i in (2, 3)]
             await asyncio.sleep(0.01)
             closer = threading.Thread(target=lm.close)
@@ -200,16 +212,13 @@ class TestClose:
         np.testing.assert_allclose(run(main()), lm.expected((1,)), atol=1e-6)
         assert lm.batches == [[(1,)]] and lm.released.is_set()
 
-    def test_sync_close_on_the_loop_thread_fails_its_queued_requests(self):
+    def test_sync_close_on_the_loop_thread_fails_its_queued_requests(self, blocked):
         """close() called by a coroutine blocks its own loop until the release, then the
         loop's queued requests fail with ModelClosedError as soon as it resumes."""
-        lm = FaultyLM()
-        gate = threading.Event()
-        lm.fail_next_call(Fault(block=gate))
+        lm, gate = blocked
 
         async def main():
-            running = asyncio.ensure_future(lm.next_token_logprobs([1]))
-            await until(lm.started.is_set)
+            running = await start_blocked_batch(lm)
             queued = asyncio.ensure_future(lm.next_token_logprobs([2]))
             await asyncio.sleep(0.01)
             opener = threading.Timer(0.05, gate.set)  # the loop is blocked in close()
@@ -222,18 +231,14 @@ class TestClose:
 
         np.testing.assert_allclose(run(main()), lm.expected((1,)), atol=1e-6)
 
-    def test_cancelled_aclose_still_releases_the_backend(self):
+    def test_cancelled_aclose_still_releases_the_backend(self, blocked):
         """aclose() cancelled while a batch runs: the backend is released and the worker
         stops once the batch ends, with no second call; a second aclose() returns."""
-        lm = FaultyLM()
-        gate = threading.Event()
-        lm.fail_next_call(Fault(block=gate))
+        lm, gate = blocked
 
         async def main():
-            running = asyncio.ensure_future(lm.next_token_logprobs([1]))
-            await until(lm.started.is_set)
-            with pytest.raises(TimeoutError):
-                await asyncio.wait_for(lm.aclose(), 0.05)
+            running = await start_blocked_batch(lm)
+            await cancel_aclose(lm)
             assert not lm.released.is_set()
             gate.set()
             row = await asyncio.wait_for(running, 5)
@@ -246,18 +251,14 @@ class TestClose:
         assert lm.closes == 1
 
     @pytest.mark.parametrize("second", ["aclose", "close"])
-    def test_second_close_after_a_cancelled_aclose_waits_for_the_release(self, second):
+    def test_second_close_after_a_cancelled_aclose_waits_for_the_release(self, blocked, second):
         """After a cancelled aclose(), a second aclose()/close() returns only once the
         backend is released and the worker stopped."""
-        lm = FaultyLM()
-        gate = threading.Event()
-        lm.fail_next_call(Fault(block=gate))
+        lm, gate = blocked
 
         async def main():
-            running = asyncio.ensure_future(lm.next_token_logprobs([1]))
-            await until(lm.started.is_set)
-            with pytest.raises(TimeoutError):
-                await asyncio.wait_for(lm.aclose(), 0.05)
+            running = await start_blocked_batch(lm)
+            await cancel_aclose(lm)
             if second == "aclose":
                 closing = asyncio.ensure_future(lm.aclose())
             else:
@@ -285,14 +286,12 @@ class TestClose:
         with pytest.raises(ModelClosedError):
             lm.next_token_logprobs_sync([1])
 
-    def test_clear_cache_racing_close_does_not_raise(self):
+    def test_clear_cache_racing_close_does_not_raise(self, lm):
         """clear_cache() after close started is a no-op for the backend, not an error."""
-        lm = FaultyLM()
         lm.next_token_logprobs_sync([1])
         lm.worker.close()  # the worker is gone, the model not yet marked closed
         lm.clear_cache()
         assert lm.clears == 0 and len(lm.output_cache) == 0
-        lm.close()
 
 
 class TestInputValidation:
@@ -308,15 +307,13 @@ class TestInputValidation:
         ],
         ids=["bytearray", "memoryview", "set", "frozenset", "dict", "dict_keys"],
     )
-    def test_raw_bytes_and_unordered_contexts_are_rejected(self, context):
+    def test_raw_bytes_and_unordered_contexts_are_rejected(self, context, lm):
         """Raw bytes and unordered collections are not contexts: InvalidContextError."""
-        lm = FaultyLM()
         with pytest.raises(InvalidContextError, match="bytearray|memoryview|order"):
             lm.next_token_logprobs_sync(context)
         with pytest.raises(InvalidContextError):
             run(lm.next_token_logprobs(context))
         assert lm.batches == []
-        lm.close()
 
     @pytest.mark.parametrize(
         "context",
@@ -342,39 +339,31 @@ class TestSamplingArguments:
     ]
 
     @pytest.mark.parametrize(("kwargs", "error"), BAD, ids=lambda v: str(v))
-    def test_bad_arguments_raise_before_any_work(self, kwargs, error):
+    def test_bad_arguments_raise_before_any_work(self, kwargs, error, lm):
         """sample and batch_sample reject bad max_tokens/temperature before a forward pass."""
-        lm = FaultyLM()
         args = {"max_tokens": 3, "temperature": 1.0, "seed": 0} | kwargs
         with pytest.raises(error, match="max_tokens|temperature"):
             run(lm.sample([1], **args))
         with pytest.raises(error, match="max_tokens|temperature"):
             run(lm.batch_sample([[1], [2]], **args))
         assert lm.batches == []
-        lm.close()
 
-    def test_numpy_integer_max_tokens_is_fine(self):
+    def test_numpy_integer_max_tokens_is_fine(self, lm):
         """max_tokens may be a numpy integer; exactly that many tokens come back."""
-        lm = FaultyLM()
         tokens = run(lm.sample([1], max_tokens=np.int64(3), eos_token_ids=[], seed=0))
         assert len(tokens) == 3
-        lm.close()
 
-    def test_batch_sample_checks_every_prompt_first(self):
+    def test_batch_sample_checks_every_prompt_first(self, lm):
         """A bad prompt anywhere in batch_sample fails before any prompt is computed."""
-        lm = FaultyLM()
         with pytest.raises(InvalidContextError):
             run(lm.batch_sample([[1], [99]], max_tokens=2, seed=0))
         assert lm.batches == []
-        lm.close()
 
-    def test_sample_over_a_nan_row_raises_not_token_0(self):
+    def test_sample_over_a_nan_row_raises_not_token_0(self, lm):
         """A NaN row from the backend makes sample raise BackendError, not return [0]."""
-        lm = FaultyLM()
         lm.fail_context((1,), Fault(bad_row="nan"))
         with pytest.raises(BackendError, match="NaN"):
             run(lm.sample([1], max_tokens=1, seed=0))
-        lm.close()
 
     @pytest.mark.parametrize("temperature", [0.0, 1.0])
     @pytest.mark.parametrize(

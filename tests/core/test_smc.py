@@ -13,31 +13,32 @@ from genlm.core.smc import effective_sample_size, forbid_bytes, smc, systematic_
 VOCAB = [b"a", b"b", b"c", b"d", b"e"]
 
 
-def test_exact_proposal_keeps_equal_weights():
+@pytest.fixture
+def lm():
+    """A mock model over :data:`VOCAB`, closed after the test."""
+    model = MockLM(VOCAB)
+    yield model
+    model.close()
+
+
+def run_smc(lm, prompt, **kwargs):
+    """One SMC run; no token is EOS unless ``eos_token_ids`` says otherwise."""
+    return asyncio.run(smc(lm, prompt, **{"eos_token_ids": []} | kwargs))
+
+
+def test_exact_proposal_keeps_equal_weights(lm):
     """With temperature 1 the weights stay 0 (up to float32 rounding of the rows)."""
-    lm = MockLM(VOCAB)
-    result = asyncio.run(smc(lm, [0], n_particles=6, max_tokens=4, seed=1, eos_token_ids=[]))
+    result = run_smc(lm, [0], n_particles=6, max_tokens=4, seed=1)
     assert all(abs(p.log_weight) < 1e-5 for p in result.particles)
     assert result.log_marginal == pytest.approx(0.0, abs=1e-5)
     assert all(len(p.tokens) == 4 for p in result.particles)
-    lm.close()
 
 
-def test_weights_are_log_p_minus_log_q_of_the_drawn_tokens():
+def test_weights_are_log_p_minus_log_q_of_the_drawn_tokens(lm):
     """Without resampling, each weight equals sum(log p - log q) recomputed by hand."""
-    lm = MockLM(VOCAB)
     temperature = 2.0
-    result = asyncio.run(
-        smc(
-            lm,
-            [0],
-            n_particles=5,
-            max_tokens=3,
-            temperature=temperature,
-            ess_threshold=0,
-            seed=3,
-            eos_token_ids=[],
-        )
+    result = run_smc(
+        lm, [0], n_particles=5, max_tokens=3, temperature=temperature, ess_threshold=0, seed=3
     )
     for particle in result.particles:
         expected, context = 0.0, [0]
@@ -47,39 +48,25 @@ def test_weights_are_log_p_minus_log_q_of_the_drawn_tokens():
             expected += logp[token] - logq[token]
             context.append(token)
         assert particle.log_weight == pytest.approx(expected, abs=1e-9)
-    lm.close()
 
 
-def test_weighted_particles_estimate_the_model_distribution():
+def test_weighted_particles_estimate_the_model_distribution(lm):
     """Importance-weighted first tokens from a tempered proposal match the model's probabilities."""
-    lm = MockLM(VOCAB)
-    result = asyncio.run(
-        smc(
-            lm,
-            [1],
-            n_particles=4000,
-            max_tokens=1,
-            temperature=3.0,
-            ess_threshold=0,
-            seed=0,
-            eos_token_ids=[],
-        )
+    result = run_smc(
+        lm, [1], n_particles=4000, max_tokens=1, temperature=3.0, ess_threshold=0, seed=0
     )
     estimate = np.zeros(5)
     for particle, weight in zip(result.particles, result.weights):
         estimate[particle.tokens[0]] += weight
     np.testing.assert_allclose(estimate, np.exp(mock_logprobs([1], 5)), atol=0.03)
-    lm.close()
 
 
-def test_eos_stops_a_particle():
+def test_eos_stops_a_particle(lm):
     """A particle that draws an EOS token stops growing."""
-    lm = MockLM(VOCAB)
-    result = asyncio.run(smc(lm, [0], n_particles=8, max_tokens=6, seed=2, eos_token_ids=[1]))
+    result = run_smc(lm, [0], n_particles=8, max_tokens=6, seed=2, eos_token_ids=[1])
     for p in result.particles:
         assert 1 not in p.tokens[:-1]
         assert len(p.tokens) == 6 or p.tokens[-1] == 1
-    lm.close()
 
 
 def test_resampling_helpers():
@@ -89,11 +76,10 @@ def test_resampling_helpers():
     assert list(keep) == [1, 1, 1]
 
 
-def test_bad_arguments_are_rejected():
+def test_bad_arguments_are_rejected(lm):
     """Zero particles, a non-positive or non-finite temperature (NaN used to end in a
     misleading "mask allows no token" RuntimeError), or a non-integer or negative
     max_tokens (-1 used to return empty particles) is a clear error before any work."""
-    lm = MockLM(VOCAB)
     with pytest.raises(ValueError, match="n_particles"):
         asyncio.run(smc(lm, [0], n_particles=0))
     for temperature in (0, -1.0, float("nan"), float("inf")):
@@ -106,7 +92,6 @@ def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="max_tokens"):
         asyncio.run(smc(lm, [0], max_tokens=-1))
     assert lm.batches == []
-    lm.close()
 
 
 def brute_force_posterior(vocab_size, prompt, allowed, length):
@@ -132,21 +117,11 @@ def test_forbid_bytes_masks_exactly_the_tokens_containing_a_forbidden_byte():
     assert list(forbid_bytes(vocab, b"ax")) == [False, True, True, True, False, True]
 
 
-def test_masked_weights_are_the_allowed_mass_at_temperature_one():
+def test_masked_weights_are_the_allowed_mass_at_temperature_one(lm):
     """At T=1 each step multiplies a weight by the allowed tokens' mass, recomputed by hand."""
-    lm = MockLM(VOCAB)
     mask = forbid_bytes(VOCAB, b"e")
-    result = asyncio.run(
-        smc(
-            lm,
-            [1],
-            n_particles=16,
-            max_tokens=3,
-            ess_threshold=0,
-            seed=4,
-            eos_token_ids=[],
-            token_mask=mask,
-        )
+    result = run_smc(
+        lm, [1], n_particles=16, max_tokens=3, ess_threshold=0, seed=4, token_mask=mask
     )
     weights = set()
     for particle in result.particles:
@@ -159,27 +134,22 @@ def test_masked_weights_are_the_allowed_mass_at_temperature_one():
         assert particle.log_weight == pytest.approx(expected, abs=1e-9)
         weights.add(round(particle.log_weight, 6))
     assert len(weights) > 1  # the constraint makes weights differ
-    lm.close()
 
 
 @pytest.mark.parametrize(("temperature", "ess_threshold"), [(1.0, 0.0), (2.0, 0.0), (1.0, 1.0)])
-def test_masked_smc_matches_the_brute_force_posterior(temperature, ess_threshold):
+def test_masked_smc_matches_the_brute_force_posterior(temperature, ess_threshold, lm):
     """Weighted particles estimate p(x | no 'e') over all two-token sequences, and Z."""
-    lm = MockLM(VOCAB)
     mask = forbid_bytes(VOCAB, b"e")
     posterior, z = brute_force_posterior(5, [2], mask, 2)
-    result = asyncio.run(
-        smc(
-            lm,
-            [2],
-            n_particles=4000,
-            max_tokens=2,
-            temperature=temperature,
-            ess_threshold=ess_threshold,
-            seed=0,
-            eos_token_ids=[],
-            token_mask=mask,
-        )
+    result = run_smc(
+        lm,
+        [2],
+        n_particles=4000,
+        max_tokens=2,
+        temperature=temperature,
+        ess_threshold=ess_threshold,
+        seed=0,
+        token_mask=mask,
     )
     estimate = dict.fromkeys(posterior, 0.0)
     for particle, weight in zip(result.particles, result.weights):
@@ -188,37 +158,29 @@ def test_masked_smc_matches_the_brute_force_posterior(temperature, ess_threshold
         assert estimate[seq] == pytest.approx(p, abs=0.03), seq
     assert np.exp(result.log_marginal) == pytest.approx(z, rel=0.05)
     assert result.resampled == (2 if ess_threshold == 1.0 else 0)
-    lm.close()
 
 
-def test_ess_property_matches_the_formula():
+def test_ess_property_matches_the_formula(lm):
     """SMCResult.ess is 1 / sum(w^2) of its normalized weights."""
-    lm = MockLM(VOCAB)
-    result = asyncio.run(
-        smc(
-            lm,
-            [0],
-            n_particles=7,
-            max_tokens=3,
-            ess_threshold=0,
-            seed=5,
-            eos_token_ids=[],
-            token_mask=forbid_bytes(VOCAB, b"ab"),
-        )
+    result = run_smc(
+        lm,
+        [0],
+        n_particles=7,
+        max_tokens=3,
+        ess_threshold=0,
+        seed=5,
+        token_mask=forbid_bytes(VOCAB, b"ab"),
     )
     assert result.ess == pytest.approx(1 / np.sum(result.weights**2))
     assert result.ess < 7
-    lm.close()
 
 
-def test_bad_masks_are_rejected():
+def test_bad_masks_are_rejected(lm):
     """A mask of the wrong length, or one allowing nothing, is a clear ValueError."""
-    lm = MockLM(VOCAB)
     with pytest.raises(ValueError, match="token_mask needs 5 entries"):
         asyncio.run(smc(lm, [0], token_mask=[True, False]))
     with pytest.raises(ValueError, match="allows no token"):
         asyncio.run(smc(lm, [0], token_mask=[False] * 5))
-    lm.close()
 
 
 def test_particles_stop_at_the_models_context_limit():
@@ -228,9 +190,9 @@ def test_particles_stop_at_the_models_context_limit():
     contexts pass it (`genlm smc --max-tokens 600` on stories260K failed at 513 tokens).
     A prompt already over the limit still raises."""
     limited, free = MockLM(VOCAB, max_context_length=5), MockLM(VOCAB)
-    kwargs = {"n_particles": 4, "seed": 2, "eos_token_ids": [], "ess_threshold": 0.0}
-    capped = asyncio.run(smc(limited, [0, 1], max_tokens=50, **kwargs))
-    truncated = asyncio.run(smc(free, [0, 1], max_tokens=4, **kwargs))
+    kwargs = {"n_particles": 4, "seed": 2, "ess_threshold": 0.0}
+    capped = run_smc(limited, [0, 1], max_tokens=50, **kwargs)
+    truncated = run_smc(free, [0, 1], max_tokens=4, **kwargs)
     assert [p.tokens for p in capped.particles] == [p.tokens for p in truncated.particles]
     assert all(len(p.tokens) == 4 for p in capped.particles)
     assert capped.log_marginal == pytest.approx(truncated.log_marginal)

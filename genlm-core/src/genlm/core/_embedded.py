@@ -16,15 +16,9 @@ llama2 model (512-token vocabulary), so everything runs offline."""
 
 
 def resolve_model_path(name: str) -> str:
-    """The local directory of an embedded model, else ``name`` unchanged.
+    """The local directory of an embedded model, else ``name`` (a hub id or path) unchanged.
 
     Backends pass every model name through this, so ``"stories260K"`` loads offline.
-
-    Args:
-        name: a model name: an embedded model's, a hub id or a local path.
-
-    Returns:
-        The embedded model's directory as a string, or ``name`` itself.
     """
     path = EMBEDDED_MODELS.get(name)
     return str(path) if path is not None else name

@@ -40,16 +40,9 @@ class PluginLoadError(GenLMError, ImportError):
     """A plugin distribution failed to import or to register its backends.
 
     Not raised by discovery: each one is collected in ``Registry.errors`` (and shown by
-    ``genlm backends``), so one broken plugin never stops the others.
-
-    Args:
-        message: what went wrong, naming the plugin and its distribution.
-        plugin: the entry point name.
-        distribution: the pip distribution that declared the entry point, if known.
-
-    Attributes:
-        plugin: the entry point name.
-        distribution: the pip distribution that declared the entry point, if known.
+    ``genlm backends``), so one broken plugin never stops the others. ``plugin`` is the
+    entry point name, ``distribution`` the pip distribution that declared it (None if
+    unknown).
     """
 
     def __init__(self, message: str, *, plugin: str, distribution: str | None = None):

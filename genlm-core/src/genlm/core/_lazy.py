@@ -17,16 +17,10 @@ def lazy_exports(
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The module ``__getattr__`` and ``__dir__`` of a lazy package.
 
-    Args:
-        package: the package's ``__name__``.
-        distribution: its pip distribution, for ``__version__``.
-        exports: public name -> the module defining it: a submodule of ``package``
-            (``"_model"``), or a full module name (``"genlm.core._model"``).
-
-    Returns:
-        ``(__getattr__, __dir__)``, to assign at the package's top level:
-        ``__getattr__, __dir__ = lazy_exports(__name__, "my-dist", _EXPORTS)``.
-        ``__getattr__`` raises ``AttributeError`` for names not in ``exports``.
+    ``exports`` maps each public name to the module defining it, a submodule of
+    ``package`` (``"_model"``) or a full module name (``"genlm.core._model"``);
+    ``distribution`` gives ``__version__``. Use at the package's top level:
+    ``__getattr__, __dir__ = lazy_exports(__name__, "my-dist", _EXPORTS)``.
     """
     namespace = importlib.import_module(package).__dict__
 

@@ -33,11 +33,8 @@ Context = tuple[int, ...]
 class RowPlan(Generic[V]):
     """Where one context's past comes from, and what is left to run.
 
-    Attributes:
-        index: the context's position in the batch.
-        context: its token ids.
-        past: how many leading tokens resume from kept KV (0: start fresh).
-        cached: what the backend's lookup returned for ``context[:past]`` (its stored KV).
+    Row ``index`` of the batch resumes ``context[:past]`` (0: starts fresh) from
+    ``cached``, what the backend's lookup returned for that prefix (its stored KV).
     """
 
     index: int
@@ -54,16 +51,11 @@ class RowPlan(Generic[V]):
 def plan_rows(
     contexts: Sequence[Context], lookup: Callable[[Context, int], tuple[int, V | None]]
 ) -> list[RowPlan[V]]:
-    """Each context resumes from its longest cached proper prefix.
+    """One :class:`RowPlan` per context, in order, resuming from its longest cached proper prefix.
 
-    Args:
-        contexts: the batch, non-empty token tuples.
-        lookup: ``lookup(context, limit)`` returns ``(length, cached)``: the longest prefix
-            of ``context`` of at most ``limit`` tokens whose KV is kept (``(0, ...)`` when
-            none), and the backend's value for it.
-
-    Returns:
-        One :class:`RowPlan` per context, in batch order.
+    ``lookup(context, limit)`` returns ``(length, cached)``: the longest prefix of
+    ``context`` of at most ``limit`` tokens whose KV is kept (``(0, ...)`` when none), and
+    the backend's value for it.
     """
     rows = []
     for index, context in enumerate(contexts):
@@ -75,9 +67,8 @@ def plan_rows(
 class ResidentRows:
     """The contexts whose KV the last batch left in place, one per row of its buffers.
 
-    Args:
-        contexts: row ``i``'s context, or None where row ``i`` cannot be resumed (hf: its
-            past and new tokens are not contiguous in the buffer).
+    ``contexts[i]`` is row ``i``'s context, or None where row ``i`` cannot be resumed (hf:
+    its past and new tokens are not contiguous in the buffer).
     """
 
     def __init__(self, contexts: Sequence[Context | None]):
@@ -90,16 +81,7 @@ class ResidentRows:
         return len(self.contexts)
 
     def row(self, tokens: Sequence[int], max_length: int) -> int | None:
-        """The row holding the longest ``tokens[:n]`` with ``n <= max_length``, or None.
-
-        Args:
-            tokens: the context whose held prefixes are looked up.
-            max_length: the longest prefix length considered.
-
-        Returns:
-            The index of the row holding the longest such prefix, or None when no row
-            holds any.
-        """
+        """The row holding the longest ``tokens[:n]`` with ``n <= max_length``, or None."""
         for length in self._lengths:
             if length <= max_length:
                 row = self._rows.get(tuple(tokens[:length]))
@@ -108,34 +90,16 @@ class ResidentRows:
         return None
 
     def holds(self, i: int, context: Sequence[int], past: int) -> bool:
-        """Whether row ``i`` holds exactly ``context[:past]`` (a row extending its own slot).
-
-        Args:
-            i: the row index; an index past the last row holds nothing.
-            context: the context to be computed.
-            past: how many leading tokens of ``context`` the row must hold.
-
-        Returns:
-            True when row ``i`` holds a context of length ``past`` equal to
-            ``context[:past]``.
-        """
+        """Whether row ``i`` holds exactly ``context[:past]`` (no row past the last does)."""
         held = self.contexts[i] if i < len(self.contexts) else None
         return held is not None and len(held) == past and tuple(context[:past]) == held
 
     def extend_all(self, contexts: Sequence[Context]) -> tuple[list[int], int] | None:
         """``(sources, new)`` when every context is row ``sources[i]`` plus ``new >= 1`` tokens.
 
-        The row holding a context's longest proper prefix is its source. None when some
-        context extends no row, or when contexts add different numbers of tokens (rows that
-        advance in place advance together).
-
-        Args:
-            contexts: the contexts of the next forward pass.
-
-        Returns:
-            ``(sources, new)``: ``sources[i]`` is the row whose context ``contexts[i]``
-            extends by ``new`` tokens (``([], 0)`` for no contexts); None when there is no
-            such plan.
+        The row holding a context's longest proper prefix is its source; no contexts give
+        ``([], 0)``. None when some context extends no row, or when contexts add different
+        numbers of tokens (rows that advance in place advance together).
         """
         sources, new = [], 0
         for context in contexts:
@@ -151,17 +115,10 @@ class ResidentRows:
 
 
 def group_equal(news: Sequence[int]) -> list[list[int]]:
-    """Indices grouped by equal new-token count, groups in first-seen order.
+    """Indices into ``news`` grouped by equal new-token count, groups in first-seen order.
 
     For backends whose rows of one forward must add the same number of tokens (no padding
-    of new tokens, e.g. mlx's ``BatchKVCache``).
-
-    Args:
-        news: the number of new tokens of each row.
-
-    Returns:
-        Lists of indices into ``news``, one per distinct count, each in increasing order;
-        lists ordered by the first index at which their count appears.
+    of new tokens, e.g. mlx's ``BatchKVCache``). Each group is in increasing order.
     """
     groups: dict[int, list[int]] = {}
     for i, new in enumerate(news):
@@ -175,13 +132,6 @@ def group_padded(news: Sequence[int], max_tokens: int) -> list[list[int]]:
     Rows are taken by increasing new-token count (stable); a group closes when the next row
     needs more than twice (plus 8) the group's smallest count, or when the padded token
     count ``widest * rows`` would exceed ``max_tokens`` (a group always takes one row).
-
-    Args:
-        news: new-token count of each row.
-        max_tokens: most padded new tokens in one forward pass.
-
-    Returns:
-        Groups of row indices; each group is in increasing order of count.
     """
     groups: list[list[int]] = []
     current: list[int] = []

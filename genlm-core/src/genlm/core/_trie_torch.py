@@ -67,12 +67,10 @@ FOLD_DEPTH = 1
 def pairs_and_folds(
     trie: TrieArrays, fold_depth: int = FOLD_DEPTH
 ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int, np.ndarray]]]:
-    """The (node, token) pairs and the fold steps of the torch kernel, as numpy arrays.
+    """``(pair_node, pair_token, folds)``, the torch kernel's plan as numpy arrays.
 
-    Returns:
-        ``(pair_node, pair_token, folds)``: token ``pair_token[k]`` adds to node
-        ``pair_node[k]``; ``folds`` are ``(up, lo, hi, parent)`` steps, deepest first:
-        nodes ``lo:hi`` fold into nodes ``up + parent``.
+    Token ``pair_token[k]`` adds to node ``pair_node[k]``; ``folds`` are ``(up, lo, hi,
+    parent)`` steps, deepest first: nodes ``lo:hi`` fold into nodes ``up + parent``.
     """
     token_node = trie.token_node
     tokens = np.flatnonzero(token_node >= 0)

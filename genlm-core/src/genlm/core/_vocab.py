@@ -403,14 +403,7 @@ class Vocabulary:
         return self.tokens[i]
 
     def is_special(self, i: int) -> bool:
-        """Whether token ``i`` is special (never ordinary text).
-
-        Args:
-            i: a token id.
-
-        Returns:
-            True for special ids, False otherwise (also for ids out of range).
-        """
+        """Whether token ``i`` is special (never ordinary text); False for ids out of range."""
         return int(i) in self.special_ids
 
     @property
@@ -428,18 +421,7 @@ class Vocabulary:
         return np.flatnonzero(mask)
 
     def decode(self, ids: Iterable[int], *, keep_special: bool = False) -> bytes:
-        """Join the bytes of ``ids``.
-
-        Args:
-            ids: token ids.
-            keep_special: include the literals of special tokens (skipped by default).
-
-        Returns:
-            The concatenated bytes (not necessarily valid UTF-8).
-
-        Raises:
-            ValueError: an id is out of range.
-        """
+        """The bytes of ``ids`` joined (maybe not UTF-8), specials only if ``keep_special``."""
         n = len(self.tokens)
         out = []
         for raw in ids:
@@ -454,16 +436,8 @@ class Vocabulary:
     def from_tokenizer(cls, tokenizer: Any, size: int | None = None) -> Vocabulary:
         """Read a transformers tokenizer, a ``tokenizers.Tokenizer`` or a tiktoken ``Encoding``.
 
-        Args:
-            tokenizer: the tokenizer object.
-            size: the model's logit width when it is wider than the tokenizer; ids from
-                the tokenizer's size up to it are unused. None: the tokenizer's size.
-
-        Returns:
-            The vocabulary.
-
-        Raises:
-            TypeError: the object is none of the supported tokenizer kinds.
+        ``size``: the model's logit width when it is wider than the tokenizer (the ids from
+        the tokenizer's size up to it are unused). Any other object raises ``TypeError``.
         """
         module = type(tokenizer).__module__
         if module.startswith("tiktoken") or hasattr(tokenizer, "decode_single_token_bytes"):
@@ -486,16 +460,7 @@ class Vocabulary:
 
         BOS and EOS come from tokenizer_config.json or special_tokens_map.json beside it; without
         them BOS is the special token the post-processor template puts first and EOS is unknown.
-
-        Args:
-            path: a ``tokenizer.json`` file or the directory holding it.
-            size: the model's logit width, as for :meth:`from_tokenizer`.
-
-        Returns:
-            The vocabulary.
-
-        Raises:
-            FileNotFoundError: there is no tokenizer.json there.
+        ``size`` is as for :meth:`from_tokenizer`.
         """
         path = Path(path)
         directory, file = (path, path / "tokenizer.json") if path.is_dir() else (path.parent, path)

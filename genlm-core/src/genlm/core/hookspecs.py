@@ -45,7 +45,8 @@ def genlm_register_backends(register: Callable[[BackendSpec], None]) -> None:
     """Declare the backends this plugin provides.
 
     Called once per discovery, right after the plugin module is imported and validated,
-    before any model is loaded. Call ``register(BackendSpec(...))`` once per backend.
+    before any model is loaded. Call ``register(BackendSpec(...))`` once per backend
+    (:class:`~genlm.core.BackendSpec` only: anything else raises ``TypeError``).
 
     A plugin may: register any number of backends, decide a spec's fields from cheap
     facts (``auto_select=cuda_gpu_present()``, say). It must not: import heavy libraries
@@ -54,10 +55,6 @@ def genlm_register_backends(register: Callable[[BackendSpec], None]) -> None:
     naming and collisions: a name belongs to the distribution ``genlm-backend-NAME``
     (``mock`` to genlm-core); another distribution's claim on it is reported and ignored.
     A hook that raises is reported as a broken plugin; its other backends may be lost.
-
-    Args:
-        register: the callback taking one :class:`~genlm.core.backend.BackendSpec`; it raises
-            ``TypeError`` for anything else.
     """
 
 
@@ -67,10 +64,8 @@ def genlm_register_commands(register: Callable[[Command], None]) -> None:
 
     Called once per discovery, like :func:`genlm_register_backends`; the ``genlm`` script
     discovers plugins before parsing its arguments. Call ``register(Command(...))`` per
-    subcommand. The command's ``configure`` and ``run`` are called only when the user runs
-    it, so import heavy modules inside them, not here. A command name that core
+    subcommand (a ``genlm.core.cli.Command``). The command's ``configure`` and ``run`` are
+    called only when the user runs it, so import heavy modules inside them, not here. A
+    command name that core
     (``backends``, ``smc``) or an earlier plugin already uses is reported and ignored.
-
-    Args:
-        register: the callback taking one ``genlm.core.cli.Command``.
     """

@@ -5,17 +5,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from genlm.core.backend import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:
     from genlm.backends.hf._model import HFLM
 
 __all__ = ["HFLM"]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "HFLM":
-        from genlm.backends.hf._model import HFLM
-
-        return HFLM
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = _lazy_exports(__name__, "genlm-backend-hf", {"HFLM": "_model"})

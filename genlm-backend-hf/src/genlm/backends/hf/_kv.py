@@ -26,7 +26,9 @@ The batched past. Rows of a batch have different past lengths ``p_i`` and new le
 preallocated buffer ``[layers, 2, B, kv_heads, P + N, head_dim]`` (reused between batches, so
 no page faults). A cache layer over that buffer writes the new keys and values in place
 instead of concatenating; the attention mask zeros the padded past and padded new positions,
-and explicit position ids give each row its own positions.
+and explicit position ids give each row its own positions. Masked columns must still hold
+finite values (a masked column's weight is exactly 0, and 0 * NaN is NaN), so the padding
+and a length bucket's extra columns (``HFLM(kv_length_multiple=...)``) are zeroed.
 """
 
 from __future__ import annotations
@@ -101,9 +103,7 @@ class KVShape:
 class KVStore:
     """Segments of every cached context, keyed by ``(variant marker, *context)``.
 
-    Args:
-        max_bytes: the byte budget of the underlying ``PrefixCache`` (tensor bytes plus a
-            small per-segment overhead).
+    ``max_bytes`` bounds their tensor bytes plus :data:`SEGMENT_OVERHEAD_BYTES` each.
     """
 
     def __init__(self, max_bytes: int):
@@ -189,11 +189,9 @@ class BufferedLayer(DynamicLayer if DynamicLayer is not None else object):
 
     The past is already in the buffer; ``update`` writes the new keys and values after it
     instead of concatenating (which would copy the whole past once more per forward).
-
-    ``columns``: attend over at least this many columns (a length bucket, see
-    ``HFLM(kv_length_multiple=...)``). Columns after ``past + new`` lie after every query's
-    position, so the causal mask zeros them; the caller zeroes them, as a masked column's
-    weight 0 times NaN (or whatever an uninitialized buffer holds) is NaN.
+    Attention spans at least ``columns`` columns (a length bucket); those after
+    ``past + new`` lie after every query, so the causal mask hides them (the caller zeroes
+    them).
     """
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, past: int, columns: int = 0):
@@ -284,8 +282,7 @@ class BatchInputs:
     def fill_past(self, skip: frozenset[int] = frozenset()) -> None:
         """Copy each row's cached pieces into the buffer, right-aligned at ``P``; zero the padding.
 
-        Rows in ``skip`` already hold their past there. Padding must be finite: a masked
-        position gets weight exactly 0, and 0 * NaN is NaN.
+        Rows in ``skip`` already hold their past there.
         """
         p = self.past
         for i, row in enumerate(self.rows):

@@ -62,8 +62,7 @@ class HFLM(BatchedLM):
             trie, core's default) then pay nothing, where a torch row costs them a ~5 us
             view per read; torch callers pay one row copy per read instead.
         kv_length_multiple: attend over a KV length rounded up to a multiple of this (the
-            extra columns lie after every query, so the causal mask zeros them, and they are
-            zeroed before each pass, as 0 weight times NaN is NaN), so that
+            extra columns lie after every query, so the causal mask hides them), so that
             successive SMC steps, whose contexts grow by a token, run the same shapes: shape
             caches (cuDNN plans, compiled kernels) are reused instead of rebuilt every step.
             ``None`` (default): 64 off the CPU, 1 (exact lengths) on the CPU, where extra
@@ -168,24 +167,11 @@ class HFLM(BatchedLM):
     ) -> HFLM:
         """Load a model and tokenizer by Hub id or local directory (``"stories260K"`` is embedded).
 
-        Args:
-            model_id: what ``from_pretrained`` takes; passed through ``resolve_model_path``.
-            hf_opts: extra keyword arguments for ``AutoModelForCausalLM.from_pretrained``.
-            load_in_8bit: load the weights quantized to 8 bits with bitsandbytes (needs
-                ``bitsandbytes``; the model is then placed by ``device_map``).
-            load_in_4bit: the same with 4 bits; at most one of the two may be set.
-            device: where the model runs; default ``cuda`` if available, else ``cpu``.
-            dtype: weight dtype, ``"auto"`` keeps the checkpoint's.
-            kv_cache_bytes: byte budget of the KV cache.
-            **kwargs: options of :class:`HFLM` and :class:`genlm.core.backend.BatchedLM`; ``name``
-                defaults to ``model_id``.
-
-        Returns:
-            The loaded model.
-
-        Raises:
-            ValueError: both ``load_in_8bit`` and ``load_in_4bit`` are set.
-            ImportError: quantization was asked for and ``bitsandbytes`` is not installed.
+        ``hf_opts`` go to ``AutoModelForCausalLM.from_pretrained``. ``device`` defaults to
+        ``cuda`` when available, else ``cpu``; ``dtype="auto"`` keeps the checkpoint's.
+        ``load_in_8bit`` or ``load_in_4bit`` (one at most) quantize the weights with
+        bitsandbytes, which must be installed, and place the model by ``device_map``. The
+        other options are :class:`HFLM`'s; ``name`` defaults to ``model_id``.
         """
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -236,17 +222,7 @@ class HFLM(BatchedLM):
     # ---- LoRA ------------------------------------------------------------------------
 
     def add_lora(self, path: str, name: str) -> None:
-        """Load the peft adapter saved at ``path`` under ``name`` (it does not become active).
-
-        Args:
-            path: the directory the adapter was saved to (what
-                ``PeftModel.from_pretrained`` takes).
-            name: the adapter's name, for :meth:`set_lora` and ``variant=``.
-
-        Raises:
-            ImportError: ``peft`` is not installed.
-            ValueError: an adapter named ``name`` is already loaded.
-        """
+        """Load the peft adapter saved at ``path`` as a new ``name``; it does not become active."""
         if importlib.util.find_spec("peft") is None:
             raise ImportError("LoRA adapters need peft: pip install 'genlm-backend-hf[lora]'")
         if name in self._adapters:
@@ -264,14 +240,7 @@ class HFLM(BatchedLM):
         self._adapters[name] = -2 - len(self._adapters)
 
     def set_lora(self, name: str) -> None:
-        """Make adapter ``name`` active for the requests made from now on.
-
-        Args:
-            name: the name a loaded adapter was given by :meth:`add_lora`.
-
-        Raises:
-            KeyError: no adapter named ``name`` is loaded.
-        """
+        """Make the loaded adapter ``name`` active for the requests made from now on."""
         if name not in self._adapters:
             raise KeyError(f"no LoRA adapter named {name!r}; loaded: {sorted(self._adapters)}")
         self._active_lora = name
@@ -321,15 +290,7 @@ class HFLM(BatchedLM):
         """Compute and pin the KV of a prompt under the active adapter (never evicted).
 
         Blocks until the prompt's KV is computed (when not already cached) and pinned;
-        :meth:`clear_kv_cache` unpins it.
-
-        Args:
-            prompt_token_ids: the prompt, at least one token id.
-
-        Raises:
-            InvalidContextError: bad token ids.
-            ModelClosedError: the model is closed.
-            MemoryError: the prompt's KV does not fit in ``kv_cache_bytes``.
+        :meth:`clear_kv_cache` unpins it. ``MemoryError`` when it exceeds ``kv_cache_bytes``.
         """
         variant, context = self.validate_request(prompt_token_ids)
         self.worker.call(self._cache_kv, variant, context)

@@ -6,17 +6,13 @@ plugin module stays cheap for backend discovery.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from genlm.core.backend import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:
     from genlm.backends.mlx._model import MLXLM
 
 __all__ = ["MLXLM"]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "MLXLM":
-        from genlm.backends.mlx._model import MLXLM
-
-        return MLXLM
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = _lazy_exports(__name__, "genlm-backend-mlx", {"MLXLM": "_model"})

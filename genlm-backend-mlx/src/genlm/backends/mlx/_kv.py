@@ -151,11 +151,9 @@ class KVStore:
 
     ``prefixes`` maps contexts to compact copies. The live batch's buffers are charged to
     it as one pinned entry under a key no context has (:data:`_LIVE_KEY`), so stored
-    prefixes are evicted to make room for the live batch and the budget bounds both,
-    while a step advanced in place touches the trie once, not once per row.
-
-    Args:
-        max_bytes: the byte budget (``kv_cache_bytes``).
+    prefixes are evicted to make room for the live batch and the budget (``max_bytes``,
+    the model's ``kv_cache_bytes``) bounds both, while a step advanced in place touches the
+    trie once, not once per row.
     """
 
     def __init__(self, max_bytes: int):

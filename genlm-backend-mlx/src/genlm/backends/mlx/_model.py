@@ -114,13 +114,10 @@ class MLXLM(BatchedLM):
         return np.asarray(logprobs)
 
     def _resume(self, contexts: list[tuple[int, ...]]) -> mx.array:
-        """Run only what each context adds to kept KV, then keep that KV.
+        """Advance the live batch if every context extends it evenly, else spill it and rebuild.
 
-        When every context extends a row of the live batch (the last forward's caches) by
-        the same number of tokens, the live batch runs them in place (:meth:`_advance`).
-        Otherwise its rows are copied out to the prefix cache, and each context resumes
-        from its longest stored prefix (:meth:`_rebuild`). The live batch is detached
-        first and kept again only once a batch succeeds, so a failed step leaves none.
+        The live batch is detached first and kept again only once a batch succeeds, so a
+        failed step leaves none.
         """
         live = self.kv_cache.release()
         plan = live.rows.extend_all(contexts) if live is not None else None
@@ -133,12 +130,9 @@ class MLXLM(BatchedLM):
     def _advance(
         self, live: _kv.LiveBatch, sources: list[int], new: int, contexts: list[tuple[int, ...]]
     ) -> mx.array:
-        """Extend the live batch by ``new`` tokens per row, in place; keep it for the next.
+        """Extend the live batch by ``new`` tokens per row in place, copying nothing out.
 
-        Nothing is copied out per step: the new contexts stay findable as live rows (the
-        previous step's contexts, prefixes of the new rows, are not kept), and their rows
-        are copied out only when a batch breaks the pattern (:meth:`_spill`). A live batch
-        grown past the whole budget is copied out (what fits) and dropped instead.
+        A live batch grown past the whole budget is spilled (what fits) and dropped instead.
         """
         live.advance(sources, contexts)
         live.copied = False
@@ -150,12 +144,10 @@ class MLXLM(BatchedLM):
         return logprobs
 
     def _rebuild(self, contexts: list[tuple[int, ...]]) -> mx.array:
-        """Resume each context from its longest stored prefix, and store every context.
+        """Resume each context from its longest stored prefix, one pass per new-token count.
 
-        Rows adding the same number of tokens share a forward pass whatever their cached
-        lengths (``_kv.merge`` left-pads the prefixes), so no new token is ever padding.
-        Every row is copied out to the prefix cache; the largest group's caches also
-        become the live batch, if they fit the budget.
+        Every row is stored in the prefix cache; the largest group's caches also become the
+        live batch, if they fit the budget.
         """
         prefixes = self.kv_cache.prefixes
 
