@@ -299,7 +299,9 @@ class ByteBeamState:
         Like :meth:`advance` over each byte, but the intermediate states leave out the
         candidates the next step prunes (sparing their LM calls) and fetch rows ahead
         (see ``ByteLM``'s ``lookahead``). When some EOS token is ordinary text, the bytes
-        are consumed with it counted as text, and the result is switched back to EOS mode.
+        are consumed with it counted as text, and the result is switched back to EOS mode:
+        such a token ending exactly at the end of ``data`` was text, so it is committed
+        (its candidate is at the token boundary after it).
 
         Args:
             data: the bytes to consume.
@@ -321,7 +323,25 @@ class ByteBeamState:
             last = i == len(data) - 1
             upcoming = b"" if last else data[i + 1 :]
             state = await state.prune()._advance(byte, only_survivors=not last, upcoming=upcoming)
-        return await state.with_eos_mode(True) if text_mode else state
+        return state._end_prefill() if text_mode else state
+
+    def _end_prefill(self) -> ByteBeamState:
+        """This state (prefilled with text EOS tokens as text) in EOS mode, its bytes still
+        text: a text EOS token that a candidate's partial token spells exactly ends the
+        prompt as text, so it is committed; :meth:`_in_mode` alone would drop its mass,
+        which EOS-mode masses leave out."""
+        root = self.byte_lm.trie.root
+        text_eos = set(self.byte_lm.masked_ids(True).tolist())
+        ended = []
+        for c in self.candidates:
+            if c.node == root:
+                continue
+            for token in self.byte_lm.trie.tokens_at(c.node).tolist():
+                logp = c.logp + float(c.next.logp[token]) if token in text_eos else -np.inf
+                if logp > -np.inf:
+                    ended.append(Candidate(c.context + (token,), logp, root, None, logp))
+        moved = self._in_mode(True).candidates
+        return ByteBeamState(self.byte_lm, [*moved, *ended], self.data, eos_mode=True)
 
     async def with_eos_mode(self, eos_mode: bool) -> ByteBeamState:
         """The same candidates with masses for the other EOS treatment (see :meth:`prefill`).
