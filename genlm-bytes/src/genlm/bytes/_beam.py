@@ -337,13 +337,13 @@ class BeamState:
         prompt as text, so it is committed; :meth:`_in_mode` alone would drop its mass,
         which EOS-mode masses leave out."""
         root = self.byte_lm.trie.root
-        text_eos = set(self.byte_lm.masked_ids(True).tolist())
+        eos_ids = set(self.byte_lm.masked_ids(True).tolist())  # only text ones are at nodes
         ended = []
         for c in self.candidates:
             if c.node == root:
                 continue
             for token in self.byte_lm.trie.tokens_at(c.node).tolist():
-                logp = c.logp + float(c.next.logp[token]) if token in text_eos else -np.inf
+                logp = c.logp + float(c.next.logp[token]) if token in eos_ids else -np.inf
                 if logp > -np.inf:
                     ended.append(Candidate(c.context + (token,), logp, root, None, logp))
         moved = self._in_mode(True).candidates
