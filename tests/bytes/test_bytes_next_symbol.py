@@ -15,16 +15,19 @@ from support.bytes_lms import FixedLM, brute_force_next_symbol, run
 
 from genlm.bytes import ByteLM
 from genlm.core import Vocabulary
-from genlm.core.mock import MockLM
+from genlm.core.mock import MockLM, mock_logprobs
 
 
-async def _check_states(lm: MockLM, eos: list[bytes], context: tuple[int, ...], data: bytes):
-    """At each prefix of ``data`` (stepping with ``advance``): brute force, and a sum of 1."""
+async def _check_states(
+    lm: MockLM, eos: list[bytes], context: tuple[int, ...], data: bytes, prompt: int = 0
+):
+    """At each prefix of ``data`` from ``prompt`` bytes on (prefilled, then stepped with
+    ``advance``): brute force, and a sum of 1."""
     byte_lm = ByteLM(lm, K=None, eos=eos)
     eos_ids = set(byte_lm.eos_ids)
-    state = await byte_lm.initial(context)
-    for i in range(len(data) + 1):
-        expected = brute_force_next_symbol(lm, context, data[:i], eos_ids)
+    state = await (await byte_lm.initial(context)).prefill(data[:prompt])
+    for i in range(prompt, len(data) + 1):
+        expected = brute_force_next_symbol(lm, context, data[:i], eos_ids, prompt)
         dist = await state.logp_next()
         got = np.exp(dist.logprobs)
         np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
@@ -92,6 +95,42 @@ def test_next_symbol_matches_brute_force_on_random_vocabularies(problem):
     async def scenario():
         async with MockLM(vocab, seed=seed) as lm:
             await _check_states(lm, eos, (1,), data)
+
+    run(scenario())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_problems(), st.integers(0, 7))
+def test_prefilled_prompt_matches_brute_force_on_random_vocabularies(problem, prompt):
+    """Prefilled bytes are text, text EOS strings included (also a prompt's last token),
+    and what follows is stepped in EOS mode: every state's distribution is the brute force."""
+    tokens, eos, seed, data = problem
+    vocab = Vocabulary(tokens, special_ids={0}, eos_token_ids=(0,))
+
+    async def scenario():
+        async with MockLM(vocab, seed=seed) as lm:
+            await _check_states(lm, eos, (1,), data, min(prompt, len(data)))
+
+    run(scenario())
+
+
+def test_a_prompt_ending_with_a_text_eos_keeps_its_mass():
+    """Issue 21.4: prefilling b'a\n' with eos=[b'\n'] gave no candidate, logZ=-inf and a
+    NaN distribution: the switch back to EOS mode dropped the b'\n' token that ends the
+    prompt. It is text there, so the state is at the boundary after it."""
+    vocab = Vocabulary(
+        (b"<s>", b"</s>", b"a", b"\n"), special_ids={0, 1}, bos_token_id=0, eos_token_ids=(1,)
+    )
+
+    async def scenario():
+        async with MockLM(vocab) as lm:
+            state = await ByteLM(lm, K=None, eos=[b"\n"]).initial(b"a\n")
+            expected = mock_logprobs((0,), 4)[2] + mock_logprobs((0, 2), 4)[3]
+            assert state.logZ == pytest.approx(expected, abs=1e-6)  # float32 rows
+            assert [c.context for c in state.candidates] == [(0, 2, 3)]
+        # The same prompt after the context b"a" (no BOS, whose mass the sum would miss).
+        async with MockLM(Vocabulary(TOKENS)) as lm:
+            await _check_states(lm, [b"\n"], (2,), b"\na\n\n", prompt=1)
 
     run(scenario())
 

@@ -29,34 +29,27 @@ TOKENS = (b"<s>", b"</s>", b"a", b"b", b"c", b".", b"ab", b"ba", b"abc", b"bc", 
 VOCAB = Vocabulary(TOKENS, special_ids={0, 1}, bos_token_id=0, eos_token_ids=(1,))
 
 
-class Facade:
-    """Stands for genlm.backend's AsyncLM: holds the core model as ``core_lm``."""
-
-    def __init__(self, core_lm):
-        self.core_lm = core_lm
-
-
 @pytest.mark.parametrize("K", [1, 3, None])
 def test_seed_calls_give_bytelm_numbers(K):
-    """genlm-control's sequence of calls equals ByteLM's with ``prune_on_step=False``
+    """genlm-control's sequence of calls equals ByteLM's beam stepped with ``prune=False``
     (pruning only where the caller asks), EOS strings that are text included."""
 
     async def scenario():
         async with MockLM(VOCAB) as lm:
             params = BeamParams(K=K, eos_byte_strings=[b"</s>", b"."])
-            seed = await ByteBeamState.initial(Facade(lm), params)
-            own_lm = ByteLM(lm, K=K, eos=[b"</s>", b"."], heal_max_splits=None, prune_on_step=False)
+            seed = await ByteBeamState.initial(lm, params)
+            own_lm = ByteLM(lm, K=K, eos=[b"</s>", b"."], heal_max_splits=None)
             own = await own_lm.initial((0,))
             seed = await seed.prefill(b"ab.")
             own = await own.prefill(b"ab.")
             for b in b"ab.abc":
                 assert seed.logZ == pytest.approx(own.logZ, abs=1e-12)
                 ps = (await seed.logp_next()).ps
-                normalized = (await own.logp_next()).normalized()
+                normalized = (await own.logp_next(prune=False)).normalized()
                 np.testing.assert_allclose(ps[:256], normalized[:256], rtol=0, atol=1e-12)
                 assert ps[-1] == pytest.approx(normalized[EOS], abs=1e-12)
                 seed = await (seed.prune() << b)
-                own = await own.prune().advance(b)
+                own = await own.prune().advance(b, prune=False)
             assert len(seed) == len(own)
             await seed.cleanup()
 
@@ -270,7 +263,7 @@ def test_stateful_tokenized_lm():
 
     async def scenario():
         async with MockLM(VOCAB) as lm:
-            state = StatefulTokenizedLM.initial(Facade(lm))
+            state = StatefulTokenizedLM.initial(lm)
             assert state.context == [0]
             longer = state << 2 << 3
             assert longer.context == [0, 2, 3] and state.context == [0]

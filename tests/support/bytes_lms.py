@@ -100,7 +100,7 @@ def brute_force_prefix_logprob(
 
 
 def brute_force_next_symbol(
-    lm: Any, context: tuple[int, ...], data: bytes, eos_ids: set[int]
+    lm: Any, context: tuple[int, ...], data: bytes, eos_ids: set[int], prompt: int = 0
 ) -> np.ndarray:
     """``P(next symbol | data)`` over 256 bytes and EOS by enumerating tokenizations.
 
@@ -108,38 +108,45 @@ def brute_force_next_symbol(
     every token sequence whose last token covers the end of ``x`` (its earlier tokens
     end strictly inside ``x``); ``P(x, EOS)`` sums the exact tokenizations of ``x`` times
     the probability of an EOS token next. Plain probabilities (float64), no log space.
+
+    ``prompt``: the first ``prompt`` bytes of ``data`` were prefilled, so a token ending
+    inside them may also be an EOS token that has bytes (prefill counts it as text).
     """
     vocab = lm.vocab
-    not_text = eos_ids | set(vocab.special_ids)
-    text = [t for t, tok in enumerate(vocab.tokens) if tok and t not in not_text]
+    spelled = [t for t, tok in enumerate(vocab.tokens) if tok and t not in vocab.special_ids]
 
     def row(ctx: tuple[int, ...]) -> np.ndarray:
         return np.exp(np.asarray(lm.next_token_logprobs_sync(ctx), dtype=np.float64))
 
-    def prefix(ctx: tuple[int, ...], rest: bytes) -> float:
-        """P(the bytes after ``ctx`` start with ``rest``), ``rest`` non-empty."""
+    def candidates(pos: int) -> list[int]:
+        """The tokens that can spell bytes from ``pos`` on: text, and EOS inside the prompt."""
+        return [t for t in spelled if t not in eos_ids or pos + len(vocab.tokens[t]) <= prompt]
+
+    def prefix(ctx: tuple[int, ...], pos: int, rest: bytes) -> float:
+        """P(the bytes after ``ctx`` start with ``rest``), ``rest`` non-empty, at ``pos``."""
         p = row(ctx)
         out = 0.0
-        for t in text:
+        for t in candidates(pos):
             tok = vocab.tokens[t]
             if tok.startswith(rest):
                 out += p[t]
             elif rest.startswith(tok):
-                out += p[t] * prefix(ctx + (t,), rest[len(tok) :])
+                out += p[t] * prefix(ctx + (t,), pos + len(tok), rest[len(tok) :])
         return out
 
-    def ends_then_eos(ctx: tuple[int, ...], rest: bytes) -> float:
+    def ends_then_eos(ctx: tuple[int, ...], pos: int, rest: bytes) -> float:
         """P(the tokens after ``ctx`` spell exactly ``rest``, then EOS)."""
         p = row(ctx)
         if not rest:
             return float(sum(p[e] for e in eos_ids))
         return sum(
-            p[t] * ends_then_eos(ctx + (t,), rest[len(vocab.tokens[t]) :])
-            for t in text
+            p[t]
+            * ends_then_eos(ctx + (t,), pos + len(vocab.tokens[t]), rest[len(vocab.tokens[t]) :])
+            for t in candidates(pos)
             if rest.startswith(vocab.tokens[t])
         )
 
-    total = prefix(context, data) if data else 1.0
-    out = np.array([prefix(context, data + bytes([b])) for b in range(256)] + [0.0])
-    out[EOS] = ends_then_eos(context, data)
+    total = prefix(context, 0, data) if data else 1.0
+    out = np.array([prefix(context, 0, data + bytes([b])) for b in range(256)] + [0.0])
+    out[EOS] = ends_then_eos(context, 0, data)
     return out / total

@@ -5,7 +5,8 @@ backend plugin) and exposes it as ``core_lm``. Everything is the core model's: t
 (autobatching), the output cache, the KV reuse, the worker thread. The facade converts
 arguments (``lora_name`` becomes core's per-request ``variant``, ``batch_size``/``timeout``
 become ``max_batch_size``/``max_wait_s``) and asks core for torch rows (``output="torch"``:
-float32 tensors on the device the backend computed them on).
+float32 tensors on the device the backend computed them on) unless the caller names another
+``output``: a facade model is itself a :class:`genlm.core.AsyncLM`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -120,9 +121,14 @@ class AsyncLM(ABC):
 class _CoreBacked(AsyncLM):
     """What every facade shares: all calls go to ``self.core_lm``, a genlm-core model.
 
+    A facade model is itself a :class:`genlm.core.AsyncLM`: its row methods also take core's
+    ``output=`` and ``variant=`` keywords (torch rows unless ``output`` says otherwise), so
+    genlm-bytes (``ByteBeamState.initial(llm, params)``, ``ByteLM(llm)``) and any genlm.core
+    API take it as it is.
+
     Attributes:
-        core_lm (genlm.core.backend.BatchedLM): the wrapped core model (genlm-bytes'
-            ``ByteBeamState`` and any genlm.core API take it directly).
+        core_lm (genlm.core.backend.BatchedLM): the wrapped core model, for code moving to
+            genlm.core one call at a time.
     """
 
     core_lm: BatchedLM
@@ -141,12 +147,29 @@ class _CoreBacked(AsyncLM):
         return self
 
     @staticmethod
-    def _variant(lora_name: str | None) -> dict[str, Any]:
-        """``lora_name`` as core's per-request ``variant`` (None: the model's current one)."""
-        return {} if lora_name is None else {"variant": lora_name}
+    def _options(lora_name: str | None, options: dict[str, Any]) -> dict[str, Any]:
+        """Core's keywords for one call: ``output="torch"`` unless ``options`` name another,
+        and ``lora_name`` as core's per-request ``variant`` (None: the model's current one).
+
+        Raises:
+            ValueError: ``lora_name`` and a ``variant`` option that differ.
+        """
+        if lora_name is not None:
+            if options.setdefault("variant", lora_name) != lora_name:
+                raise ValueError(
+                    f"lora_name={lora_name!r} and variant={options['variant']!r} name the "
+                    "same option and differ; give one"
+                )
+        return {"output": "torch", **options}
+
+    @property
+    def device_rows(self) -> bool:
+        """Whether the core model keeps its rows on a device (``HFLM`` on a GPU): byte-level
+        models then ask for torch rows and compute where they lie."""
+        return bool(getattr(self.core_lm, "device_rows", False))
 
     async def next_token_logprobs(
-        self, token_ids: Sequence[int], lora_name: str | None = None
+        self, token_ids: Sequence[int], lora_name: str | None = None, **options: Any
     ) -> torch.Tensor:
         """Normalized log-probabilities of the next token: a float32 ``(V,)`` tensor.
 
@@ -156,42 +179,45 @@ class _CoreBacked(AsyncLM):
             token_ids: the context (at least one token id).
             lora_name: the LoRA adapter to run under for this call only (hf); None: the
                 model's current adapter (the base model unless ``set_lora`` chose one).
+            **options: genlm-core's keywords, so this model is a :class:`genlm.core.AsyncLM`
+                (genlm-bytes and any genlm.core API take it as one): ``output`` (default
+                ``"torch"``; ``"numpy"`` gives core's float32 arrays) and ``variant`` (the
+                same as ``lora_name``).
 
         Raises:
             ValueError: an empty or invalid context (``genlm.core.InvalidContextError``),
-                or a backend without adapters given a ``lora_name``.
+                a backend without adapters given a ``lora_name``, or ``lora_name`` and a
+                different ``variant``.
             KeyError: no adapter named ``lora_name`` is loaded.
         """
         return await self.core_lm.next_token_logprobs(
-            token_ids, output="torch", **self._variant(lora_name)
+            token_ids, **self._options(lora_name, options)
         )
 
     def next_token_logprobs_sync(
-        self, token_ids: Sequence[int], lora_name: str | None = None
+        self, token_ids: Sequence[int], lora_name: str | None = None, **options: Any
     ) -> torch.Tensor:
         """The blocking twin of :meth:`next_token_logprobs` (still cached and batched by id)."""
-        return self.core_lm.next_token_logprobs_sync(
-            token_ids, output="torch", **self._variant(lora_name)
-        )
+        return self.core_lm.next_token_logprobs_sync(token_ids, **self._options(lora_name, options))
 
     async def batch_next_token_logprobs(
-        self, token_ids_list: Sequence[Sequence[int]], lora_name: str | None = None
+        self, token_ids_list: Sequence[Sequence[int]], lora_name: str | None = None, **options: Any
     ) -> torch.Tensor:
         """One row per context: a float32 ``(len(token_ids_list), V)`` tensor."""
         return await self.core_lm.batch_next_token_logprobs(
-            token_ids_list, output="torch", **self._variant(lora_name)
+            token_ids_list, **self._options(lora_name, options)
         )
 
     def batch_next_token_logprobs_sync(
-        self, token_ids_list: Sequence[Sequence[int]], lora_name: str | None = None
+        self, token_ids_list: Sequence[Sequence[int]], lora_name: str | None = None, **options: Any
     ) -> torch.Tensor:
         """The blocking twin of :meth:`batch_next_token_logprobs`."""
         return self.core_lm.batch_next_token_logprobs_sync(
-            token_ids_list, output="torch", **self._variant(lora_name)
+            token_ids_list, **self._options(lora_name, options)
         )
 
     def next_token_logprobs_uncached(
-        self, token_ids: Sequence[int], lora_name: str | None = None
+        self, token_ids: Sequence[int], lora_name: str | None = None, **options: Any
     ) -> torch.Tensor:
         """A fresh computation: bypasses the output cache and the scheduler.
 
@@ -199,7 +225,7 @@ class _CoreBacked(AsyncLM):
         full forward up to float rounding); use :meth:`clear_kv_cache` first to avoid that.
         """
         return self.core_lm.next_token_logprobs_uncached(
-            token_ids, output="torch", **self._variant(lora_name)
+            token_ids, **self._options(lora_name, options)
         )
 
     def clear_cache(self) -> None:
@@ -259,6 +285,12 @@ class _CoreBacked(AsyncLM):
     async def aclose(self) -> None:
         """Awaitable :meth:`close`: fails queued requests and waits for the running batch."""
         await self.core_lm.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 def _core_opts(

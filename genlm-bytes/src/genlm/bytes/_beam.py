@@ -1,4 +1,4 @@
-"""``ByteBeamState``: the beam of tokenizations consistent with the bytes so far.
+"""``BeamState``: the beam of tokenizations consistent with the bytes so far.
 
 A candidate is ``(token context, partial token, log weight)``: the context's tokens
 spell a prefix of the bytes ``x`` consumed so far and the partial token (a trie node)
@@ -16,18 +16,15 @@ context; all of a step's boundaries are requested at once, so the LM batches the
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Self
 
 import attrs
 import numpy as np
 
 from genlm.bytes._dist import EOS, NextByteLogprobs, logsumexp
 from genlm.bytes._heal import heal
-from genlm.bytes._lm_state import core_lm_of
 from genlm.bytes._model import ByteModel
-from genlm.bytes._params import BeamParams, TrieMode
-from genlm.bytes._trie_state import LazyTrieState
 from genlm.bytes._types import Candidate
 
 if TYPE_CHECKING:
@@ -47,7 +44,7 @@ class UnreachableByteError(ValueError):
 
 @attrs.frozen(slots=True)
 class GeneratedBytes:
-    """What :meth:`ByteBeamState.sample` produced.
+    """What :meth:`BeamState.sample` produced.
 
     Attributes:
         data: the bytes generated (EOS excluded).
@@ -60,21 +57,22 @@ class GeneratedBytes:
     """
 
     data: bytes
-    state: ByteBeamState
+    state: BeamState
     eos: bool
     logp: float
     at_limit: bool = False
 
 
-class ByteBeamState:
+class BeamState:
     """The byte-level LM after some bytes: a beam of candidates. Immutable.
 
     Make one with :meth:`ByteLM.initial` or :meth:`ByteLM.from_prompt`. ``await
     state.advance(b)`` (or ``await (state << b)``) returns the state after byte ``b``;
     ``await state.logp_next()`` gives the next symbol's distribution. Both work on the
     pruned beam (:meth:`prune`: the ``K`` heaviest candidates whose share of the mass is
-    above the threshold), so a step costs at most ``K`` LM contexts; a model made with
-    ``prune_on_step=False`` (the genlm-bytes 0.2 API) leaves pruning to the caller.
+    above the threshold), so a step costs at most ``K`` LM contexts; with ``prune=False``
+    they work on the beam as it is, and the caller prunes. A state makes its successors
+    of its own class (:meth:`_derive`), so a subclass's states stay of that class.
 
     The methods that ask the token LM for rows raise its errors (e.g.
     ``InvalidContextError`` for a token id outside the vocabulary) inside an
@@ -109,7 +107,7 @@ class ByteBeamState:
         self._boundaries: list[Candidate] | None = None
 
     @classmethod
-    def at_context(cls, byte_lm: ByteModel, context: tuple[int, ...]) -> ByteBeamState:
+    def at_context(cls, byte_lm: ByteModel, context: tuple[int, ...]) -> Self:
         """The state at a token boundary right after ``context`` (no bytes yet).
 
         Args:
@@ -124,7 +122,7 @@ class ByteBeamState:
 
     # ---- the beam ----------------------------------------------------------------------
 
-    def prune(self) -> ByteBeamState:
+    def prune(self) -> Self:
         """Keep the ``K`` heaviest candidates whose share of ``exp(logZ)`` exceeds the threshold.
 
         Returns:
@@ -137,12 +135,22 @@ class ByteBeamState:
             kept = kept[:K]
         if len(kept) == len(self.candidates):
             return self
-        return ByteBeamState(self.byte_lm, kept, self.data, self.eos_mode)
+        return self._derive(kept)
 
-    def _stepping_beam(self) -> ByteBeamState:
-        """The beam :meth:`advance` and :meth:`logp_next` work on: the pruned one, or this
-        one as it is for a model made with ``prune_on_step=False`` (its caller prunes)."""
-        return self.prune() if self.byte_lm.prune_on_step else self
+    def _derive(
+        self,
+        candidates: Sequence[Candidate],
+        data: bytes | None = None,
+        eos_mode: bool | None = None,
+    ) -> Self:
+        """A state of this class and model: ``candidates``, after ``data`` (default: this
+        state's bytes), in ``eos_mode`` (default: this state's)."""
+        return type(self)(
+            self.byte_lm,
+            candidates,
+            self.data if data is None else data,
+            self.eos_mode if eos_mode is None else eos_mode,
+        )
 
     async def boundaries(
         self, above: float = -np.inf, prefetch: Sequence[tuple[int, ...]] = ()
@@ -206,14 +214,13 @@ class ByteBeamState:
 
     # ---- stepping ----------------------------------------------------------------------
 
-    async def advance(self, byte: int) -> ByteBeamState:
+    async def advance(self, byte: int, prune: bool = True) -> Self:
         """The state after one more byte; heals if the beam would empty.
-
-        From the pruned beam, or from this beam as it is when the model was made with
-        ``prune_on_step=False``.
 
         Args:
             byte: the byte value, 0..255.
+            prune: step from the pruned beam (:meth:`prune`); False: from this beam as it
+                is (its caller prunes when it wants).
 
         Returns:
             The new state; this one is unchanged.
@@ -223,11 +230,10 @@ class ByteBeamState:
             UnreachableByteError: no candidate reaches ``byte`` and healing failed or is off.
             ByteLMClosedError: the model was closed.
         """
-        return await self._stepping_beam()._advance(byte, only_survivors=False)
+        beam = self.prune() if prune else self
+        return await beam._advance(byte, only_survivors=False)
 
-    async def _advance(
-        self, byte: int, only_survivors: bool, upcoming: bytes = b""
-    ) -> ByteBeamState:
+    async def _advance(self, byte: int, only_survivors: bool, upcoming: bytes = b"") -> Self:
         """:meth:`advance` from this beam as it is (the callers prune); with
         ``only_survivors``, leave out the new candidates that the next step's :meth:`prune`
         surely drops, sparing their LM calls.
@@ -284,22 +290,24 @@ class ByteBeamState:
                     + ("" if self.byte_lm.heal else " (healing is off)")
                 )
             logger.debug("healed the beam to reach byte %r", bytes([byte]))
-        state = ByteBeamState(self.byte_lm, new, self.data + bytes([byte]), self.eos_mode)
+        state = self._derive(new, self.data + bytes([byte]))
         if byte_lm.verbose:
             logger.info("after byte %r:\n%r", bytes([byte]), state)
         return state
 
-    def __lshift__(self, byte: int) -> Coroutine[Any, Any, ByteBeamState]:
+    def __lshift__(self, byte: int) -> Coroutine[Any, Any, Self]:
         """``await (state << b)`` is ``await state.advance(b)``."""
         return self.advance(byte)
 
-    async def prefill(self, data: bytes) -> ByteBeamState:
+    async def prefill(self, data: bytes) -> Self:
         """Advance over ``data``; EOS tokens that are ordinary text count as text meanwhile.
 
         Like :meth:`advance` over each byte, but the intermediate states leave out the
         candidates the next step prunes (sparing their LM calls) and fetch rows ahead
         (see ``ByteLM``'s ``lookahead``). When some EOS token is ordinary text, the bytes
-        are consumed with it counted as text, and the result is switched back to EOS mode.
+        are consumed with it counted as text, and the result is switched back to EOS mode:
+        such a token ending exactly at the end of ``data`` was text, so it is committed
+        (its candidate is at the token boundary after it).
 
         Args:
             data: the bytes to consume.
@@ -321,9 +329,27 @@ class ByteBeamState:
             last = i == len(data) - 1
             upcoming = b"" if last else data[i + 1 :]
             state = await state.prune()._advance(byte, only_survivors=not last, upcoming=upcoming)
-        return await state.with_eos_mode(True) if text_mode else state
+        return state._end_prefill() if text_mode else state
 
-    async def with_eos_mode(self, eos_mode: bool) -> ByteBeamState:
+    def _end_prefill(self) -> Self:
+        """This state (prefilled with text EOS tokens as text) in EOS mode, its bytes still
+        text: a text EOS token that a candidate's partial token spells exactly ends the
+        prompt as text, so it is committed; :meth:`_in_mode` alone would drop its mass,
+        which EOS-mode masses leave out."""
+        root = self.byte_lm.trie.root
+        eos_ids = set(self.byte_lm.masked_ids(True).tolist())  # only text ones are at nodes
+        ended = []
+        for c in self.candidates:
+            if c.node == root:
+                continue
+            for token in self.byte_lm.trie.tokens_at(c.node).tolist():
+                logp = c.logp + float(c.next.logp[token]) if token in eos_ids else -np.inf
+                if logp > -np.inf:
+                    ended.append(Candidate(c.context + (token,), logp, root, None, logp))
+        moved = self._in_mode(True).candidates
+        return self._derive([*moved, *ended], eos_mode=True)
+
+    async def with_eos_mode(self, eos_mode: bool) -> Self:
         """The same candidates with masses for the other EOS treatment (see :meth:`prefill`).
 
         No LM call: each candidate's masses are recomputed from the LM row it holds.
@@ -341,7 +367,7 @@ class ByteBeamState:
         """
         return self._in_mode(eos_mode)
 
-    def _in_mode(self, eos_mode: bool) -> ByteBeamState:
+    def _in_mode(self, eos_mode: bool) -> Self:
         if eos_mode == self.eos_mode:
             return self
         root = self.byte_lm.trie.root
@@ -354,14 +380,16 @@ class ByteBeamState:
             weight = c.logp + float(n.mass[c.node])
             if weight > -np.inf:
                 moved.append(Candidate(c.context, c.logp, c.node, n, weight))
-        return ByteBeamState(self.byte_lm, moved, self.data, eos_mode)
+        return self._derive(moved, eos_mode=eos_mode)
 
-    async def logp_next(self) -> NextByteLogprobs:
+    async def logp_next(self, prune: bool = True) -> NextByteLogprobs:
         """Distribution of the next symbol (256 bytes, then EOS) given the bytes so far.
 
-        Computed on the pruned beam (on this beam as it is, for a model made with
-        ``prune_on_step=False``) and normalized by its mass: exact conditionals when
+        Computed on the pruned beam and normalized by its mass: exact conditionals when
         nothing is pruned. See :class:`NextByteLogprobs` for the representation.
+
+        Args:
+            prune: False: on this beam as it is (every candidate it holds counts).
 
         Returns:
             The next symbol's log-probabilities (bytes, EOS) and the token-boundary
@@ -370,7 +398,7 @@ class ByteBeamState:
         Raises:
             ByteLMClosedError: the model was closed.
         """
-        beam = self._stepping_beam()
+        beam = self.prune() if prune else self
         trie = self.byte_lm.trie
         symbols: list[np.ndarray] = []
         values: list[np.ndarray] = []
@@ -393,108 +421,6 @@ class ByteBeamState:
         out = _scatter_logsumexp(symbols, values, EOS + 1) - beam.logZ
         log_eot = logsumexp(np.array([b.logp for b in bounds])) - beam.logZ
         return NextByteLogprobs(out, float(log_eot))
-
-    # ---- the published genlm-bytes 0.2 API (BeamParams, LazyTrieState) ----------------
-
-    @classmethod
-    async def initial(
-        cls, llm: Any, params: BeamParams, trie_opts: dict[str, Any] | None = None
-    ) -> ByteBeamState:
-        """The state after the BOS token, for programs written against genlm-bytes 0.2.
-
-        The same as ``await ByteLM(core_lm_of(llm), **params.byte_lm_options()).initial()``
-        up to the class of :attr:`byte_lm` (its state-making half is not needed here).
-
-        Args:
-            llm: a genlm-core ``AsyncLM``, or an object with a ``core_lm`` attribute holding
-                one (genlm.backend's ``AsyncLM``); see :func:`genlm.bytes.core_lm_of`.
-            params: the beam's options.
-            trie_opts: the published API's trie options. ``max_batch_size`` and ``device``
-                are accepted and have no effect (the token model's scheduler batches; the
-                trie runs on the CPU); anything else raises.
-
-        Returns:
-            The state at a token boundary right after the BOS token.
-
-        Raises:
-            TypeError: ``llm`` is no token model, or an unknown trie option.
-            ValueError: the vocabulary has no BOS token, or an EOS string is no token.
-        """
-        unknown = set(trie_opts or ()) - {"max_batch_size", "device"}
-        if unknown:
-            raise TypeError(f"unknown trie option(s) {sorted(unknown)}")
-        core = core_lm_of(llm)
-        bos = core.vocab.bos_token_id
-        if bos is None:
-            raise ValueError("the vocabulary has no BOS token; use ByteLM(lm).initial(ids)")
-        return cls.at_context(ByteModel(core, **params.byte_lm_options()), (bos,))
-
-    @property
-    def params(self) -> BeamParams:
-        """The beam's options by the published names."""
-        m = self.byte_lm
-        return BeamParams(
-            K=m.K,
-            prune_threshold=m.prune_threshold,
-            verbose=m.verbose,
-            eos_tokens={m.lm.vocab.tokens[i] for i in m.eos_ids},
-            heal=m.heal,
-            heal_max_backoff=m.heal_max_backoff,
-            heal_max_splits=m.heal_max_splits,
-        )
-
-    @property
-    def states(self) -> list[LazyTrieState]:
-        """The candidates as :class:`LazyTrieState` views, heaviest first."""
-        return [LazyTrieState(self.byte_lm, c, self.eos_mode) for c in self.candidates]
-
-    def __iter__(self) -> Iterator[LazyTrieState]:
-        return iter(self.states)
-
-    async def extend(self, logZ: float | None = None) -> list[LazyTrieState]:
-        """The candidates that complete their partial token here, at the new boundary.
-
-        Each whole token a candidate's partial bytes spell is committed (every id with
-        those bytes); those whose share of ``logZ`` plus the new boundaries' mass is at
-        most the prune threshold are dropped. Their next-token masses are fetched (one
-        LM batch).
-
-        Args:
-            logZ: the mass the threshold is relative to (default: :attr:`logZ`).
-
-        Returns:
-            One :class:`LazyTrieState` per new boundary, at the trie's root, in the beam's
-            order (candidates already at a boundary are not repeated).
-
-        Raises:
-            ByteLMClosedError: the model was closed.
-        """
-        found = self._boundary_contexts(logZ, roots=False)
-        nexts = await self.byte_lm.next_tokens([ctx for ctx, _ in found], self.eos_mode)
-        root = self.byte_lm.trie.root
-        return [
-            LazyTrieState(self.byte_lm, Candidate(ctx, w, root, n, w), self.eos_mode)
-            for (ctx, w), n in zip(found, nexts)
-        ]
-
-    def with_mode(self, mode: TrieMode) -> ByteBeamState:
-        """The same candidates with EOS counted as ``mode`` says (no LM call).
-
-        Args:
-            mode: a :class:`TrieMode` or its value (``"with_eos"``, ``"without_eos"``).
-
-        Returns:
-            See :meth:`with_eos_mode`.
-
-        Raises:
-            ValueError: ``mode`` is not a :class:`TrieMode` value.
-            ByteLMClosedError: the model was closed.
-        """
-        return self._in_mode(TrieMode(mode) is TrieMode.WITH_EOS)
-
-    async def cleanup(self) -> None:
-        """:meth:`aclose`: release the model's caches (shared by all its states)."""
-        await self.aclose()
 
     # ---- generation --------------------------------------------------------------------
 
@@ -538,20 +464,20 @@ class ByteBeamState:
         for _ in range(max_bytes):
             if limit is not None and not state._next_fits(limit):
                 return GeneratedBytes(bytes(out), state, False, total, at_limit=True)
-            dist = await state.logp_next()
+            dist = await state.logp_next(prune=True)
             symbol = dist.sample(rng, temperature)
             total += float(dist.normalized()[symbol])
             if symbol == EOS:
                 return GeneratedBytes(bytes(out), state, True, total)
             out.append(symbol)
-            state = await state.prune().advance(symbol)  # prunes once whatever the model's mode
+            state = await state.advance(symbol, prune=True)
         return GeneratedBytes(bytes(out), state, False, total)
 
     def _next_fits(self, limit: int) -> bool:
         """Whether :meth:`logp_next` (and then :meth:`advance`) ask for no context over
         ``limit`` tokens: the contexts are the beam's token boundaries, known without an
         LM call."""
-        beam = self._stepping_beam()
+        beam = self.prune()
         if all(len(c.context) < limit for c in beam.candidates):
             return True  # a boundary adds one token to its candidate's context
         return all(len(context) <= limit for context, _ in beam._boundary_contexts())
@@ -577,7 +503,7 @@ class ByteBeamState:
         """Close the :class:`ByteLM` behind this state (shared by all its states)."""
         await self.byte_lm.aclose()
 
-    async def __aenter__(self) -> ByteBeamState:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -587,7 +513,7 @@ class ByteBeamState:
         return len(self.candidates)
 
     def __repr__(self) -> str:
-        lines = [f"ByteBeamState(logZ={self.logZ:.4f}, bytes={_tail(self.data)})"]
+        lines = [f"{type(self).__name__}(logZ={self.logZ:.4f}, bytes={_tail(self.data)})"]
         vocab = self.byte_lm.lm.vocab
         for c in self.candidates[:8]:
             share = np.exp(c.weight - self.logZ)
@@ -600,7 +526,7 @@ class ByteBeamState:
 
 
 def _likely_boundaries(
-    beam: ByteBeamState,
+    beam: BeamState,
     inner: list[Candidate],
     start: int,
     above: float,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence, Sized
 from typing import Any
 
-from genlm.bytes._beam import ByteBeamState
+from genlm.bytes._beam import BeamState
 from genlm.bytes._model import ByteModel
 from genlm.core import InvalidContextError
 from genlm.core.backend import validate_context
@@ -22,8 +22,10 @@ class ByteLM(ByteModel):
 
     Args:
         lm: any object with ``vocab`` (a :class:`genlm.core.Vocabulary`) and
-            ``async next_token_logprobs(ids)`` returning normalized log-probabilities.
-            Rows may be float64; they are never cast down.
+            ``async next_token_logprobs(ids)`` returning normalized log-probabilities
+            (any :class:`genlm.core.AsyncLM`, ``genlm.backend``'s models included). Rows
+            may be float64, never cast down; torch rows are read on the host unless
+            ``device_rows``.
         K: beam width: candidates kept before each step (None: no limit, exact).
         prune_threshold: also drop candidates whose share of the beam's mass is at most
             this (0 drops none). New token boundaries below it are never sent to the LM.
@@ -47,22 +49,16 @@ class ByteLM(ByteModel):
             reads only the entries it needs (a node's mass, a few tokens' log-probabilities,
             the next-byte distribution), never a whole row. None (default): when ``lm`` keeps
             its rows on a device (its ``device_rows`` attribute: ``HFLM`` on a GPU).
-        prune_on_step: True (default): ``advance`` and ``logp_next`` work on the pruned
-            beam (:meth:`ByteBeamState.prune` first), so a step never holds more than ``K``
-            candidates. False: they work on the beam as it is, and the caller prunes with
-            ``prune()``, as in genlm-bytes 0.2 (whose API, e.g. genlm-control's ``ByteLLM``,
-            prunes before each byte and asks ``logp_next`` of the unpruned beam after it:
-            every candidate the byte produced counts, up to twice ``K``). Prefill prunes
-            before every byte either way.
 
     Raises:
+        TypeError: ``lm`` is no token model (no ``vocab`` or ``next_token_logprobs``).
         ValueError: ``K < 1``, ``prune_threshold`` outside [0, 1), a negative
             ``lookahead`` or healing limit, or an ``eos`` string that is not exactly the
             bytes of a token.
         TypeError: ``eos`` is one string instead of a list of them.
     """
 
-    async def initial(self, prompt: Sequence[int] | bytes | str = b"") -> ByteBeamState:
+    async def initial(self, prompt: Sequence[int] | bytes | str = b"") -> BeamState:
         """The state after a prompt: token ids, or bytes/text.
 
         Token ids are the context as given (non-empty; checked by
@@ -97,19 +93,19 @@ class ByteLM(ByteModel):
                 first = self._longest_token(data)
                 context = (first,)
                 data = data[len(self.lm.vocab.tokens[first]) :]
-            state = ByteBeamState.at_context(self, context)
+            state = BeamState.at_context(self, context)
             return await state.prefill(data) if data else state
         if isinstance(prompt, Sized) and len(prompt) == 0:
             raise InvalidContextError(
                 "empty token context: start from the BOS token or give prompt bytes"
             )
         # Core's check: no floats (2.5 became 2), bools, sets or dicts as token ids.
-        return ByteBeamState.at_context(self, validate_context(prompt, len(self.lm.vocab)))
+        return BeamState.at_context(self, validate_context(prompt, len(self.lm.vocab)))
 
     @classmethod
     async def from_prompt(
         cls, lm: Any, prompt: Sequence[int] | bytes | str = b"", **options: Any
-    ) -> ByteBeamState:
+    ) -> BeamState:
         """``await ByteLM(lm, **options).initial(prompt)``; close it with the state's ``aclose``.
 
         Args:
@@ -118,7 +114,7 @@ class ByteLM(ByteModel):
             **options: :class:`ByteLM`'s keyword options.
 
         Returns:
-            The state after ``prompt``; its :attr:`~ByteBeamState.byte_lm` is the new model.
+            The state after ``prompt``; its :attr:`~BeamState.byte_lm` is the new model.
 
         Raises:
             ValueError: an invalid option, or a prompt :meth:`initial` rejects.

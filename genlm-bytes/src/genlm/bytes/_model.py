@@ -16,7 +16,7 @@ from typing import Any, Self, TypeVar
 
 import numpy as np
 
-from genlm.bytes._dist import logsumexp
+from genlm.bytes._eos import split_eos
 from genlm.bytes._mass_cache import MassCache
 from genlm.bytes._types import NextTokens
 from genlm.core import TokenByteTrie
@@ -73,8 +73,12 @@ class ByteModel:
         close_lm: bool = False,
         verbose: bool = False,
         device_rows: bool | None = None,
-        prune_on_step: bool = True,
     ):
+        if not (hasattr(lm, "vocab") and hasattr(lm, "next_token_logprobs")):
+            raise TypeError(
+                f"expected a token language model (a genlm.core AsyncLM: 'vocab' and "
+                f"'async next_token_logprobs'), got {lm!r}"
+            )
         if K is not None and K < 1:
             raise ValueError(f"K must be a positive beam width or None, got {K}")
         if not 0.0 <= prune_threshold < 1.0:
@@ -98,7 +102,6 @@ class ByteModel:
         self.lookahead = lookahead
         self.close_lm = close_lm
         self.verbose = verbose
-        self.prune_on_step = prune_on_step
         #: Whether rows are asked for as torch tensors (``output="torch"``) and their masses
         #: computed on the rows' device (``_device``). None: when the LM keeps its rows on a
         #: device (its ``device_rows`` attribute, e.g. ``HFLM`` on a GPU).
@@ -110,20 +113,16 @@ class ByteModel:
         tokens = vocab.tokens
         self.eos_ids = _eos_ids(vocab, eos)
         not_text = set(vocab.special_ids) | set(vocab.unused_ids)
-        # EOS tokens that are ordinary text (e.g. b"\n\n") stay in the trie at their bytes;
-        # outside prefill their mass is masked there and counted as EOS instead.
+        # Every EOS token is masked in EOS mode (:meth:`masked_ids`), which is where EOS mass
+        # is computed: the trie has no EOS node. EOS tokens that are ordinary text (e.g.
+        # b"\n\n") stay in the trie at their bytes, for prefill, which counts them as text.
+        self._eos = np.array(self.eos_ids, dtype=np.int64)
         self._text_eos = np.array(
             [i for i in self.eos_ids if i not in not_text and tokens[i]], dtype=np.int64
         )
-        atomic_eos = [i for i in self.eos_ids if i not in set(self._text_eos.tolist())]
-        self.trie = TokenByteTrie(
-            tokens, eos_token_ids=atomic_eos, atomic_ids=not_text - set(atomic_eos)
-        )
+        self.trie = TokenByteTrie(tokens, atomic_ids=not_text)
         self._root_lo = int(self.trie.child_start[self.trie.root])
-        # Root children that are bytes (the EOS child, if any, sorts last).
-        self._root_hi = self._root_lo + int(
-            np.count_nonzero(self.trie.edge[self._root_lo : self.trie.child_stop[0]] < 256)
-        )
+        self._root_hi = int(self.trie.child_stop[self.trie.root])
         self.cache = MassCache(cache_bytes)
         self._closed = False
 
@@ -220,22 +219,24 @@ class ByteModel:
                 return other.lm_row
         if self.device_rows:
             return await self.lm.next_token_logprobs(ctx, output="torch")
-        return await self.lm.next_token_logprobs(ctx)
+        row = await self.lm.next_token_logprobs(ctx)
+        # A torch row not asked for (genlm-backend 0.3's models hand tensors) is read on the host.
+        return row.detach().cpu().numpy() if _is_torch(row) else row
 
     def masked_ids(self, eos_mode: bool) -> np.ndarray:
-        """Token ids that the trie spells as bytes but that are EOS in this mode.
+        """The token ids that end the sequence in this mode: the one place EOS is decided.
 
-        In EOS mode these are the EOS tokens that are ordinary text (``b"\\n\\n"``): they
-        end the sequence, so they never spell their bytes; while prefilling (``eos_mode``
-        False) they count as text and nothing is masked.
+        In EOS mode these are all the EOS ids: their mass is the EOS mass, and the ones that
+        are ordinary text (``b"\\n\\n"``) never spell their bytes. While prefilling
+        (``eos_mode`` False) nothing ends the sequence: text EOS tokens count as text.
 
         Args:
             eos_mode: the EOS mode (see :meth:`next_tokens`).
 
         Returns:
-            The masked token ids (empty while prefilling or without text EOS tokens).
+            The masked token ids (empty while prefilling or without EOS ids).
         """
-        return self._text_eos if eos_mode else self._text_eos[:0]
+        return self._eos if eos_mode else self._eos[:0]
 
     def _masses(self, row: Any, eos_mode: bool) -> NextTokens:
         masked = self.masked_ids(eos_mode)
@@ -244,15 +245,9 @@ class ByteModel:
 
             lp, mass, log_eos = masked_log_masses(self.trie, row, masked)
         else:
-            lp = np.asarray(row, dtype=np.float64)
-            log_eos = -np.inf
-            if len(masked):
-                log_eos = logsumexp(lp[masked])
-                lp = lp.copy()
-                lp[masked] = -np.inf
+            lp, log_eos = split_eos(np.asarray(row, dtype=np.float64), masked, log=True)
+            log_eos = float(log_eos)
             mass = self.trie.log_weight_sum(lp)
-        if eos_mode and self.trie.eos_node is not None:
-            log_eos = float(np.logaddexp(log_eos, mass[self.trie.eos_node]))
         return NextTokens(row, lp, mass, log_eos)
 
     def in_mode(self, ctx: tuple[int, ...], nxt: NextTokens, eos_mode: bool) -> NextTokens:

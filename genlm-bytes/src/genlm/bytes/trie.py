@@ -1,12 +1,17 @@
 """The published genlm-bytes 0.2 trie API (``genlm.bytes.trie``) over genlm-core's trie.
 
-``TokenByteTrie(decode, eos_tokens=...)`` and ``AsyncTokenByteTrie`` compute, for every
-trie node, the total (or largest) weight of the tokens whose bytes start with the node's
-prefix, in the two documented modes: ``TrieMode.WITHOUT_EOS`` counts EOS tokens as the
-bytes they spell; ``TrieMode.WITH_EOS`` moves their weight to one EOS node, a child of
-the root. The work is :class:`genlm.core.TokenByteTrie`'s (its C kernel, float64); this
-module only adds the EOS node (the last index) and accepts torch tensors without
-importing torch. Results are numpy float64 arrays, as the published docs say.
+Part of the 0.2 layer (with ``genlm.bytes.byte_lm``): the byte model never imports it.
+:class:`EosModeTrie` (published as ``TokenByteTrie``) and :class:`AsyncEosModeTrie`
+(``AsyncTokenByteTrie``) compute, for every trie node, the total (or largest) weight of
+the tokens whose bytes start with the node's prefix, in the two documented modes chosen
+per call: ``TrieMode.WITHOUT_EOS`` counts EOS tokens as the bytes they spell;
+``TrieMode.WITH_EOS`` moves their weight to one EOS node, a child of the root kept as the
+last index. That per-call mode and the EOS node's place are how it differs from
+:class:`genlm.core.TokenByteTrie`, whose EOS ids are fixed when it is built and whose EOS
+node sits among the root's children; the work is that class's (its C kernel, float64), the
+EOS weight is taken out by ``genlm.bytes._eos.split_eos`` as the byte model's is. Torch
+tensors are accepted without importing torch; results are numpy float64 arrays, as the
+published docs say.
 """
 
 from __future__ import annotations
@@ -16,11 +21,18 @@ from typing import Any
 
 import numpy as np
 
-from genlm.bytes._params import TrieMode
+from genlm.bytes._eos import split_eos
+from genlm.bytes.byte_lm.trie_state import TrieMode
 from genlm.core import AsyncTokenByteTrie as CoreAsyncTrie
 from genlm.core import TokenByteTrie as CoreTrie
 
-__all__ = ["AsyncTokenByteTrie", "TokenByteTrie", "TrieMode"]
+__all__ = [
+    "AsyncEosModeTrie",
+    "AsyncTokenByteTrie",
+    "EosModeTrie",
+    "TokenByteTrie",
+    "TrieMode",
+]
 
 
 def _as_numpy(ws: Any) -> np.ndarray:
@@ -30,8 +42,9 @@ def _as_numpy(ws: Any) -> np.ndarray:
     return np.asarray(ws, dtype=np.float64)
 
 
-class TokenByteTrie:
-    """A token vocabulary's byte trie with per-node weight sums and maxima.
+class EosModeTrie:
+    """genlm-bytes 0.2's ``TokenByteTrie``: a token vocabulary's byte trie with per-node
+    weight sums (in a :class:`TrieMode` chosen per call) and maxima, its EOS node last.
 
     Args:
         decode: ``decode[i]`` is token ``i``'s bytes.
@@ -105,12 +118,9 @@ class TokenByteTrie:
         w = np.atleast_2d(_as_numpy(ws))
         if w.shape[1] != len(self.decode):
             raise ValueError(f"expected rows of {len(self.decode)} weights, got shape {w.shape}")
-        eos = np.zeros(len(w))
-        if TrieMode(mode or TrieMode.WITHOUT_EOS) is TrieMode.WITH_EOS and self.eos_token_ids:
-            eos = w[:, self.eos_token_ids].sum(axis=1)
-            w = w.copy()
-            w[:, self.eos_token_ids] = 0.0
-        return w, eos
+        with_eos = TrieMode(mode or TrieMode.WITHOUT_EOS) is TrieMode.WITH_EOS
+        ids = np.array(self.eos_token_ids if with_eos else [], dtype=np.int64)
+        return split_eos(w, ids, log=False)
 
     def finish(self, masses: np.ndarray, eos: np.ndarray) -> np.ndarray:
         """The core trie's sums with the EOS node appended (and counted at the root).
@@ -206,25 +216,25 @@ class TokenByteTrie:
         return w[:, self.eos_token_ids].max(axis=1)
 
 
-class AsyncTokenByteTrie:
-    """:class:`TokenByteTrie` computations awaited, concurrent calls batched (through
-    genlm-core's ``AsyncTokenByteTrie`` and its scheduler).
+class AsyncEosModeTrie:
+    """genlm-bytes 0.2's ``AsyncTokenByteTrie``: :class:`EosModeTrie` computations awaited,
+    concurrent calls batched (through genlm-core's ``AsyncTokenByteTrie`` and its scheduler).
 
     Args:
         trie: the trie to compute over.
     """
 
-    def __init__(self, trie: TokenByteTrie):
+    def __init__(self, trie: EosModeTrie):
         self.trie = trie
         self._async: CoreAsyncTrie | None = None
 
     @classmethod
-    def from_vocab(cls, vocab: Sequence[bytes], **kwargs: Any) -> AsyncTokenByteTrie:
-        """``AsyncTokenByteTrie(TokenByteTrie(vocab, **kwargs))``.
+    def from_vocab(cls, vocab: Sequence[bytes], **kwargs: Any) -> AsyncEosModeTrie:
+        """``AsyncEosModeTrie(EosModeTrie(vocab, **kwargs))``.
 
         Args:
-            vocab: each token's bytes (``decode`` of :class:`TokenByteTrie`).
-            **kwargs: the other options of :class:`TokenByteTrie`.
+            vocab: each token's bytes (``decode`` of :class:`EosModeTrie`).
+            **kwargs: the other options of :class:`EosModeTrie`.
 
         Returns:
             The batching trie; its worker starts on the first call.
@@ -232,7 +242,7 @@ class AsyncTokenByteTrie:
         Raises:
             ValueError: an unknown device.
         """
-        return cls(TokenByteTrie(vocab, **kwargs))
+        return cls(EosModeTrie(vocab, **kwargs))
 
     def start(self) -> None:
         """Make the batching worker (also done by the first call)."""
@@ -240,7 +250,7 @@ class AsyncTokenByteTrie:
             self._async = CoreAsyncTrie(self.trie.core, max_batch_size=self.trie.max_batch_size)
 
     async def weight_sum(self, ws: Any, mode: TrieMode | None = None) -> np.ndarray:
-        """:meth:`TokenByteTrie.weight_sum`, batched with concurrent calls.
+        """:meth:`EosModeTrie.weight_sum`, batched with concurrent calls.
 
         Args:
             ws: token weights, shape ``(len(decode),)``; numpy or torch.
@@ -248,7 +258,7 @@ class AsyncTokenByteTrie:
 
         Returns:
             Each node's total, float64, shape ``(num_nodes,)`` (see
-            :meth:`TokenByteTrie.weight_sum`).
+            :meth:`EosModeTrie.weight_sum`).
 
         Raises:
             ValueError: ``ws`` has the wrong shape, or ``mode`` is not a :class:`TrieMode`
@@ -259,7 +269,7 @@ class AsyncTokenByteTrie:
         return self.trie.finish(await self._async.weight_sum(w[0]), eos)[0]
 
     async def weight_max(self, ws: Any) -> np.ndarray:
-        """:meth:`TokenByteTrie.weight_max`, batched with concurrent calls.
+        """:meth:`EosModeTrie.weight_max`, batched with concurrent calls.
 
         Args:
             ws: token weights, shape ``(len(decode),)``; numpy or torch.
@@ -286,3 +296,12 @@ class AsyncTokenByteTrie:
         if self._async is not None:
             running, self._async = self._async, None
             running.worker.close(wait=False)
+
+
+TokenByteTrie = EosModeTrie
+"""genlm-bytes 0.2's published name of :class:`EosModeTrie` (not
+:class:`genlm.core.TokenByteTrie`, which it wraps)."""
+
+AsyncTokenByteTrie = AsyncEosModeTrie
+"""genlm-bytes 0.2's published name of :class:`AsyncEosModeTrie` (not
+:class:`genlm.core.AsyncTokenByteTrie`, which it wraps)."""

@@ -1,6 +1,242 @@
-"""The published genlm-bytes 0.2 module path ``genlm.bytes.byte_lm.beam``."""
+"""The published genlm-bytes 0.2 beam (``genlm.bytes.byte_lm.beam``): ``BeamParams`` and
+``ByteBeamState``, over the byte model's own beam.
 
-from genlm.bytes._beam import ByteBeamState
-from genlm.bytes._params import BeamParams
+Programs written for the published API (genlm-control's ``ByteLLM``) build a ``BeamParams``
+and call ``ByteBeamState.initial``; ``BeamParams`` maps onto :class:`genlm.bytes.ByteLM`'s
+options, and ``ByteBeamState`` is :class:`genlm.bytes.BeamState` with 0.2's pruning (only in
+``prune()``) and 0.2's extra methods. Everything is computed by the beam underneath.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import attrs
+import numpy as np
+
+from genlm.bytes._beam import BeamState
+from genlm.bytes._dist import NextByteLogprobs
+from genlm.bytes._model import ByteModel
+from genlm.bytes._types import Candidate
+from genlm.bytes.byte_lm.trie_state import LazyTrieState, TrieMode
 
 __all__ = ["BeamParams", "ByteBeamState"]
+
+
+def _eos_set(value: Iterable[bytes] | None) -> set[bytes] | None:
+    if value is None:
+        return None
+    if isinstance(value, (bytes, str)):
+        raise TypeError("EOS strings must be a list of byte strings (e.g. [b'\\n\\n']), not one")
+    out = set()
+    for item in value:
+        if not isinstance(item, (bytes, bytearray)):
+            raise TypeError(f"an EOS string must be bytes, got {item!r}")
+        out.add(bytes(item))
+    return out
+
+
+@attrs.define(kw_only=False)
+class BeamParams:
+    """Options of the byte-level beam, by the published genlm-bytes 0.2 names.
+
+    Args:
+        K: beam width, candidates kept before each step (None: no limit, exact).
+        prune_threshold: also drop candidates whose share of the beam's mass is at most
+            this; in [0, 1).
+        verbose: log each new beam (logger ``genlm.bytes._beam``, level INFO).
+        eos_tokens: byte strings whose tokens end the sequence (``b"<|endoftext|>"``,
+            ``b"\\n\\n"``). None or empty: no token ends it (no EOS mass), as documented.
+        heal: adaptive token healing when no candidate can take the next byte.
+        heal_max_backoff: most bytes moved out of a partial token when healing (None: all).
+        heal_max_splits: most extra tokens committed inside the moved bytes (None: no limit).
+        eos_byte_strings: the same as ``eos_tokens`` (genlm-bytes 0.2.0's released name, used
+            by genlm-control 0.4.1); give one of the two, or both equal.
+
+    Raises:
+        ValueError: ``K < 1``, a threshold outside [0, 1), a negative healing limit, or
+            ``eos_tokens`` and ``eos_byte_strings`` that differ.
+        TypeError: an EOS string that is not bytes, or one string instead of a list.
+    """
+
+    K: int | None
+    prune_threshold: float = 0.0
+    verbose: bool = False
+    eos_tokens: set[bytes] | None = attrs.field(default=None, converter=_eos_set)
+    heal: bool = True
+    heal_max_backoff: int | None = None
+    heal_max_splits: int | None = None
+    eos_byte_strings: set[bytes] | None = attrs.field(default=None, converter=_eos_set)
+
+    def __attrs_post_init__(self) -> None:
+        if self.K is not None and (isinstance(self.K, bool) or self.K < 1):
+            raise ValueError(f"K must be a positive beam width or None, got {self.K!r}")
+        if not 0.0 <= self.prune_threshold < 1.0:
+            raise ValueError(f"prune_threshold must be in [0, 1), got {self.prune_threshold}")
+        for name in ("heal_max_backoff", "heal_max_splits"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0 or None, got {value}")
+        a, b = self.eos_tokens, self.eos_byte_strings
+        if a is not None and b is not None and a != b:
+            raise ValueError(
+                "eos_tokens and eos_byte_strings name the same option and differ: "
+                f"{sorted(a)} vs {sorted(b)}; give one"
+            )
+        merged = a if a is not None else b
+        self.eos_tokens = self.eos_byte_strings = merged if merged is not None else set()
+
+    @property
+    def log_prune_threshold(self) -> float:
+        """``log(prune_threshold)``, -inf for 0."""
+        return float(np.log(self.prune_threshold)) if self.prune_threshold else -np.inf
+
+    def byte_lm_options(self) -> dict[str, Any]:
+        """The keyword options of :class:`genlm.bytes.ByteLM` these parameters mean.
+
+        Returns:
+            ``K``, ``prune_threshold``, ``eos`` (the EOS strings, sorted), ``heal``,
+            ``heal_max_backoff``, ``heal_max_splits`` and ``verbose``, by ``ByteLM``'s
+            names.
+        """
+        return {
+            "K": self.K,
+            "prune_threshold": self.prune_threshold,
+            "eos": sorted(self.eos_tokens or ()),
+            "heal": self.heal,
+            "heal_max_backoff": self.heal_max_backoff,
+            "heal_max_splits": self.heal_max_splits,
+            "verbose": self.verbose,
+        }
+
+
+class ByteBeamState(BeamState):
+    """The byte-level beam as genlm-bytes 0.2 offers it: a :class:`genlm.bytes.BeamState`
+    that prunes only when asked.
+
+    ``advance`` (``<<``) and ``logp_next`` use every candidate the state holds; only
+    :meth:`prune` drops (genlm-control's ``ByteLLM`` prunes before each byte and asks
+    ``logp_next`` of the unpruned beam after it, which can hold up to twice ``K``).
+    Prefill prunes before every byte, as the beam's does. Make one with :meth:`initial`.
+    """
+
+    @classmethod
+    async def initial(
+        cls, llm: Any, params: BeamParams, trie_opts: dict[str, Any] | None = None
+    ) -> ByteBeamState:
+        """The state after the BOS token, for programs written against genlm-bytes 0.2.
+
+        Args:
+            llm: the token model: a genlm-core ``AsyncLM`` (``genlm.backend``'s models
+                are ones).
+            params: the beam's options.
+            trie_opts: the published API's trie options. ``max_batch_size`` and ``device``
+                are accepted and have no effect (the token model's scheduler batches; the
+                trie runs on the CPU); anything else raises.
+
+        Returns:
+            The state at a token boundary right after the BOS token.
+
+        Raises:
+            TypeError: ``llm`` is no token model, or an unknown trie option.
+            ValueError: the vocabulary has no BOS token, or an EOS string is no token.
+        """
+        unknown = set(trie_opts or ()) - {"max_batch_size", "device"}
+        if unknown:
+            raise TypeError(f"unknown trie option(s) {sorted(unknown)}")
+        model = ByteModel(llm, **params.byte_lm_options())
+        bos = llm.vocab.bos_token_id
+        if bos is None:
+            raise ValueError("the vocabulary has no BOS token; use ByteLM(lm).initial(ids)")
+        return cls.at_context(model, (bos,))
+
+    async def advance(self, byte: int, prune: bool = False) -> ByteBeamState:
+        """:meth:`BeamState.advance`, from this beam as it is unless ``prune``.
+
+        Args:
+            byte: the byte value, 0..255.
+            prune: step from the pruned beam instead (0.2 prunes only in :meth:`prune`).
+
+        Returns:
+            The state after ``byte``, a :class:`ByteBeamState`.
+        """
+        return await super().advance(byte, prune)
+
+    async def logp_next(self, prune: bool = False) -> NextByteLogprobs:
+        """:meth:`BeamState.logp_next`, on this beam as it is unless ``prune``.
+
+        Args:
+            prune: use the pruned beam instead (0.2 counts every candidate held).
+
+        Returns:
+            The next symbol's log-probabilities (its ``ps`` is 0.2's layout).
+        """
+        return await super().logp_next(prune)
+
+    @property
+    def params(self) -> BeamParams:
+        """The beam's options by the published names."""
+        m = self.byte_lm
+        return BeamParams(
+            K=m.K,
+            prune_threshold=m.prune_threshold,
+            verbose=m.verbose,
+            eos_tokens={m.lm.vocab.tokens[i] for i in m.eos_ids},
+            heal=m.heal,
+            heal_max_backoff=m.heal_max_backoff,
+            heal_max_splits=m.heal_max_splits,
+        )
+
+    @property
+    def states(self) -> list[LazyTrieState]:
+        """The candidates as :class:`LazyTrieState` views, heaviest first."""
+        return [LazyTrieState(self.byte_lm, c, self.eos_mode) for c in self.candidates]
+
+    def __iter__(self) -> Iterator[LazyTrieState]:
+        return iter(self.states)
+
+    async def extend(self, logZ: float | None = None) -> list[LazyTrieState]:
+        """The candidates that complete their partial token here, at the new boundary.
+
+        Each whole token a candidate's partial bytes spell is committed (every id with
+        those bytes); those whose share of ``logZ`` plus the new boundaries' mass is at
+        most the prune threshold are dropped. Their next-token masses are fetched (one
+        LM batch).
+
+        Args:
+            logZ: the mass the threshold is relative to (default: :attr:`logZ`).
+
+        Returns:
+            One :class:`LazyTrieState` per new boundary, at the trie's root, in the beam's
+            order (candidates already at a boundary are not repeated).
+
+        Raises:
+            ByteLMClosedError: the model was closed.
+        """
+        found = self._boundary_contexts(logZ, roots=False)
+        nexts = await self.byte_lm.next_tokens([ctx for ctx, _ in found], self.eos_mode)
+        root = self.byte_lm.trie.root
+        return [
+            LazyTrieState(self.byte_lm, Candidate(ctx, w, root, n, w), self.eos_mode)
+            for (ctx, w), n in zip(found, nexts)
+        ]
+
+    def with_mode(self, mode: TrieMode) -> ByteBeamState:
+        """The same candidates with EOS counted as ``mode`` says (no LM call).
+
+        Args:
+            mode: a :class:`TrieMode` or its value (``"with_eos"``, ``"without_eos"``).
+
+        Returns:
+            See :meth:`BeamState.with_eos_mode`.
+
+        Raises:
+            ValueError: ``mode`` is not a :class:`TrieMode` value.
+            ByteLMClosedError: the model was closed.
+        """
+        return self._in_mode(TrieMode(mode) is TrieMode.WITH_EOS)
+
+    async def cleanup(self) -> None:
+        """:meth:`aclose`: release the model's caches (shared by all its states)."""
+        await self.aclose()
