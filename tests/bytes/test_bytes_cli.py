@@ -77,7 +77,7 @@ def test_cli_bad_numbers_are_one_line_before_loading(argv, message, capsys, monk
     """Each bad number ends the command with one stderr line naming the option, before the
     model loads (--seed -1 and --temperature inf used to print the whole distribution and
     then fail)."""
-    from genlm.core import BackendSpec
+    from genlm.core.backend import BackendSpec
 
     def forbidden(self, model, **opts):
         raise AssertionError(f"a model was loaded: {model!r}")

@@ -17,9 +17,9 @@ from genlm.core.backend import lazy_exports as _lazy_exports
 _EXPORTS = {
     "AsyncEosModeTrie": "trie",
     "AsyncTokenByteTrie": "trie",
-    "BeamParams": "byte_lm.beam",
+    "BeamParams": "genlm.bytes.byte_lm.beam",
     "BeamState": "_beam",
-    "ByteBeamState": "byte_lm.beam",
+    "ByteBeamState": "genlm.bytes.byte_lm.beam",
     "ByteLM": "_bytelm",
     "ByteLMClosedError": "_model",
     "Candidate": "_types",
@@ -27,12 +27,12 @@ _EXPORTS = {
     "EOT": "_dist",
     "EosModeTrie": "trie",
     "GeneratedBytes": "_beam",
-    "LazyTrieState": "byte_lm.trie_state",
+    "LazyTrieState": "genlm.bytes.byte_lm.trie_state",
     "NextByteLogprobs": "_dist",
     "NextTokens": "_types",
-    "StatefulTokenizedLM": "byte_lm.lm_state",
+    "StatefulTokenizedLM": "genlm.bytes.byte_lm.lm_state",
     "TokenByteTrie": "trie",
-    "TrieMode": "byte_lm.trie_state",
+    "TrieMode": "genlm.bytes.byte_lm.trie_state",
     "UnreachableByteError": "_beam",
 }
 

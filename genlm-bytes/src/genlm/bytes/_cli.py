@@ -117,7 +117,7 @@ def check_args(args: argparse.Namespace) -> None:
     Raises:
         CLIError: naming the first bad argument.
     """
-    from genlm.core import check_temperature
+    from genlm.core.backend import check_temperature
     from genlm.core.cli import CLIError
 
     if args.beam < 1:
