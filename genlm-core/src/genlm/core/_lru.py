@@ -104,14 +104,15 @@ class ByteLRU(Generic[K, V]):
             if entry is not None:
                 if touch:
                     self._lru.move_to_end(key)
-            else:
-                pinned = self._pinned.get(key)
-                if pinned is None:
-                    self.misses += 1
-                    return None
-                entry = pinned[0]
-            self.hits += 1
-            return entry[0]
+                self.hits += 1
+                return entry[0]
+            # Each lookup hashes the whole key (tuples do not cache their hash): skip the
+            # pinned map while it is empty, as it always is in the output cache.
+            if self._pinned and key in self._pinned:
+                self.hits += 1
+                return self._pinned[key][0][0]
+            self.misses += 1
+            return None
 
     def add(self, key: K, value: V, nbytes: int, *, pin: bool = False) -> V:
         """Hold ``value`` for ``key`` at a cost of ``nbytes`` and evict to fit.
@@ -128,26 +129,26 @@ class ByteLRU(Generic[K, V]):
             when it alone exceeds ``max_bytes`` or pinned entries leave it no room.
         """
         with self.lock:
-            held = self._lru.get(key)
-            if held is not None:
-                self._lru.move_to_end(key)
-                if pin:
-                    self._pin(key)
-                return held[0]
-            pinned = self._pinned.get(key)
+            pinned = self._pinned.get(key) if self._pinned else None
             if pinned is not None:
                 if pin:
                     self._pinned[key] = (pinned[0], pinned[1] + 1)
                 return pinned[0][0]
-            if nbytes > self.max_bytes:
-                return value
-            if pin:
-                self._pinned[key] = ((value, nbytes), 1)
+            new = (value, nbytes)
+            if nbytes <= self.max_bytes:
+                entry = self._lru.setdefault(key, new)  # one hash of the key, held or not
             else:
-                self._lru[key] = (value, nbytes)
-            self._bytes += nbytes
+                entry = self._lru.get(key, new)
+                if entry is new:
+                    return value
+            if entry is new:
+                self._bytes += nbytes
+            else:
+                self._lru.move_to_end(key)
+            if pin:
+                self._pin(key)
             self._evict()
-            return value
+            return entry[0]
 
     def pin(self, key: K) -> None:
         """Protect the entry of ``key`` from eviction (counted: pin twice, unpin twice).
@@ -180,7 +181,7 @@ class ByteLRU(Generic[K, V]):
         with self.lock:
             entry = self._lru.pop(key, None)
             if entry is None:
-                pinned = self._pinned.pop(key, None)
+                pinned = self._pinned.pop(key, None) if self._pinned else None
                 if pinned is None:
                     return False
                 entry = pinned[0]
