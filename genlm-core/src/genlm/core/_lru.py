@@ -147,7 +147,8 @@ class ByteLRU(Generic[K, V]):
                 self._lru.move_to_end(key)
             if pin:
                 self._pin(key)
-            self._evict()
+            if self._bytes > self.max_bytes:
+                self._evict()
             return entry[0]
 
     def pin(self, key: K) -> None:
@@ -217,8 +218,9 @@ class ByteLRU(Generic[K, V]):
 
     def _evict(self) -> None:
         """Evict least recently used unpinned entries until the budget holds (lock held)."""
-        while self._bytes > self.max_bytes and self._lru:
-            key, (value, nbytes) = self._lru.popitem(last=False)
+        lru, on_evict = self._lru, self._on_evict
+        while self._bytes > self.max_bytes and lru:
+            key, (value, nbytes) = lru.popitem(last=False)
             self._bytes -= nbytes
-            if self._on_evict is not None:
-                self._on_evict(key, value)
+            if on_evict is not None:
+                on_evict(key, value)
