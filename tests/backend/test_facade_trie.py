@@ -143,6 +143,13 @@ def test_torch_rows_give_the_masses_of_host_rows(monkeypatch):
     )
     np.testing.assert_array_equal(trie.weight_max(cpu[1]), trie.weight_max(cpu[1].numpy()))
     assert not on_torch
+    # The device path (core's torch kernel, assembly on the rows' device), run on the CPU.
+    as_tensor = torch.tensor(rows)
+    for use_max, host in ((False, host_sum), (True, host_max)):
+        reduce = trie.core.batch_weight_max if use_max else trie.core.batch_weight_sum
+        got = trie._with_leaves(reduce(as_tensor), as_tensor, use_max)
+        assert isinstance(got, np.ndarray) and got.dtype == np.float64
+        np.testing.assert_allclose(got, host, rtol=1e-12, atol=0)
     if torch.cuda.is_available():
         gpu = torch.tensor(rows, device="cuda")
         got_sum, got_max = trie.batch_weight_sum(gpu), trie.weight_max(gpu[0])
