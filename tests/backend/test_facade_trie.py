@@ -151,6 +151,7 @@ def test_torch_rows_give_the_masses_of_host_rows(monkeypatch):
         assert isinstance(got, np.ndarray) and got.dtype == np.float64
         np.testing.assert_allclose(got, host, rtol=1e-12, atol=0)
     if torch.cuda.is_available():
+        on_torch.clear()
         gpu = torch.tensor(rows, device="cuda")
         got_sum, got_max = trie.batch_weight_sum(gpu), trie.weight_max(gpu[0])
         assert len(on_torch) == 2 and isinstance(got_sum, np.ndarray)
