@@ -132,7 +132,7 @@ class ByteLRU(Generic[K, V]):
             pinned = self._pinned.get(key) if self._pinned else None
             if pinned is not None:
                 if pin:
-                    self._pinned[key] = (pinned[0], pinned[1] + 1)
+                    self._pin(key)
                 return pinned[0][0]
             new = (value, nbytes)
             if nbytes <= self.max_bytes:
