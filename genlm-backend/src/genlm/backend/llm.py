@@ -508,8 +508,8 @@ def load_model_by_name(
     Raises:
         ValueError: an unknown backend, or (``genlm.core.BackendNotFoundError``) none of
             them installed.
-        genlm.core.BackendUnavailableError: the backend cannot run here (vllm without
-            CUDA, a backend whose packages are missing).
+        genlm.core.BackendUnavailableError: the backend cannot run here (its packages
+            are missing, e.g. vllm or mlx not installed); the message says what to install.
     """
     if backend is not None and backend not in _CLASSES:
         raise ValueError(f"Invalid backend: {backend!r}; choose one of {sorted(_CLASSES)}")
