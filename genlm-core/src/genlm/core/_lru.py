@@ -33,6 +33,7 @@ V = TypeVar("V")
 
 #: What one token id costs in a key: a CPython int below 2**30.
 _ITEM_BYTES = sys.getsizeof(2**20)
+_getsizeof = sys.getsizeof  # a global, not an attribute lookup: key_nbytes runs every put
 
 
 def key_nbytes(key: Hashable) -> int:
@@ -45,10 +46,10 @@ def key_nbytes(key: Hashable) -> int:
     300-token context is about 10.9 KB of Python objects, more than a float32 row of a
     2,000-token vocabulary, so it belongs in the budget.
     """
-    size = sys.getsizeof(key)
+    size = _getsizeof(key)
     if type(key) is tuple:
         for part in key:
-            size += sys.getsizeof(part)
+            size += _getsizeof(part)
             if type(part) is tuple:
                 size += _ITEM_BYTES * len(part)
     return size
