@@ -189,3 +189,78 @@ def test_lora_name_selects_the_adapter_per_call(tmp_path):
     llm.set_lora(str(tmp_path), "b")  # not loaded yet: loaded, then selected
     assert core.loaded_loras == ("a", "b") and core.active_lora == "b"
     llm.close()
+
+
+class RowsOf(AsyncLM):
+    """A user's AsyncLM subclass: the base class samples over its torch rows."""
+
+    def __init__(self, core_lm):
+        self.core_lm = core_lm
+
+    async def next_token_logprobs(self, token_ids):
+        return await self.core_lm.next_token_logprobs(token_ids, output="torch")
+
+    def next_token_logprobs_sync(self, token_ids):
+        return self.core_lm.next_token_logprobs_sync(token_ids, output="torch")
+
+
+def test_async_lm_base_class_samples_with_cores_sampler():
+    """The base class's draws are core's: the same tokens as core's sample on the same rows
+    and seed (core's keeps the EOS token that ended the draw, the facade drops it)."""
+    from genlm.core import Vocabulary
+    from genlm.core.mock import MockLM
+
+    vocab = Vocabulary([bytes([i]) for i in range(16)], eos_token_ids=(3,))
+    core = MockLM(vocab)
+    lm = RowsOf(core)
+    for seed in range(6):
+        for temperature in (1.0, 0.5, 0.0):
+            mine = asyncio.run(lm.sample([1, 2], 8, [3], temperature=temperature, seed=seed))
+            core_draw = asyncio.run(core.sample([1, 2], 8, [3], temperature, seed))
+            assert mine == [t for t in core_draw if t != 3]
+    with pytest.raises(ValueError, match="temperature"):
+        asyncio.run(lm.sample([1, 2], 3, [3], temperature=-1.0))
+    core.close()
+
+
+def test_load_model_by_name_lets_the_registry_choose(monkeypatch):
+    """backend=None takes the registry's best usable backend among those the facade wraps
+    (mlx where it is auto-selected, as on Apple silicon); explicit names are checked there."""
+    from support.plugins import plugin_module
+
+    import genlm.backend.llm as facade
+    from genlm.core import BackendSpec, BackendUnavailableError, Registry
+
+    def registry(*specs):
+        reg = Registry()
+        reg.register_plugins(
+            [(s.name, s.distribution, plugin_module(f"plugin_{s.name}", s)) for s in specs]
+        )
+        return reg
+
+    def backend(name, priority, auto_select=True, probe=None):
+        return BackendSpec(
+            name=name,
+            loader="genlm.core.mock:MockLM.from_name",
+            distribution=f"genlm-backend-{name}",
+            priority=priority,
+            auto_select=auto_select,
+            probe=probe,
+        )
+
+    loaded = []
+    for cls in facade._CLASSES.values():
+        monkeypatch.setattr(cls, "from_name", classmethod(lambda c, name: loaded.append(c)))
+    no_cuda = backend("vllm", 30, probe=lambda: "needs CUDA")
+    apple = registry(no_cuda, backend("mlx", 20), backend("hf", 10), backend("foo", 99))
+    linux = registry(no_cuda, backend("mlx", 20, auto_select=False), backend("hf", 10))
+    for reg, expected in ((apple, facade.AsyncMlxLM), (linux, facade.AsyncTransformer)):
+        monkeypatch.setattr(facade, "get_registry", lambda reg=reg: reg)
+        facade.load_model_by_name("stories260K")
+        assert loaded.pop() is expected
+    facade.load_model_by_name("stories260K", backend="mlx")  # mlx by name runs off Apple too
+    assert loaded.pop() is facade.AsyncMlxLM
+    with pytest.raises(BackendUnavailableError, match="needs CUDA"):
+        facade.load_model_by_name("stories260K", backend="vllm")
+    with pytest.raises(ValueError, match="Invalid backend"):
+        facade.load_model_by_name("stories260K", backend="foo")

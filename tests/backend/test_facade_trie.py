@@ -125,3 +125,37 @@ def test_visualize_draws_every_node():
         sum(line.strip().startswith(tuple("0123456789")) and "->" not in line for line in dot.body)
         == trie.num_nodes
     )
+
+
+def test_torch_rows_give_the_masses_of_host_rows(monkeypatch):
+    """Tensors are reduced where they live and give the host rows' masses: CPU tensors by
+    core's C kernel (the same values, bit for bit), GPU tensors by core's torch kernel on
+    their GPU (float64, equal to rounding)."""
+    trie = ParallelTokenCharacterTrie([Token(i, b) for i, b in enumerate(VOCAB)] + ["do", End()])
+    rows = np.random.default_rng(2).random((3, len(trie.decode)))
+    on_torch = []
+    real = trie.core._on_torch
+    monkeypatch.setattr(trie.core, "_on_torch", lambda *a, **k: on_torch.append(a) or real(*a, **k))
+    host_sum, host_max = trie.batch_weight_sum(rows), trie.batch_weight_max(rows)
+    cpu = torch.tensor(rows, dtype=torch.float32)
+    np.testing.assert_array_equal(
+        trie.batch_weight_sum(cpu), trie.batch_weight_sum(rows.astype(np.float32))
+    )
+    np.testing.assert_array_equal(trie.weight_max(cpu[1]), trie.weight_max(cpu[1].numpy()))
+    assert not on_torch
+    # The device path (core's torch kernel, assembly on the rows' device), run on the CPU.
+    as_tensor = torch.tensor(rows)
+    for use_max, host in ((False, host_sum), (True, host_max)):
+        reduce = trie.core.batch_weight_max if use_max else trie.core.batch_weight_sum
+        got = trie._with_leaves(reduce(as_tensor), as_tensor, use_max)
+        assert isinstance(got, np.ndarray) and got.dtype == np.float64
+        np.testing.assert_allclose(got, host, rtol=1e-12, atol=0)
+    if torch.cuda.is_available():
+        on_torch.clear()
+        gpu = torch.tensor(rows, device="cuda")
+        got_sum, got_max = trie.batch_weight_sum(gpu), trie.weight_max(gpu[0])
+        assert len(on_torch) == 2 and isinstance(got_sum, np.ndarray)
+        np.testing.assert_allclose(got_sum, host_sum, rtol=1e-12, atol=0)
+        np.testing.assert_array_equal(got_max, host_max[0])
+    with pytest.raises(ValueError, match="batch"):
+        trie.batch_weight_sum(rows[0])

@@ -7,6 +7,7 @@ twice and counted it twice (63 KB counted, 0 held), after which the cache stayed
 from __future__ import annotations
 
 import asyncio
+import sys
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,10 +25,17 @@ CONTEXTS = [(1,), (1, 2), (2,), (2, 3), (3, 3, 1), (4, 1)]
 def held_bytes(byte_lm: ByteLM) -> int:
     """What the held entries occupy, counted here from their arrays (not by the cache)."""
     total = 0
-    for (ctx, _), entry in byte_lm.cache.items():
+    for key, entry in byte_lm.cache.items():
         arrays = {id(a): a for a in (entry.lm_row, entry.logp, entry.mass)}
-        total += sum(a.nbytes for a in arrays.values()) + 8 * len(ctx)
+        total += sum(a.nbytes for a in arrays.values()) + key_bytes(key)
     return total
+
+
+def key_bytes(key) -> int:
+    """A key's objects as sys.getsizeof sees them, each token id counted as a 28-byte int
+    (small ids are shared objects: core's rule counts them as a tokenizer's distinct ints)."""
+    ctx, eos_mode = key
+    return sum(map(sys.getsizeof, [key, ctx, eos_mode])) + sys.getsizeof(10**6) * len(ctx)
 
 
 def test_concurrent_misses_are_held_and_counted_once():

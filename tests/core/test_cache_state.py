@@ -2,7 +2,9 @@
 
 After any sequence of operations, the bytes a cache counts equal the sum over the entries
 it holds (computed independently), the budget holds, the LRU order matches the model,
-pinned entries stay, and no trie node outlives the entries that need it.
+pinned entries stay, a second put of a held key keeps the held entry, and no trie node
+outlives the entries that need it. The shared LRU (``genlm.core._lru.ByteLRU``) is checked
+on its own too, eviction callbacks included.
 """
 
 import sys
@@ -15,6 +17,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from genlm.core._lru import ByteLRU
 from genlm.core.backend import OutputCache, PrefixCache
 
 SETTINGS = settings(max_examples=40, stateful_step_count=30, deadline=None)
@@ -38,9 +41,11 @@ class OutputCacheMachine(RuleBasedStateMachine):
         self.model: OrderedDict = OrderedDict()  # key -> counted bytes, oldest first
 
     def _model_put(self, key, size):
+        if key in self.model:  # the held entry is kept, counted as it was
+            self.model.move_to_end(key)
+            return
         if size > self.cache.max_bytes:
             return
-        self.model.pop(key, None)
         self.model[key] = size
         while sum(self.model.values()) > self.cache.max_bytes:
             self.model.popitem(last=False)
@@ -52,7 +57,7 @@ class OutputCacheMachine(RuleBasedStateMachine):
 
     @rule(key=keys, floats=st.integers(0, 200))
     def concurrent_misses(self, key, floats):
-        """Two threads computed the same row and both store it."""
+        """Two threads computed the same row and both store it: one entry, counted once."""
         threads = [
             threading.Thread(target=self.cache.put, args=(key, np.zeros(floats, np.float32)))
             for _ in range(2)
@@ -77,9 +82,9 @@ class OutputCacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def accounting_matches_the_held_entries(self):
-        held = list(self.cache._data)
-        assert held == list(self.model)
-        counted = sum(v.nbytes + real_key_bytes(k) for k, (v, _) in self.cache._data.items())
+        held = self.cache.items()
+        assert [k for k, _ in held] == list(self.model)
+        counted = sum(v.nbytes + real_key_bytes(k) for k, v in held)
         assert self.cache.nbytes == counted == sum(self.model.values())
         assert self.cache.nbytes <= self.cache.max_bytes and len(self.cache) == len(self.model)
 
@@ -103,17 +108,21 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         while sum(self.sizes.values()) > self.cache.max_bytes and self.lru:
             self._drop(next(iter(self.lru)))
 
+    def _value(self, tokens):
+        """What the cache holds for ``tokens``: the first insert's value (it tags its size)."""
+        return tokens + (self.sizes[tokens],)
+
     def _touch(self, tokens):
         if tokens in self.lru:
             self.lru.move_to_end(tokens)
 
     @rule(tokens=prefixes, size=st.integers(0, 40), pin=st.booleans())
     def insert(self, tokens, size, pin):
-        stored = self.cache.insert(list(tokens), tokens, size, pin=pin)
-        if size > self.cache.max_bytes:  # refused; an entry already there stays as it was
+        stored = self.cache.insert(list(tokens), tokens + (size,), size, pin=pin)
+        if tokens not in self.sizes and size > self.cache.max_bytes:  # refused
             assert stored is False
         else:
-            self.sizes[tokens] = size
+            self.sizes.setdefault(tokens, size)  # an entry already there is kept
             self.pins[tokens] = self.pins.get(tokens, 0) + pin
             if self.pins[tokens]:
                 self.lru.pop(tokens, None)
@@ -163,14 +172,15 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         found = [n for n in range(cap, 0, -1) if tuple(query[:n]) in self.sizes]
         hit = self.cache.longest_prefix(query, max_length=limit)
         if found:
-            assert (hit.length, hit.value) == (found[0], tuple(query[: found[0]]))
-            self._touch(tuple(query[: found[0]]))
+            best = tuple(query[: found[0]])
+            assert (hit.length, hit.value) == (found[0], self._value(best))
+            self._touch(best)
         else:
             assert (hit.length, hit.value) == (0, None)
 
     @rule(tokens=prefixes)
     def get(self, tokens):
-        assert self.cache.get(tokens) == (tokens if tokens in self.sizes else None)
+        assert self.cache.get(tokens) == (self._value(tokens) if tokens in self.sizes else None)
         self._touch(tokens)
 
     @invariant()
@@ -179,7 +189,10 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert all(tokens in self.cache for tokens in self.sizes)  # pinned ones included
         over = self.cache.nbytes > self.cache.max_bytes
         assert not over or not self.lru  # only pinned entries may exceed the budget
-        assert [node.value for node in self.cache._lru] == list(self.lru)
+        values = dict(self.cache._lru.items())
+        assert [values[node] for node in self.cache._lru.evictable()] == [
+            self._value(tokens) for tokens in self.lru
+        ]
 
     @invariant()
     def trie_holds_only_prefixes_of_entries(self):
@@ -192,6 +205,112 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert nodes == len(needed)
 
 
+lru_keys = st.integers(0, 5)
+
+
+class ByteLRUMachine(RuleBasedStateMachine):
+    """The LRU every cache shares, against a model: entries, pins, order and evictions."""
+
+    @initialize(budget=st.integers(0, 100))
+    def make(self, budget):
+        self.evicted: list = []
+        self.cache = ByteLRU(budget, on_evict=lambda key, value: self.evicted.append(key))
+        self.entries: dict = {}  # key -> (value, size)
+        self.pins: dict = {}
+        self.lru: OrderedDict = OrderedDict()  # unpinned keys, oldest first
+        self.expected_evictions: list = []
+        self.serial = 0
+
+    def _evict(self):
+        while sum(size for _, size in self.entries.values()) > self.cache.max_bytes and self.lru:
+            key, _ = self.lru.popitem(last=False)
+            del self.entries[key], self.pins[key]
+            self.expected_evictions.append(key)
+
+    @rule(key=lru_keys, size=st.integers(0, 40), pin=st.booleans())
+    def add(self, key, size, pin):
+        self.serial += 1
+        value = ("value", self.serial)
+        held = self.cache.add(key, value, size, pin=pin)
+        if key in self.entries:  # kept, touched, pinned once more if asked
+            assert held == self.entries[key][0]
+            self.pins[key] += pin
+            if key in self.lru:
+                self.lru.move_to_end(key)
+        else:
+            assert held is value
+            if size > self.cache.max_bytes:
+                return
+            self.entries[key], self.pins[key] = (value, size), int(pin)
+            if not pin:
+                self.lru[key] = None
+        if self.pins[key]:
+            self.lru.pop(key, None)
+        self._evict()
+
+    @rule(key=lru_keys, touch=st.booleans())
+    def get(self, key, touch):
+        hits = self.cache.hits
+        found = self.cache.get(key, touch=touch)
+        assert found == (self.entries[key][0] if key in self.entries else None)
+        assert self.cache.hits == hits + (key in self.entries)
+        if touch and key in self.lru:
+            self.lru.move_to_end(key)
+
+    @rule(key=lru_keys)
+    def pin(self, key):
+        if key not in self.entries:
+            with pytest.raises(KeyError):
+                self.cache.pin(key)
+            return
+        self.cache.pin(key)
+        self.pins[key] += 1
+        self.lru.pop(key, None)
+
+    @rule(key=lru_keys)
+    def unpin(self, key):
+        if not self.pins.get(key):
+            with pytest.raises(KeyError):
+                self.cache.unpin(key)
+            return
+        self.cache.unpin(key)
+        self.pins[key] -= 1
+        if not self.pins[key]:
+            self.lru[key] = None
+        self._evict()
+
+    @rule(key=lru_keys)
+    def pop(self, key):
+        assert self.cache.pop(key) == (key in self.entries)
+        if key in self.entries:
+            del self.entries[key], self.pins[key]
+            self.lru.pop(key, None)
+
+    @rule(budget=st.integers(0, 100))
+    def shrink_budget(self, budget):
+        """A smaller budget takes effect at the next add (the vllm facade resizes it)."""
+        self.cache.max_bytes = min(budget, self.cache.max_bytes)
+
+    @rule()
+    def clear(self):
+        self.cache.clear()
+        self.entries.clear(), self.pins.clear(), self.lru.clear()
+
+    @invariant()
+    def accounting_matches_the_held_entries(self):
+        pinned = [key for key in self.entries if key not in self.lru]
+        expected = [(key, self.entries[key][0]) for key in [*self.lru, *pinned]]
+        assert sorted(self.cache.items()[len(self.lru) :]) == sorted(expected[len(self.lru) :])
+        assert self.cache.items()[: len(self.lru)] == expected[: len(self.lru)]
+        assert self.cache.evictable() == list(self.lru)
+        assert self.cache.nbytes == sum(size for _, size in self.entries.values())
+        assert len(self.cache) == len(self.entries)
+        assert all(key in self.cache for key in self.entries)
+        assert self.evicted == self.expected_evictions  # on_evict saw exactly the evictions
+
+
+TestByteLRUState = ByteLRUMachine.TestCase
+TestByteLRUState.settings = SETTINGS
 TestOutputCacheState = OutputCacheMachine.TestCase
 TestOutputCacheState.settings = SETTINGS
 TestPrefixCacheState = PrefixCacheMachine.TestCase

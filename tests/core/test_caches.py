@@ -41,8 +41,9 @@ class TestOutputCache:
         cache = OutputCache(max_bytes=10**6)
         cache.put(key, np.zeros(100, dtype=np.float32))
         assert cache.nbytes == 400 + real
-        cache.put(key, np.zeros(50, dtype=np.float32))  # stored again: counted once
-        assert cache.nbytes == 200 + real
+        first = cache.get(key)
+        again = cache.put(key, np.zeros(50, dtype=np.float32))  # a second put keeps the first
+        assert again is first and cache.get(key) is first and cache.nbytes == 400 + real
 
     def test_budget_holds_for_long_keys(self):
         """Rows with long keys are evicted by their real size: 10 of them do not fit in 20 KB."""

@@ -54,6 +54,9 @@ class TestSelection:
         )
         assert reg.select().name == "mid"
         assert reg.select("low").name == "low"
+        assert reg.select(among={"low", "gpu", "manual"}).name == "low"
+        with pytest.raises(BackendNotFoundError, match="gpu: needs a CUDA GPU"):
+            reg.select(among={"gpu", "manual"})
 
     def test_unknown_backend_names_installed_ones_and_pip_hint(self):
         """An unknown backend's error lists what is installed and what to pip install."""

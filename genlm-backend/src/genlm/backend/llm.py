@@ -16,11 +16,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Self
 
+import numpy as np
 import torch
 
 from genlm.backend.tokenization import decode_vocab, vocab_lists
 from genlm.core import Vocabulary
-from genlm.core.backend import BatchedLM, resolve_model_path
+from genlm.core.backend import (
+    BatchedLM,
+    check_sampling_args,
+    get_registry,
+    resolve_model_path,
+    sample_token,
+)
 
 
 class AsyncLM(ABC):
@@ -77,23 +84,29 @@ class AsyncLM(ABC):
     ) -> list[int]:
         """Draw up to ``max_tokens`` tokens after the prompt; stops at (and drops) an EOS token.
 
+        Draws are genlm-core's (``sample_token``: exact Gumbel-max in float64, the sampler of
+        every core model), from this model's :meth:`next_token_logprobs` rows.
+
         Args:
             prompt_token_ids: the prompt.
             max_tokens: the most tokens to draw.
             eos_token_ids: ids that end the draw; the EOS token is not returned.
-            temperature: divides the log-probabilities before normalizing (> 0).
-            seed: seeds a private torch generator; the same seed gives the same tokens.
+            temperature: divides the log-probabilities before drawing; 0 is greedy.
+            seed: seeds the draws; the same seed gives the same tokens.
 
         Returns:
             The drawn token ids, EOS excluded.
+
+        Raises:
+            TypeError, ValueError: bad ``max_tokens`` or ``temperature``, before any work.
         """
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        check_sampling_args(max_tokens, temperature)
+        rng = np.random.default_rng(seed)
         eos = set(eos_token_ids)
         out: list[int] = []
         for _ in range(max_tokens):
             logprobs = await self.next_token_logprobs(list(prompt_token_ids) + out)
-            probs = torch.softmax(logprobs.cpu().double() / temperature, dim=-1)
-            token = int(torch.multinomial(probs, 1, generator=generator).item())
+            token = sample_token(logprobs.detach().cpu().numpy(), rng, temperature)
             if token in eos:
                 break
             out.append(token)
@@ -505,6 +518,15 @@ class MockAsyncLM(_CoreBacked):
         return cls(AutoTokenizer.from_pretrained(resolve_model_path(model_name)), **kwargs)
 
 
+#: The facade's class for each backend it wraps.
+_CLASSES: dict[str, type[_CoreBacked]] = {
+    "vllm": AsyncVirtualLM,
+    "hf": AsyncTransformer,
+    "mock": MockAsyncLM,
+    "mlx": AsyncMlxLM,
+}
+
+
 def load_model_by_name(
     name: str, backend: str | None = None, llm_opts: dict[str, Any] | None = None
 ) -> AsyncLM:
@@ -512,8 +534,9 @@ def load_model_by_name(
 
     Args:
         name: a Hub id, a local path, or a name genlm-core resolves (``"stories260K"``).
-        backend: ``"vllm"``, ``"hf"``, ``"mock"`` or ``"mlx"``; None picks ``"vllm"`` when
-            CUDA is available and the vllm backend is installed, else ``"hf"``.
+        backend: ``"vllm"``, ``"hf"``, ``"mock"`` or ``"mlx"``; None lets genlm-core's
+            registry choose among them as it does for every model: vllm with a CUDA GPU,
+            mlx on Apple silicon, else hf.
         llm_opts: options for the class's ``from_name``.
 
     Returns:
@@ -521,23 +544,12 @@ def load_model_by_name(
         :class:`AsyncMlxLM`.
 
     Raises:
-        ValueError: an unknown backend.
+        ValueError: an unknown backend, or (``genlm.core.BackendNotFoundError``) none of
+            them installed.
+        genlm.core.BackendUnavailableError: the backend cannot run here (its packages
+            are missing, e.g. vllm or mlx not installed); the message says what to install.
     """
-    classes = {
-        "vllm": AsyncVirtualLM,
-        "hf": AsyncTransformer,
-        "mock": MockAsyncLM,
-        "mlx": AsyncMlxLM,
-    }
-    if backend is None:
-        backend = "vllm" if torch.cuda.is_available() and _has_vllm() else "hf"
-    if backend not in classes:
-        raise ValueError(f"Invalid backend: {backend!r}; choose one of {sorted(classes)}")
-    return classes[backend].from_name(name, **(llm_opts or {}))
-
-
-def _has_vllm() -> bool:
-    from genlm.core.backend import get_registry
-
-    registry = get_registry()
-    return "vllm" in registry.backends and registry.backends["vllm"].unavailable_reason() is None
+    if backend is not None and backend not in _CLASSES:
+        raise ValueError(f"Invalid backend: {backend!r}; choose one of {sorted(_CLASSES)}")
+    spec = get_registry().select(backend, among=_CLASSES)
+    return _CLASSES[spec.name].from_name(name, **(llm_opts or {}))

@@ -4,9 +4,10 @@ Node layout (what genlm-backend documents and its clients walk): ``children[node
 (an int) to the child node, and ``(None, token_id)`` to the *leaf* of that token; ``root`` is 0.
 The prefix nodes are core's (same ids: ``0 .. core.num_nodes - 1``); token ``i``'s leaf is node
 ``core.num_nodes + i``. ``weight_sum``/``weight_max`` return one value per node: core's prefix
-masses (float64, computed by its C kernel), then each token's own weight at its leaf. There is one
-trie implementation, core's; ``ParallelTokenCharacterTrie`` is the same CPU trie (core's kernel
-splits batches over threads), taking the device argument for compatibility.
+masses (float64), then each token's own weight at its leaf. There is one trie implementation,
+core's: host rows (numpy, lists, CPU tensors) go to its C kernel, tensors on another device to its
+torch kernel on that device, and only the assembled masses come back to the host as numpy.
+``ParallelTokenCharacterTrie`` is the same trie, taking the device argument for compatibility.
 """
 
 from __future__ import annotations
@@ -14,10 +15,45 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 
 from genlm.backend.tokenization import Token
 from genlm.core import AsyncTokenByteTrie, TokenByteTrie
+from genlm.core.backend import is_torch
+
+
+@attrs.frozen
+class _Words:
+    """The entries core's trie does not hold (str words, genlm-control's ``EOS``, empty byte
+    strings): each adds its weight at every node of its path, root included.
+
+    Attributes:
+        nodes: the distinct nodes on those paths, ascending.
+        leaves: the leaves of the entries through each node, grouped by node.
+        starts: where each node's group begins in ``leaves``.
+    """
+
+    nodes: np.ndarray
+    leaves: np.ndarray
+    starts: np.ndarray
+
+    @classmethod
+    def of(cls, pairs: list[tuple[int, int]]) -> _Words:
+        """From ``(node, leaf)`` pairs, one per node of each word's path."""
+        pairs = sorted(pairs)
+        nodes = np.array([node for node, _ in pairs], dtype=np.int64)
+        leaves = np.array([leaf for _, leaf in pairs], dtype=np.int64)
+        distinct, starts = np.unique(nodes, return_index=True)
+        return cls(distinct, leaves, starts.astype(np.int64))
+
+    def fold(self, out: np.ndarray, use_max: bool) -> None:
+        """Fold each word's weight, read at its leaf in ``out``, into its path's nodes."""
+        if not len(self.nodes):
+            return
+        op = np.maximum if use_max else np.add
+        words = op.reduceat(out[..., self.leaves], self.starts, axis=-1)
+        out[..., self.nodes] = op(out[..., self.nodes], words)
 
 
 class TokenCharacterTrie:
@@ -56,9 +92,8 @@ class TokenCharacterTrie:
         token_node = self.core.token_node.tolist()
         self.word2leaf: dict[Any, int] = {}
         # Entries core cannot sum (str and other words, empty byte strings) add their weight
-        # along their path: node ids and entry positions, one pair per path node.
-        extra_nodes: list[int] = []
-        extra_positions: list[int] = []
+        # along their path: (node, leaf) pairs, one per path node.
+        word_pairs: list[tuple[int, int]] = []
         ids = []
         for position, entry in enumerate(self.decode):
             leaf = prefix_nodes + position
@@ -67,8 +102,7 @@ class TokenCharacterTrie:
             else:
                 path = self._add_path(entry)
                 parent = path[-1]
-                extra_nodes += path
-                extra_positions += [position] * len(path)
+                word_pairs += [(node, leaf) for node in path]
             key = (entry.byte_string, entry.token_id) if isinstance(entry, Token) else entry
             tid = entry.token_id if isinstance(entry, Token) else position
             if key in self.word2leaf:
@@ -76,8 +110,7 @@ class TokenCharacterTrie:
             self.children[parent][(None, tid)] = leaf
             self.word2leaf[key] = leaf
             ids.append(tid)
-        self._extra_nodes = np.asarray(extra_nodes, dtype=np.int64)
-        self._extra_positions = np.asarray(extra_positions, dtype=np.int64)
+        self._words = _Words.of(word_pairs)
         self.leaf2word = {leaf: word for word, leaf in self.word2leaf.items()}
         self.token_id_to_leaf = np.stack(
             [np.asarray(ids, dtype=np.int64), prefix_nodes + np.arange(V, dtype=np.int64)], axis=1
@@ -102,28 +135,40 @@ class TokenCharacterTrie:
         """Prefix nodes, one leaf per entry, and the nodes of non-bytes words."""
         return len(self.children)
 
-    def _weights(self, ws: Any) -> np.ndarray:
-        """``ws`` (a list, numpy array or torch tensor on any device) as a float64 array."""
-        if hasattr(ws, "detach"):
-            ws = ws.detach().cpu().numpy()
-        w = np.asarray(ws, dtype=np.float64)
-        if w.ndim == 0 or w.shape[-1] != len(self.decode):
-            raise ValueError(
-                f"weights of shape {w.shape} do not match a vocabulary of {len(self.decode)}"
-            )
-        return w
+    def _weights(self, ws: Any, batched: bool) -> Any:
+        """``ws`` as core's kernel takes it: a float64 array, or a tensor on a non-CPU device.
 
-    def _with_leaves(self, prefix: np.ndarray, w: np.ndarray, use_max: bool) -> np.ndarray:
-        """Core's prefix values, then each entry's weight at its leaf, then the extra words."""
-        out = np.empty((*w.shape[:-1], self.num_nodes), dtype=np.float64)
+        Raises:
+            ValueError: ``ws`` is not one weight per entry (a ``(B, V)`` batch if ``batched``).
+        """
+        if is_torch(ws):
+            ws = ws.detach()
+            if ws.device.type == "cpu":  # core's C kernel beats its torch kernel on the CPU
+                ws = ws.numpy()
+        else:
+            ws = np.asarray(ws, dtype=np.float64)
+        if ws.ndim != (2 if batched else 1) or ws.shape[-1] != len(self.decode):
+            raise ValueError(
+                f"weights of shape {tuple(ws.shape)} do not match a vocabulary of "
+                f"{len(self.decode)}" + (" (expected a batch of rows)" if batched else "")
+            )
+        return ws
+
+    def _with_leaves(self, prefix: Any, w: Any, use_max: bool) -> np.ndarray:
+        """Core's prefix values, each entry's weight at its leaf and the words' nodes.
+
+        Assembled where the rows live (one copy to the host for device rows), then the words
+        core does not hold are folded in from their leaves.
+        """
         n, V = self.num_prefix_nodes, len(self.decode)
+        fill = -np.inf if use_max else 0.0
+        shape = (*w.shape[:-1], self.num_nodes)
+        out = w.new_full(shape, fill, dtype=prefix.dtype) if is_torch(w) else np.full(shape, fill)
         out[..., :n] = prefix
         out[..., n : n + V] = w
-        out[..., n + V :] = -np.inf if use_max else 0.0
-        if len(self._extra_nodes):
-            flat, wf = out.reshape(-1, self.num_nodes), w.reshape(-1, V)
-            where = (slice(None), self._extra_nodes)
-            (np.maximum if use_max else np.add).at(flat, where, wf[:, self._extra_positions])
+        if is_torch(out):
+            out = out.cpu().numpy()
+        self._words.fold(out, use_max)
         return out
 
     def weight_sum(self, ws: Any) -> np.ndarray:
@@ -138,22 +183,22 @@ class TokenCharacterTrie:
         Raises:
             ValueError: ``ws`` does not have one weight per entry.
         """
-        w = self._weights(ws)
+        w = self._weights(ws, batched=False)
         return self._with_leaves(self.core.weight_sum(w), w, use_max=False)
 
     def weight_max(self, ws: Any) -> np.ndarray:
         """Largest weight of the entries below each node (-inf where none); ``(num_nodes,)``."""
-        w = self._weights(ws)
+        w = self._weights(ws, batched=False)
         return self._with_leaves(self.core.weight_max(w), w, use_max=True)
 
     def batch_weight_sum(self, ws: Any) -> np.ndarray:
         """Row-wise :meth:`weight_sum`: ``(B, V)`` -> ``(B, num_nodes)``."""
-        w = self._weights(ws)
+        w = self._weights(ws, batched=True)
         return self._with_leaves(self.core.batch_weight_sum(w), w, use_max=False)
 
     def batch_weight_max(self, ws: Any) -> np.ndarray:
         """Row-wise :meth:`weight_max`: ``(B, V)`` -> ``(B, num_nodes)``."""
-        w = self._weights(ws)
+        w = self._weights(ws, batched=True)
         return self._with_leaves(self.core.batch_weight_max(w), w, use_max=True)
 
     def visualize(self, ws: Any = None) -> Any:
@@ -184,12 +229,13 @@ class TokenCharacterTrie:
 
 
 class ParallelTokenCharacterTrie(TokenCharacterTrie):
-    """genlm-backend's GPU trie; here the same trie (core's threaded CPU kernel).
+    """genlm-backend's GPU trie; here the same trie, reducing rows where they live.
 
     Args:
         decode: as for :class:`TokenCharacterTrie`.
-        device: accepted for compatibility (``"cpu"`` or ``"cuda"``); weights on any device
-            are read, results are numpy float64.
+        device: accepted for compatibility (``"cpu"`` or ``"cuda"``): a tensor on a GPU is
+            reduced on its GPU by core's torch kernel, host rows by core's threaded C kernel;
+            results are numpy float64.
         **kwargs: accepted for compatibility (e.g. ``max_batch_size``) and ignored.
     """
 
@@ -215,12 +261,12 @@ class AsyncTokenCharacterTrie:
 
     async def weight_sum(self, ws: Any) -> np.ndarray:
         """:meth:`TokenCharacterTrie.weight_sum`, batched with concurrent calls."""
-        w = self.trie._weights(ws)
+        w = self.trie._weights(ws, batched=False)
         return self.trie._with_leaves(await self.core.weight_sum(w), w, use_max=False)
 
     async def weight_max(self, ws: Any) -> np.ndarray:
         """:meth:`TokenCharacterTrie.weight_max`, batched with concurrent calls."""
-        w = self.trie._weights(ws)
+        w = self.trie._weights(ws, batched=False)
         return self.trie._with_leaves(await self.core.weight_max(w), w, use_max=True)
 
     def start(self) -> None:

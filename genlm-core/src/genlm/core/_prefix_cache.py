@@ -9,26 +9,25 @@ entries (a shared prompt) are never evicted. All walks are iterative, so a chain
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import attrs
+
+from genlm.core._lru import ByteLRU
 
 V = TypeVar("V")
 
 
 @attrs.define(eq=False, slots=True)
 class _Node:
+    """One token of a stored prefix; ``has_value`` mirrors whether the LRU holds it."""
+
     parent: _Node | None
     token: int
     depth: int
     children: dict[int, _Node] = attrs.field(factory=dict)
-    value: Any = None
-    nbytes: int = 0
     has_value: bool = False
-    pins: int = 0
 
 
 @attrs.frozen
@@ -52,7 +51,7 @@ class PrefixCache(Generic[V]):
     cached prefix. Sizes are whatever the caller says an entry costs.
 
     What is counted: the sizes callers declare, i.e. the backend state (usually device
-    memory for KV). The trie's own nodes (about 370 bytes of host memory per token of a
+    memory for KV). The trie's own nodes (about 340 bytes of host memory per token of a
     distinct prefix on CPython 3.11) are not: they are a different memory, and a node
     lives exactly as long as an entry at or below it, so they are bounded by the held
     entries' tokens. A caller that wants them in the budget adds them to its sizes.
@@ -64,27 +63,29 @@ class PrefixCache(Generic[V]):
     Raises:
         ValueError: ``max_bytes`` is negative.
 
+    The entries live in a :class:`~genlm.core.backend.ByteLRU` (keyed by trie node), so byte
+    accounting, LRU order, pins, the duplicate rule and the lock are every cache's.
     Thread-safe; in practice only the model's worker thread touches it.
     """
 
     def __init__(self, max_bytes: int):
-        if max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        self.max_bytes = max_bytes
         self._root = _Node(None, -1, 0)
-        self._lru: OrderedDict[_Node, None] = OrderedDict()  # unpinned entries, oldest first
-        self._entries = 0
-        self._bytes = 0
-        self._lock = threading.RLock()
+        #: The entries (trie node -> value): byte accounting, LRU order, pins and the lock.
+        self._lru: ByteLRU[_Node, V] = ByteLRU(max_bytes, on_evict=self._forget)
 
     def __len__(self) -> int:
         """Number of stored entries."""
-        return self._entries
+        return len(self._lru)
+
+    @property
+    def max_bytes(self) -> int:
+        """The budget for the sizes given to :meth:`insert`."""
+        return self._lru.max_bytes
 
     @property
     def nbytes(self) -> int:
         """The sum of the sizes of the stored entries, pinned ones included."""
-        return self._bytes
+        return self._lru.nbytes
 
     def _find(self, tokens: Sequence[int]) -> _Node | None:
         node = self._root
@@ -93,6 +94,11 @@ class PrefixCache(Generic[V]):
             if node is None:
                 return None
         return node
+
+    def _entry(self, tokens: Sequence[int]) -> _Node | None:
+        """The node of the entry stored for exactly ``tokens``, or None."""
+        node = self._find(tokens)
+        return node if node is not None and node.has_value else None
 
     def longest_prefix(self, tokens: Sequence[int], max_length: int | None = None) -> PrefixHit[V]:
         """The deepest stored entry whose prefix is ``tokens[:n]``, ``n <= max_length``.
@@ -108,7 +114,7 @@ class PrefixCache(Generic[V]):
             The hit, or ``PrefixHit(0, None)`` when no prefix is stored.
         """
         limit = len(tokens) if max_length is None else min(max_length, len(tokens))
-        with self._lock:
+        with self._lru.lock:
             node, best = self._root, None
             for i in range(limit):
                 node = node.children.get(tokens[i])
@@ -118,9 +124,7 @@ class PrefixCache(Generic[V]):
                     best = node
             if best is None:
                 return PrefixHit(0, None)
-            if best in self._lru:
-                self._lru.move_to_end(best)
-            return PrefixHit(best.depth, best.value)
+            return PrefixHit(best.depth, self._lru.get(best))
 
     def get(self, tokens: Sequence[int]) -> V | None:
         """The entry stored for exactly ``tokens``, marked most recently used.
@@ -131,63 +135,46 @@ class PrefixCache(Generic[V]):
         Returns:
             Its value, or None when nothing is stored for exactly these tokens.
         """
-        with self._lock:
-            node = self._find(tokens)
-            if node is None or not node.has_value:
-                return None
-            if node in self._lru:
-                self._lru.move_to_end(node)
-            return node.value
+        with self._lru.lock:
+            node = self._entry(tokens)
+            return None if node is None else self._lru.get(node)
 
     def __contains__(self, tokens: Sequence[int]) -> bool:
-        node = self._find(tokens)
-        return node is not None and node.has_value
+        return self._entry(tokens) is not None
 
     def insert(self, tokens: Sequence[int], value: V, nbytes: int, pin: bool = False) -> bool:
         """Store ``value`` (of size ``nbytes``) for prefix ``tokens``; evict to fit.
 
-        Replaces an existing entry; least recently used unpinned entries are evicted
-        until the total fits ``max_bytes``.
+        An entry already stored for ``tokens`` is kept (and marked most recently used):
+        ``value`` is dropped, as for every GenLM cache (see ``genlm.core._lru``). Least
+        recently used unpinned entries are evicted until the total fits ``max_bytes``.
 
         Args:
             tokens: the prefix (non-empty).
             value: the state to keep for it.
             nbytes: what the entry costs against the budget.
-            pin: also :meth:`pin` it (protect it from eviction).
+            pin: also :meth:`pin` the entry stored for ``tokens``.
 
         Returns:
-            True when stored; False, storing nothing, when the entry alone exceeds the
-            budget (an entry already stored for ``tokens`` then stays), or when pinned
-            entries leave no room for it.
+            Whether an entry is stored for ``tokens`` now: False, storing nothing, when the
+            new entry alone exceeds the budget or pinned entries leave no room for it.
 
         Raises:
             ValueError: ``tokens`` is empty.
         """
         if not tokens:
             raise ValueError("cannot cache the empty prefix")
-        if nbytes > self.max_bytes:
-            return False
-        with self._lock:
+        with self._lru.lock:
             node = self._root
             for t in tokens:
                 child = node.children.get(t)
                 if child is None:
                     child = node.children[t] = _Node(node, int(t), node.depth + 1)
                 node = child
-            if node.has_value:
-                self._bytes -= node.nbytes
-            else:
-                self._entries += 1
-            node.value, node.nbytes, node.has_value = value, nbytes, True
-            self._bytes += nbytes
-            if pin:
-                node.pins += 1
-            if node.pins:
-                self._lru.pop(node, None)
-            else:
-                self._lru[node] = None
-                self._lru.move_to_end(node)
-            self._evict()
+            node.has_value = True
+            self._lru.add(node, value, nbytes, pin=pin)
+            if node.has_value and node not in self._lru:  # too large: never held
+                self._forget(node)
             return node.has_value
 
     def pin(self, tokens: Sequence[int]) -> None:
@@ -199,12 +186,11 @@ class PrefixCache(Generic[V]):
         Raises:
             KeyError: nothing is stored for exactly these tokens.
         """
-        with self._lock:
-            node = self._find(tokens)
-            if node is None or not node.has_value:
+        with self._lru.lock:
+            node = self._entry(tokens)
+            if node is None:
                 raise KeyError(f"no cached entry for a prefix of {len(tokens)} tokens")
-            node.pins += 1
-            self._lru.pop(node, None)
+            self._lru.pin(node)
 
     def unpin(self, tokens: Sequence[int]) -> None:
         """Undo one :meth:`pin`; the entry becomes evictable when no pins remain.
@@ -215,14 +201,12 @@ class PrefixCache(Generic[V]):
         Raises:
             KeyError: no pinned entry is stored for exactly these tokens.
         """
-        with self._lock:
-            node = self._find(tokens)
-            if node is None or not node.has_value or node.pins == 0:
-                raise KeyError(f"no pinned entry for a prefix of {len(tokens)} tokens")
-            node.pins -= 1
-            if node.pins == 0:
-                self._lru[node] = None
-            self._evict()
+        with self._lru.lock:
+            node = self._entry(tokens)
+            try:
+                self._lru.unpin(node)
+            except KeyError:
+                raise KeyError(f"no pinned entry for a prefix of {len(tokens)} tokens") from None
 
     def remove(self, tokens: Sequence[int]) -> bool:
         """Drop the entry for exactly ``tokens``, pinned or not.
@@ -233,11 +217,12 @@ class PrefixCache(Generic[V]):
         Returns:
             Whether an entry existed.
         """
-        with self._lock:
-            node = self._find(tokens)
-            if node is None or not node.has_value:
+        with self._lru.lock:
+            node = self._entry(tokens)
+            if node is None:
                 return False
-            self._drop(node)
+            self._lru.pop(node)
+            self._forget(node)
             return True
 
     def clear(self, keep_pinned: bool = False) -> None:
@@ -246,26 +231,22 @@ class PrefixCache(Generic[V]):
         Args:
             keep_pinned: drop only the unpinned entries.
         """
-        with self._lock:
+        with self._lru.lock:
             if keep_pinned:
-                while self._lru:
-                    self._drop(next(iter(self._lru)))
+                for node in self._lru.evictable():
+                    self._lru.pop(node)
+                    self._forget(node)
                 return
             self._root = _Node(None, -1, 0)
             self._lru.clear()
-            self._entries = 0
-            self._bytes = 0
 
-    def _evict(self) -> None:
-        while self._bytes > self.max_bytes and self._lru:
-            self._drop(next(iter(self._lru)))
+    def _forget(self, node: _Node, value: object = None) -> None:
+        """Mark ``node`` empty and prune its branch upward while nodes hold nothing.
 
-    def _drop(self, node: _Node) -> None:
-        self._lru.pop(node, None)
-        self._bytes -= node.nbytes
-        self._entries -= 1
-        node.value, node.nbytes, node.has_value, node.pins = None, 0, False, 0
-        # Prune the branch upward while nodes hold nothing (iteratively).
+        Also the LRU's ``on_evict`` callback (``value`` is the evicted state, unused).
+        Iterative, so a 100,000-token chain is fine.
+        """
+        node.has_value = False
         while node.parent is not None and not node.children and not node.has_value:
             del node.parent.children[node.token]
             node = node.parent

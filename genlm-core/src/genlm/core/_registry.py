@@ -28,7 +28,7 @@ import os
 import re
 import reprlib
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import attrs
@@ -281,13 +281,17 @@ class Registry:
 
     # ---- choosing and loading ----------------------------------------------------------
 
-    def select(self, backend: str | None = None) -> BackendSpec:
+    def select(
+        self, backend: str | None = None, *, among: Collection[str] | None = None
+    ) -> BackendSpec:
         """The spec for ``backend``, or the best usable one when None.
 
         Args:
             backend: a backend name (case-insensitive: names are lowercase), or None for
                 auto-selection: the auto-selectable backend that can run here with the
                 highest priority (ties by name).
+            among: auto-select only from these names (a caller that can drive only some
+                backends, like the genlm-backend facade); None for every backend.
 
         Returns:
             The chosen spec; nothing is imported.
@@ -304,7 +308,7 @@ class Registry:
             if reason is not None:
                 raise BackendUnavailableError(f"backend {backend!r} cannot run here: {reason}")
             return spec
-        usable, reasons = self._auto_candidates()
+        usable, reasons = self._auto_candidates(among)
         if not usable:
             raise self._no_usable_backend(reasons)
         return usable[0]
@@ -373,10 +377,17 @@ class Registry:
             f"not a model: it lacks {', '.join(missing)} of genlm.core.AsyncLM"
         )
 
-    def _auto_candidates(self) -> tuple[list[BackendSpec], list[str]]:
-        """Auto-selectable backends that can run here, best first; and why the others cannot."""
+    def _auto_candidates(
+        self, among: Collection[str] | None = None
+    ) -> tuple[list[BackendSpec], list[str]]:
+        """Auto-selectable backends (of ``among``, if given) that can run here, best first;
+        and why the others cannot."""
         usable, reasons = [], []
-        auto = (s for s in self.backends.values() if s.auto_select)
+        auto = (
+            s
+            for s in self.backends.values()
+            if s.auto_select and (among is None or s.name in among)
+        )
         ranked = sorted(auto, key=lambda s: (-s.priority, s.name))
         for spec in ranked:
             reason = spec.unavailable_reason()

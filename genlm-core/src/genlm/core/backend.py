@@ -4,10 +4,10 @@
 the error types). This module holds what a backend and the packages built on core use
 besides: the base class :class:`BatchedLM` and its hooks (``_logprobs_batch``,
 ``_variant``, ``_check_variant``, ``_clear_backend_cache``, ``_close_backend``), the
-request check :meth:`BatchedLM.validate_request`, the worker thread, the scheduler,
-the caches, the row planner for KV reuse, the plugin registry and ``BackendSpec``, and
-small helpers (``is_torch``, ``resolve_model_path``, the sampling-argument checks,
-``lazy_exports``). Command plugins use :mod:`genlm.core.cli` and
+request check :meth:`BatchedLM.validate_request`, the worker thread, the scheduler, the
+caches and the byte-bounded LRU under them, the row planner for KV reuse, the plugin
+registry and ``BackendSpec``, and small helpers (``is_torch``, ``resolve_model_path``, the
+sampler and its argument checks, ``lazy_exports``). Command plugins use :mod:`genlm.core.cli` and
 :mod:`genlm.core.hookspecs`. A distribution other than genlm-core uses only these public
 modules, never a ``genlm.core._private`` one (``tests/test_private_access.py`` checks).
 
@@ -24,6 +24,7 @@ _EXPORTS = {
     "AutoBatcher": "genlm.core._scheduler",
     "BackendSpec": "genlm.core._backend_spec",
     "BatchedLM": "genlm.core._model",
+    "ByteLRU": "genlm.core._lru",
     "ModelWorker": "genlm.core._worker",
     "OutputCache": "genlm.core._output_cache",
     "PrefixCache": "genlm.core._prefix_cache",
@@ -37,9 +38,11 @@ _EXPORTS = {
     "group_equal": "genlm.core._row_plan",
     "group_padded": "genlm.core._row_plan",
     "is_torch": "genlm.core._rows",
+    "key_nbytes": "genlm.core._lru",
     "lazy_exports": "genlm.core._lazy",
     "plan_rows": "genlm.core._row_plan",
     "resolve_model_path": "genlm.core._embedded",
+    "sample_token": "genlm.core._sampling",
     "validate_context": "genlm.core._model",
 }
 
@@ -54,6 +57,8 @@ if _TYPE_CHECKING:
     from genlm.core._backend_spec import BackendSpec as BackendSpec
     from genlm.core._embedded import resolve_model_path as resolve_model_path
     from genlm.core._lazy import lazy_exports as lazy_exports
+    from genlm.core._lru import ByteLRU as ByteLRU
+    from genlm.core._lru import key_nbytes as key_nbytes
     from genlm.core._model import BatchedLM as BatchedLM
     from genlm.core._model import validate_context as validate_context
     from genlm.core._output_cache import OutputCache as OutputCache
@@ -69,5 +74,6 @@ if _TYPE_CHECKING:
     from genlm.core._rows import is_torch as is_torch
     from genlm.core._sampling import check_sampling_args as check_sampling_args
     from genlm.core._sampling import check_temperature as check_temperature
+    from genlm.core._sampling import sample_token as sample_token
     from genlm.core._scheduler import AutoBatcher as AutoBatcher
     from genlm.core._worker import ModelWorker as ModelWorker

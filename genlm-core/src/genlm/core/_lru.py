@@ -1,0 +1,240 @@
+"""``ByteLRU``: the least-recently-used map, bounded in bytes, under every GenLM cache.
+
+The output cache (:class:`~genlm.core.backend.OutputCache`), the byte LM's mass cache
+(genlm-bytes' ``MassCache``) and the prefix cache (:class:`~genlm.core.backend.PrefixCache`) keep
+their entries in one, so all three follow the same rules:
+
+* **Bytes.** An entry costs what its cache says when it is added, fixed while it is held;
+  :attr:`ByteLRU.nbytes` is the sum over the held entries. A cache keyed by a token
+  context counts the key with its value, by :func:`key_nbytes` (the output and mass
+  caches). The prefix cache's keys are its trie nodes, host memory it documents as not
+  counted (its budget is the backend's KV).
+* **Too large.** An entry larger than the whole budget is not stored.
+* **Duplicates.** Adding a key already held keeps the held entry, marks it most recently
+  used and returns it: two concurrent misses computed the same result, so every caller
+  ends up with the one object the cache holds, counted once.
+* **Eviction.** Least recently used first, until the sum fits; pinned entries count
+  towards the budget but are never evicted.
+* **Locking.** Every method holds the map's reentrant :attr:`ByteLRU.lock`, so one map
+  may be shared by the event loop and a worker thread. A cache with structure of its own
+  (the prefix trie) holds the same lock around its updates; ``on_evict`` runs under it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+#: What one token id costs in a key: a CPython int below 2**30.
+_ITEM_BYTES = sys.getsizeof(2**20)
+_getsizeof = sys.getsizeof  # a global, not an attribute lookup: key_nbytes runs every put
+
+
+def key_nbytes(key: Hashable) -> int:
+    """Estimated bytes held by a cache key: the one rule for keys that hold token contexts.
+
+    ``sys.getsizeof`` of the key; for a tuple, plus that of each part; for a tuple part
+    (a context's token ids), plus 28 bytes (one int) per item. This is exact for a
+    ``(variant, token ids)`` key whose ids are distinct objects and an upper bound when
+    keys share int objects (small ints are shared), and it costs no walk over the ids. A
+    300-token context is about 10.9 KB of Python objects, more than a float32 row of a
+    2,000-token vocabulary, so it belongs in the budget.
+    """
+    size = _getsizeof(key)
+    if type(key) is tuple:
+        for part in key:
+            size += _getsizeof(part)
+            if type(part) is tuple:
+                size += _ITEM_BYTES * len(part)
+    return size
+
+
+class ByteLRU(Generic[K, V]):
+    """Least-recently-used map bounded in bytes, with pinning; the rules are the module's.
+
+    Args:
+        max_bytes: budget for the sizes given to :meth:`add`; 0 stores nothing.
+        on_evict: called as ``on_evict(key, value)`` for each entry evicted to fit (not
+            for :meth:`pop` or :meth:`clear`), under :attr:`lock`.
+
+    Raises:
+        ValueError: a negative ``max_bytes``.
+
+    Attributes:
+        max_bytes: the budget (:meth:`resize` changes it).
+        hits: :meth:`get` calls that found their key.
+        misses: :meth:`get` calls that did not.
+        lock: the reentrant lock every method holds.
+    """
+
+    def __init__(self, max_bytes: int, on_evict: Callable[[K, V], None] | None = None):
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._on_evict = on_evict
+        #: Unpinned entries, key -> (value, counted bytes), least recently used first.
+        self._lru: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        #: Pinned entries, key -> ((value, counted bytes), number of pins).
+        self._pinned: dict[K, tuple[tuple[V, int], int]] = {}
+        self._bytes = 0
+        self.lock = threading.RLock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._lru) + len(self._pinned)
+
+    def __contains__(self, key: K) -> bool:
+        return key in self._lru or key in self._pinned
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes counted for the held entries, pinned ones included."""
+        return self._bytes
+
+    def get(self, key: K, *, touch: bool = True) -> V | None:
+        """The value held for ``key``, or None; ``touch`` marks it most recently used."""
+        with self.lock:
+            entry = self._lru.get(key)
+            if entry is not None:
+                if touch:
+                    self._lru.move_to_end(key)
+                self.hits += 1
+                return entry[0]
+            # Each lookup hashes the whole key (tuples do not cache their hash): skip the
+            # pinned map while it is empty, as it always is in the output cache.
+            if self._pinned and key in self._pinned:
+                self.hits += 1
+                return self._pinned[key][0][0]
+            self.misses += 1
+            return None
+
+    def add(self, key: K, value: V, nbytes: int, *, pin: bool = False) -> V:
+        """Hold ``value`` for ``key`` at a cost of ``nbytes`` and evict to fit.
+
+        Args:
+            key: the entry's key.
+            value: what to hold.
+            nbytes: what the entry costs against the budget.
+            pin: also :meth:`pin` the entry held for ``key`` (this one or the one kept).
+
+        Returns:
+            The value now held for ``key``: the one already held if any (kept, marked most
+            recently used), else ``value``. ``value`` is also returned, held by nothing,
+            when it alone exceeds ``max_bytes`` or pinned entries leave it no room.
+        """
+        with self.lock:
+            pinned = self._pinned.get(key) if self._pinned else None
+            if pinned is not None:
+                if pin:
+                    self._pin(key)
+                return pinned[0][0]
+            new = (value, nbytes)
+            if nbytes <= self.max_bytes:
+                entry = self._lru.setdefault(key, new)  # one hash of the key, held or not
+            else:
+                entry = self._lru.get(key, new)
+                if entry is new:
+                    return value
+            if entry is new:
+                self._bytes += nbytes
+            else:
+                self._lru.move_to_end(key)
+            if pin:
+                self._pin(key)
+            if self._bytes > self.max_bytes:
+                self._evict()
+            return entry[0]
+
+    def resize(self, max_bytes: int) -> None:
+        """Set the budget and evict to fit now (for a budget known only once a model is
+        loaded: the genlm-backend facade sizes its output cache in rows).
+
+        Raises:
+            ValueError: a negative ``max_bytes``.
+        """
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        with self.lock:
+            self.max_bytes = max_bytes
+            self._evict()
+
+    def pin(self, key: K) -> None:
+        """Protect the entry of ``key`` from eviction (counted: pin twice, unpin twice).
+
+        Raises:
+            KeyError: nothing is held for ``key``.
+        """
+        with self.lock:
+            if key not in self:
+                raise KeyError(key)
+            self._pin(key)
+
+    def unpin(self, key: K) -> None:
+        """Undo one :meth:`pin`; with no pins left the entry becomes the most recently used.
+
+        Raises:
+            KeyError: no pinned entry is held for ``key``.
+        """
+        with self.lock:
+            entry, pins = self._pinned[key]
+            if pins > 1:
+                self._pinned[key] = (entry, pins - 1)
+                return
+            del self._pinned[key]
+            self._lru[key] = entry
+            self._evict()
+
+    def pop(self, key: K) -> bool:
+        """Drop the entry of ``key``, pinned or not; whether there was one."""
+        with self.lock:
+            entry = self._lru.pop(key, None)
+            if entry is None:
+                pinned = self._pinned.pop(key, None) if self._pinned else None
+                if pinned is None:
+                    return False
+                entry = pinned[0]
+            self._bytes -= entry[1]
+            return True
+
+    def evictable(self) -> list[K]:
+        """The unpinned keys, least recently used first."""
+        with self.lock:
+            return list(self._lru)
+
+    def items(self) -> list[tuple[K, V]]:
+        """The held entries: the unpinned ones least recently used first, then the pinned."""
+        with self.lock:
+            held = [(key, value) for key, (value, _) in self._lru.items()]
+            return held + [(key, value) for key, ((value, _), _) in self._pinned.items()]
+
+    def clear(self) -> None:
+        """Drop every entry, pinned ones included (the hit and miss counters are kept)."""
+        with self.lock:
+            self._lru.clear()
+            self._pinned.clear()
+            self._bytes = 0
+
+    def _pin(self, key: K) -> None:
+        """One more pin on a held entry (the lock is held)."""
+        entry = self._lru.pop(key, None)
+        if entry is not None:
+            self._pinned[key] = (entry, 1)
+        else:
+            held, pins = self._pinned[key]
+            self._pinned[key] = (held, pins + 1)
+
+    def _evict(self) -> None:
+        """Evict least recently used unpinned entries until the budget holds (lock held)."""
+        lru, on_evict = self._lru, self._on_evict
+        while self._bytes > self.max_bytes and lru:
+            key, (value, nbytes) = lru.popitem(last=False)
+            self._bytes -= nbytes
+            if on_evict is not None:
+                on_evict(key, value)
