@@ -229,7 +229,8 @@ def test_load_model_by_name_lets_the_registry_choose(monkeypatch):
     from support.plugins import plugin_module
 
     import genlm.backend.llm as facade
-    from genlm.core import BackendSpec, BackendUnavailableError, Registry
+    from genlm.core import BackendUnavailableError
+    from genlm.core.backend import BackendSpec, Registry
 
     def registry(*specs):
         reg = Registry()

@@ -275,9 +275,9 @@ class ByteLRUMachine(RuleBasedStateMachine):
             return
         self.cache.unpin(key)
         self.pins[key] -= 1
-        if not self.pins[key]:
+        if not self.pins[key]:  # the last pin: the entry becomes evictable, and may go
             self.lru[key] = None
-        self._evict()
+            self._evict()
 
     @rule(key=lru_keys)
     def pop(self, key):
@@ -288,8 +288,9 @@ class ByteLRUMachine(RuleBasedStateMachine):
 
     @rule(budget=st.integers(0, 100))
     def shrink_budget(self, budget):
-        """A smaller budget takes effect at the next add (the vllm facade resizes it)."""
-        self.cache.max_bytes = min(budget, self.cache.max_bytes)
+        """resize evicts to fit at once (the genlm-backend facade resizes its cache)."""
+        self.cache.resize(min(budget, self.cache.max_bytes))
+        self._evict()
 
     @rule()
     def clear(self):
