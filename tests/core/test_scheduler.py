@@ -427,6 +427,29 @@ class TestEventLoops:
         worker.close()
 
 
+class TestCloseRaces:
+    def test_the_first_request_of_a_loop_racing_close_raises(self):
+        """close() on another thread between submit's start and its loop's registration:
+        the request raises ModelClosedError instead of waiting forever (issue #21)."""
+        lm = MockLM(VOCAB, cache_bytes=0)
+        register = lm.batcher._state
+
+        def close_then_register(loop):
+            closer = threading.Thread(target=lm.close)
+            closer.start()
+            closer.join(5)
+            assert not closer.is_alive()
+            return register(loop)
+
+        lm.batcher._state = close_then_register
+
+        async def main():
+            with pytest.raises(ModelClosedError):
+                await asyncio.wait_for(lm.next_token_logprobs([1]), 5)
+
+        run(main())
+
+
 class TestFairness:
     def test_a_full_group_does_not_wait_behind_another_groups_timer(self):
         """A full batch of group B runs at once although one group-A request waits 60 s."""

@@ -154,7 +154,15 @@ class AutoBatcher(Generic[I, R]):
         self.stats = {"batches": 0, "items": 0}
 
     def _state(self, loop: asyncio.AbstractEventLoop) -> _LoopState:
+        """The loop's state, registered if new; refuses once closed.
+
+        The closed check and the registration are one step under the lock, which
+        :meth:`reject_new` also takes to close and list the states: a request either
+        sees the batcher closed, or its loop's state is listed and its queue failed.
+        """
         with self._lock:
+            if self._closed:
+                raise ModelClosedError("this model is closed")
             state = self._states.get(id(loop))
             if state is None or state.loop() is not loop:  # none yet, or a dead loop's id
                 state = self._states[id(loop)] = _LoopState(weakref.ref(loop))
@@ -177,8 +185,6 @@ class AutoBatcher(Generic[I, R]):
         Raises:
             ModelClosedError: the batcher was closed.
         """
-        if self._closed:
-            raise ModelClosedError("this model is closed")
         loop = asyncio.get_running_loop()
         state = self._state(loop)
         waiter: asyncio.Future[R] = loop.create_future()
@@ -358,13 +364,13 @@ class AutoBatcher(Generic[I, R]):
         (at once for the calling thread's running loop); a closed loop's are forgotten.
         Batches already handed to the worker still run. Idempotent.
         """
-        self._closed = True
         closed = ModelClosedError("the model was closed before this request ran")
         try:
             current = asyncio.get_running_loop()
         except RuntimeError:
             current = None
-        with self._lock:
+        with self._lock:  # atomic with _state's check-and-register
+            self._closed = True
             states = list(self._states.values())
         for state in states:
             loop = state.loop()
