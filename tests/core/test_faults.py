@@ -177,6 +177,7 @@ class TestClose:
         """close() from another thread: the running batch delivers, the queued requests
         fail with ModelClosedError, none is left pending."""
         lm = FaultyLM()
+        lm.batcher.max_in_flight = 1  # no ready slot: what comes next stays queued
         gate = threading.Event()
         lm.fail_next_call(Fault(block=gate))
 
@@ -204,6 +205,7 @@ class TestClose:
         """close() called by a coroutine blocks its own loop until the release, then the
         loop's queued requests fail with ModelClosedError as soon as it resumes."""
         lm = FaultyLM()
+        lm.batcher.max_in_flight = 1  # no ready slot: what comes next stays queued
         gate = threading.Event()
         lm.fail_next_call(Fault(block=gate))
 

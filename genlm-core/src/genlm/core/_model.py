@@ -121,7 +121,9 @@ class BatchedLM(abc.ABC):
             log-probability row.
         tokenizer: the model's tokenizer, or None.
         max_batch_size: most distinct contexts per forward pass.
-        max_wait_s: longest time a request waits for others to batch with.
+        max_wait_s: how long a partial batch waits for company after its oldest request;
+            0 (the default) fires it once the requests made together have all arrived and
+            the worker has room (see ``genlm.core._scheduler``).
         cache_bytes: byte budget of the output cache (0 disables it).
         name: names the worker thread and log messages.
         max_context_length: the longest context the model accepts (its maximum
@@ -136,7 +138,7 @@ class BatchedLM(abc.ABC):
         tokenizer: Any = None,
         *,
         max_batch_size: int = 32,
-        max_wait_s: float = 0.001,
+        max_wait_s: float = 0.0,
         cache_bytes: int = 256 * 2**20,
         name: str | None = None,
         max_context_length: int | None = None,
@@ -338,7 +340,7 @@ class BatchedLM(abc.ABC):
                 log-probabilities of the vocabulary's width.
         """
         check_output(output)
-        (row,) = self.worker.call(self._run_requests, [self._request(token_ids, variant)])
+        (row,) = self._rows_sync([self._request(token_ids, variant)], cached=False)
         return as_output(row, output)
 
     async def batch_next_token_logprobs(
@@ -414,19 +416,18 @@ class BatchedLM(abc.ABC):
         row = self.output_cache.get(request)
         return row if row is not None else await self.batcher.submit(request)
 
-    def _rows_sync(self, requests: list[Request]) -> list[Any]:
-        """Rows of validated requests, in their stored form, computed on the worker thread."""
+    def _rows_sync(self, requests: list[Request], cached: bool = True) -> list[Any]:
+        """Rows of validated requests, in their stored form, computed on the worker thread
+        by the scheduler's blocking path; ``cached=False`` neither reads nor fills the
+        output cache."""
+        if not cached:
+            return self.batcher.run_sync(requests, notify=False)
         rows: list[Any] = [self.output_cache.get(r) for r in requests]
-        missing = list(dict.fromkeys(r for r, row in zip(requests, rows) if row is None))
-        computed: dict[Request, Any] = {}
-        for variant in dict.fromkeys(r[0] for r in missing):
-            group = [r for r in missing if r[0] == variant]
-            for start in range(0, len(group), self.batcher.max_batch_size):
-                chunk = group[start : start + self.batcher.max_batch_size]
-                results = self.worker.call(self._run_requests, chunk)
-                for request, row in zip(chunk, results):
-                    computed[request] = self.output_cache.put(request, row)
-        return [row if row is not None else computed[r] for r, row in zip(requests, rows)]
+        missing = [r for r, row in zip(requests, rows) if row is None]
+        if not missing:
+            return rows
+        computed = iter(self.batcher.run_sync(missing))
+        return [row if row is not None else next(computed) for row in rows]
 
     def _run_requests(self, requests: list[Request]) -> list[np.ndarray]:
         """Worker-thread side of a batch: call the backend and check what it returns.
