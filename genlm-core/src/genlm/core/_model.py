@@ -52,6 +52,9 @@ class _Current(enum.Enum):
 CURRENT_VARIANT = _Current.VARIANT
 
 
+_INT_ONLY = {int}
+
+
 def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
     """Return ``token_ids`` as a tuple of ints, or raise a clear ``InvalidContextError``.
 
@@ -93,7 +96,7 @@ def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ..
             "empty context: a next-token distribution needs at least one token "
             "(start from the BOS token, lm.vocab.bos_token_id, if the model has one)"
         )
-    if not all(type(t) is int for t in ids):
+    if set(map(type, ids)) != _INT_ONLY:  # one C-level pass; the rare rest is checked below
         converted = []
         for pos, t in enumerate(ids):
             if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):

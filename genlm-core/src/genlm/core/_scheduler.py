@@ -85,7 +85,10 @@ class _Entry:
     dropped: bool = False
 
     def live(self) -> bool:
-        return any(not w.done() for w in self.waiters)
+        for waiter in self.waiters:
+            if not waiter.done():
+                return True
+        return False
 
 
 @attrs.define(eq=False)
@@ -94,8 +97,9 @@ class _Queues:
 
     #: Every queued or in-flight entry, by key.
     entries: dict[Hashable, _Entry] = attrs.field(factory=dict)
-    #: Queued entries by group, each oldest first.
-    queues: dict[Hashable, dict[Hashable, _Entry]] = attrs.field(factory=dict)
+    #: Queued entries by group, each an insertion-ordered set, oldest first (keyed by the
+    #: entry itself: an identity hash costs less than hashing a long key again).
+    queues: dict[Hashable, dict[_Entry, None]] = attrs.field(factory=dict)
 
 
 @attrs.define(eq=False)
@@ -109,6 +113,14 @@ class _LoopState(_Queues):
     soon: asyncio.Handle | None = None
     #: The ``max_wait_s`` timer, armed for the oldest queued request.
     timer: asyncio.TimerHandle | None = None
+
+
+def _forget(queues: _Queues, entry: _Entry) -> None:
+    """Remove ``entry`` from the dedup map, unless a newer entry took its key (after the
+    worker dropped it)."""
+    other = queues.entries.pop(entry.key, None)
+    if other is not None and other is not entry:
+        queues.entries[entry.key] = other
 
 
 def _deliver(entry: _Entry, result: Any = None, exc: BaseException | None = None) -> None:
@@ -227,7 +239,7 @@ class AutoBatcher(Generic[I, R]):
 
     def _enqueue(
         self, queues: _Queues, item: I, waiter: Waiter, deadline: float
-    ) -> dict[Hashable, _Entry] | None:
+    ) -> dict[_Entry, None] | None:
         """Join ``item``'s pending entry, or queue a new one; return its group's queue
         if a new entry was queued, None if it joined."""
         key = self._key(item) if self._key is not None else object()
@@ -243,7 +255,7 @@ class AutoBatcher(Generic[I, R]):
         queue = queues.queues.get(group)
         if queue is None:
             queue = queues.queues[group] = {}
-        queue[key] = entry
+        queue[entry] = None
         return queue
 
     def _head(self, queues: _Queues, group: Hashable) -> list[_Entry]:
@@ -254,7 +266,7 @@ class AutoBatcher(Generic[I, R]):
         queue = queues.queues[group]
         batch: list[_Entry] = []
         dead: list[_Entry] = []
-        for entry in queue.values():
+        for entry in queue:
             if not entry.live():
                 dead.append(entry)
             elif len(batch) < self.max_batch_size:
@@ -262,9 +274,8 @@ class AutoBatcher(Generic[I, R]):
             else:
                 break
         for entry in dead:
-            del queue[entry.key]
-            if queues.entries.get(entry.key) is entry:
-                del queues.entries[entry.key]
+            del queue[entry]
+            _forget(queues, entry)
         if not queue:
             del queues.queues[group]
         return batch
@@ -283,7 +294,7 @@ class AutoBatcher(Generic[I, R]):
         if best is not None:
             queue = queues.queues[best[0].group]
             for entry in best:
-                del queue[entry.key]
+                del queue[entry]
             if not queue:
                 del queues.queues[best[0].group]
         return best
@@ -313,7 +324,7 @@ class AutoBatcher(Generic[I, R]):
 
     def _arm(self, state: _LoopState) -> None:
         """Arm the loop's one timer for the oldest queued request's deadline."""
-        deadline = min(next(iter(q.values())).deadline for q in state.queues.values())
+        deadline = min(next(iter(q)).deadline for q in state.queues.values())
         if state.timer is not None:
             if state.timer.when() <= deadline:
                 return
@@ -372,10 +383,8 @@ class AutoBatcher(Generic[I, R]):
         on_result: Callable[[I, R], Any] | None,
     ) -> None:
         """Resolve the waiters of a batch, calling ``on_result`` first for each result."""
-        entries = queues.entries
         for entry in batch:
-            if entries.get(entry.key) is entry:
-                del entries[entry.key]
+            _forget(queues, entry)
         if exc is not None:
             logger.debug("batch of %d failed: %r", len(batch), exc)
             for entry in batch:
@@ -435,9 +444,8 @@ class AutoBatcher(Generic[I, R]):
                 handle.cancel()
         state.soon = state.timer = None
         for queue in state.queues.values():
-            for entry in queue.values():
-                if state.entries.get(entry.key) is entry:
-                    del state.entries[entry.key]
+            for entry in queue:
+                _forget(state, entry)
                 _deliver(entry, exc=exc)
         state.queues.clear()
 
