@@ -12,7 +12,7 @@ backend; the backend's own compute time (measured inside the worker) is subtract
 so what remains is what GenLM adds per request: validation, cache lookups, batching,
 dedup, the thread hop and result fan-out (and asyncio's own task cost).
 
-Usage: python benchmarks/core_bench.py [--out benchmarks/results/core.md]
+Usage: python benchmarks/core_bench.py [--repeats 5] [--out benchmarks/results/core.md]
 """
 
 from __future__ import annotations
@@ -133,8 +133,9 @@ def wall_time(cmd: list[str], repeats: int = 7) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "core.md")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per step measure")
     args = parser.parse_args()
-    steps = step_overhead()
+    steps = step_overhead(args.repeats)
     overhead = scheduler_overhead()
     baseline = wall_time([sys.executable, "-c", "pass"])
     import_ms = wall_time([sys.executable, "-c", "import genlm.core"])
@@ -147,7 +148,7 @@ def main() -> None:
         f"{platform.python_version()}; medians. Command: `python benchmarks/core_bench.py`.",
         "",
         f"SMC-like step, {PROMPT_TOKENS}-token prompt, default options, backend returning "
-        "precomputed rows; best of 5 runs, ms per step:",
+        f"precomputed rows; best of {args.repeats} runs, ms per step:",
         "",
         "| vocabulary | " + " | ".join(f"P={p}" for p in PARTICLES) + " |",
         "| --- |" + " --- |" * len(PARTICLES),

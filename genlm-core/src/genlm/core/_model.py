@@ -13,6 +13,7 @@ import abc
 import asyncio
 import concurrent.futures
 import enum
+import functools
 import logging
 import threading
 from collections.abc import Hashable, Mapping, Sequence
@@ -52,7 +53,14 @@ class _Current(enum.Enum):
 CURRENT_VARIANT = _Current.VARIANT
 
 
-_INT_ONLY = {int}
+#: Vocabularies up to this size check ids against a set of the valid ones (one C-level
+#: pass, a third of ``min`` plus ``max``; 2**18 ids cost about 16 MiB, once per size).
+_ID_SET_MAX = 2**18
+
+
+@functools.lru_cache(maxsize=4)
+def _valid_ids(vocab_size: int) -> frozenset[int]:
+    return frozenset(range(vocab_size))
 
 
 def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
@@ -75,16 +83,17 @@ def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ..
         InvalidContextError: the context is empty, not an ordered sequence of integers, or
             holds an id outside the vocabulary.
     """
-    if isinstance(token_ids, (str, bytes, bytearray, memoryview)):
-        raise InvalidContextError(
-            f"expected a sequence of token ids, got {type(token_ids).__name__}; "
-            "tokenize text first (e.g. lm.tokenizer.encode(text))"
-        )
-    if isinstance(token_ids, (AbstractSet, Mapping)):
-        raise InvalidContextError(
-            f"expected an ordered sequence of token ids, got a {type(token_ids).__name__}, "
-            "whose order is not a context; pass a list or tuple"
-        )
+    if type(token_ids) not in (list, tuple):  # the common case skips the slower checks
+        if isinstance(token_ids, (str, bytes, bytearray, memoryview)):
+            raise InvalidContextError(
+                f"expected a sequence of token ids, got {type(token_ids).__name__}; "
+                "tokenize text first (e.g. lm.tokenizer.encode(text))"
+            )
+        if isinstance(token_ids, (AbstractSet, Mapping)):
+            raise InvalidContextError(
+                f"expected an ordered sequence of token ids, got a {type(token_ids).__name__}, "
+                "whose order is not a context; pass a list or tuple"
+            )
     try:
         ids = tuple(token_ids)
     except TypeError:
@@ -96,7 +105,7 @@ def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ..
             "empty context: a next-token distribution needs at least one token "
             "(start from the BOS token, lm.vocab.bos_token_id, if the model has one)"
         )
-    if set(map(type, ids)) != _INT_ONLY:  # one C-level pass; the rare rest is checked below
+    if list(map(type, ids)).count(int) != len(ids):  # C-level passes; the rare rest below
         converted = []
         for pos, t in enumerate(ids):
             if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
@@ -106,6 +115,8 @@ def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ..
                 )
             converted.append(int(t))
         ids = tuple(converted)
+    if vocab_size <= _ID_SET_MAX and _valid_ids(vocab_size).issuperset(ids):
+        return ids
     lo, hi = min(ids), max(ids)
     if lo < 0 or hi >= vocab_size:
         bad = lo if lo < 0 else hi
