@@ -407,7 +407,7 @@ class AutoBatcher(Generic[I, R]):
         """Compute ``items`` now, blocking the calling thread; one result per item, in order.
 
         Items are deduplicated, grouped and cut into batches of at most
-        ``max_batch_size`` like queued requests (oldest group first), and each batch runs
+        ``max_batch_size`` like queued requests (the oldest request first), and each batch runs
         on the worker (inline when called on the worker thread itself). Nothing is shared
         with the event loops' queues.
 
