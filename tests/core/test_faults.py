@@ -192,6 +192,7 @@ class TestClose:
         """close() from another thread: the running batch delivers, the queued requests
         fail with ModelClosedError, none is left pending."""
         lm, gate = blocked
+        lm.batcher.max_in_flight = 1  # no ready slot: what comes next stays queued
 
         async def main():
             running = await start_blocked_batch(lm)
@@ -216,6 +217,7 @@ class TestClose:
         """close() called by a coroutine blocks its own loop until the release, then the
         loop's queued requests fail with ModelClosedError as soon as it resumes."""
         lm, gate = blocked
+        lm.batcher.max_in_flight = 1  # no ready slot: what comes next stays queued
 
         async def main():
             running = await start_blocked_batch(lm)
@@ -314,6 +316,38 @@ class TestInputValidation:
         with pytest.raises(InvalidContextError):
             run(lm.next_token_logprobs(context))
         assert lm.batches == []
+
+    @given(
+        ids=st.lists(
+            st.one_of(
+                st.integers(-3, 2**18 + 3),
+                st.booleans(),
+                st.floats(0, 10),
+                st.integers(0, 9).map(np.int64),
+            ),
+            min_size=1,
+            max_size=12,
+        ),
+        vocab_size=st.sampled_from([1, 10, 2**18, 2**18 + 2]),
+    )
+    def test_validation_agrees_with_a_checker_written_plainly(self, ids, vocab_size):
+        """Every id an int (numpy ints converted; bools and floats refused) in
+        [0, vocab_size): accepted as a tuple of ints; else InvalidContextError."""
+        expected = []
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                expected = None
+                break
+            if not 0 <= int(t) < vocab_size:
+                expected = None
+                break
+            expected.append(int(t))
+        if expected is None:
+            with pytest.raises(InvalidContextError, match="must be integers|out of range"):
+                validate_context(ids, vocab_size)
+        else:
+            got = validate_context(ids, vocab_size)
+            assert got == tuple(expected) and all(type(t) is int for t in got)
 
     @pytest.mark.parametrize(
         "context",

@@ -428,6 +428,29 @@ class TestEventLoops:
         worker.close()
 
 
+class TestCloseRaces:
+    def test_the_first_request_of_a_loop_racing_close_raises(self):
+        """close() on another thread between submit's start and its loop's registration:
+        the request raises ModelClosedError instead of waiting forever (issue #21)."""
+        lm = MockLM(VOCAB, cache_bytes=0)
+        register = lm.batcher._state
+
+        def close_then_register(loop):
+            closer = threading.Thread(target=lm.close)
+            closer.start()
+            closer.join(5)
+            assert not closer.is_alive()
+            return register(loop)
+
+        lm.batcher._state = close_then_register
+
+        async def main():
+            with pytest.raises(ModelClosedError):
+                await asyncio.wait_for(lm.next_token_logprobs([1]), 5)
+
+        run(main())
+
+
 class TestFairness:
     def test_a_full_group_does_not_wait_behind_another_groups_timer(self):
         """A full batch of group B runs at once although one group-A request waits 60 s."""
@@ -473,6 +496,121 @@ class TestFairness:
 
         run(main())
         assert gate.batches == [[("X", 0)], [("B", 0)], [("A", 1)]]
+        worker.close()
+
+
+class TestFiringRule:
+    def test_a_gathered_step_fires_as_one_batch_with_no_timer(self):
+        """With the default options, the 16 requests of one gather reach the backend as
+        one batch, and the scheduler never arms a timer."""
+        lm = MockLM(VOCAB, cache_bytes=0)
+        timers = []
+
+        async def main():
+            loop = asyncio.get_running_loop()
+            call_at = loop.call_at
+
+            def spy(when, callback, *args, **kwargs):
+                if getattr(callback, "__self__", None) is lm.batcher:
+                    timers.append(callback)
+                return call_at(when, callback, *args, **kwargs)
+
+            loop.call_at = spy
+            rows = await asyncio.gather(*(lm.next_token_logprobs([1, i]) for i in range(16)))
+            del loop.call_at
+            return rows
+
+        rows = run(main())
+        assert lm.batches == [[(1, i) for i in range(16)]] and timers == []
+        for i, row in enumerate(rows):
+            np.testing.assert_allclose(row, mock_logprobs((1, i), 32), atol=1e-6)
+        lm.close()
+
+    def test_requests_arriving_while_the_worker_is_full_form_the_next_batch(self):
+        """A gather arriving while a batch runs fires at once into the worker's free slot;
+        requests trickling in once both slots are taken queue up and run as one batch."""
+        worker = ModelWorker("test")
+        gate = Gate(shut=True)
+        batcher = AutoBatcher(gate, worker, max_batch_size=8)
+
+        async def main():
+            first = batcher.submit(0)
+            await until(lambda: gate.started == 1)
+            ready = [batcher.submit(i) for i in (1, 2, 3)]  # the slot behind the running one
+            later = []
+            for i in (4, 5, 6):  # each in its own loop iteration, no slot left
+                await asyncio.sleep(0)
+                later.append(batcher.submit(i))
+            await asyncio.sleep(0.01)
+            assert not any(w.done() for w in later)
+            gate.open()
+            return await asyncio.wait_for(asyncio.gather(first, *ready, *later), 5)
+
+        assert run(main()) == [("r", i) for i in range(7)]
+        assert gate.batches == [[0], [1, 2, 3], [4, 5, 6]]
+        worker.close()
+
+    def test_a_trickling_caller_with_max_wait_s_still_batches(self):
+        """Requests made one loop iteration apart share a batch when max_wait_s is set,
+        and run one by one without it."""
+        for max_wait_s, expected in ((1.0, [[0, 1, 2]]), (0.0, [[0], [1], [2]])):
+            worker = ModelWorker("test")
+            gate = Gate()
+            batcher = AutoBatcher(gate, worker, max_wait_s=max_wait_s, max_in_flight=3)
+
+            async def main(batcher):
+                waiters = []
+                for i in range(3):
+                    waiters.append(batcher.submit(i))
+                    await asyncio.sleep(0)
+                return await asyncio.wait_for(asyncio.gather(*waiters), 5)
+
+            assert run(main(batcher)) == [("r", i) for i in range(3)]
+            assert gate.batches == expected, max_wait_s
+            worker.close()
+
+
+class TestRunSync:
+    def test_items_are_deduplicated_grouped_and_chunked(self):
+        """run_sync computes each distinct item once, in batches of one group and at most
+        max_batch_size, the oldest request first, and answers every item in order."""
+        worker = ModelWorker("test")
+        gate = Gate()
+        seen = []
+        batcher = AutoBatcher(
+            gate,
+            worker,
+            max_batch_size=2,
+            key=lambda item: item,
+            group=lambda item: item[0],
+            on_result=lambda item, result: seen.append(item),
+        )
+        items = [("B", 0), ("A", 0), ("B", 1), ("B", 0), ("B", 2), ("A", 1)]
+        assert batcher.run_sync(items) == [("r", item) for item in items]
+        assert gate.batches == [[("B", 0), ("B", 1)], [("A", 0), ("A", 1)], [("B", 2)]]
+        assert sorted(seen) == sorted(set(items))
+        assert batcher.run_sync([("A", 2)], notify=False) == [("r", ("A", 2))]
+        assert len(seen) == 5  # notify=False leaves on_result out
+        worker.close()
+
+    def test_the_first_failing_batch_raises_and_stops_the_rest(self):
+        """A batch's exception reaches the caller; later batches are not run."""
+        worker = ModelWorker("test")
+        batches = []
+
+        def run_batch(items):
+            batches.append(list(items))
+            if 1 in items:
+                raise ValueError("bad batch")
+            return items
+
+        batcher = AutoBatcher(run_batch, worker, max_batch_size=1)
+        with pytest.raises(ValueError, match="bad batch"):
+            batcher.run_sync([0, 1, 2])
+        assert batches == [[0], [1]]
+        batcher.reject_new()
+        with pytest.raises(ModelClosedError):
+            batcher.run_sync([0])
         worker.close()
 
 

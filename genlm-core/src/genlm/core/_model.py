@@ -13,6 +13,7 @@ import abc
 import asyncio
 import concurrent.futures
 import enum
+import functools
 import logging
 import threading
 import weakref
@@ -53,6 +54,16 @@ class _Current(enum.Enum):
 CURRENT_VARIANT = _Current.VARIANT
 
 
+#: Vocabularies up to this size check ids against a set of the valid ones (one C-level
+#: pass, a third of ``min`` plus ``max``; 2**18 ids cost about 16 MiB, once per size).
+_ID_SET_MAX = 2**18
+
+
+@functools.lru_cache(maxsize=4)
+def _valid_ids(vocab_size: int) -> frozenset[int]:
+    return frozenset(range(vocab_size))
+
+
 def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
     """Return ``token_ids`` as a tuple of ints, or raise a clear ``InvalidContextError``.
 
@@ -73,16 +84,17 @@ def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ..
         InvalidContextError: the context is empty, not an ordered sequence of integers, or
             holds an id outside the vocabulary.
     """
-    if isinstance(token_ids, (str, bytes, bytearray, memoryview)):
-        raise InvalidContextError(
-            f"expected a sequence of token ids, got {type(token_ids).__name__}; "
-            "tokenize text first (e.g. lm.tokenizer.encode(text))"
-        )
-    if isinstance(token_ids, (AbstractSet, Mapping)):
-        raise InvalidContextError(
-            f"expected an ordered sequence of token ids, got a {type(token_ids).__name__}, "
-            "whose order is not a context; pass a list or tuple"
-        )
+    if type(token_ids) not in (list, tuple):  # the common case skips the slower checks
+        if isinstance(token_ids, (str, bytes, bytearray, memoryview)):
+            raise InvalidContextError(
+                f"expected a sequence of token ids, got {type(token_ids).__name__}; "
+                "tokenize text first (e.g. lm.tokenizer.encode(text))"
+            )
+        if isinstance(token_ids, (AbstractSet, Mapping)):
+            raise InvalidContextError(
+                f"expected an ordered sequence of token ids, got a {type(token_ids).__name__}, "
+                "whose order is not a context; pass a list or tuple"
+            )
     try:
         ids = tuple(token_ids)
     except TypeError:
@@ -94,7 +106,7 @@ def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ..
             "empty context: a next-token distribution needs at least one token "
             "(start from the BOS token, lm.vocab.bos_token_id, if the model has one)"
         )
-    if not all(type(t) is int for t in ids):
+    if list(map(type, ids)).count(int) != len(ids):  # C-level passes; the rare rest below
         converted = []
         for pos, t in enumerate(ids):
             if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
@@ -104,6 +116,8 @@ def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ..
                 )
             converted.append(int(t))
         ids = tuple(converted)
+    if vocab_size <= _ID_SET_MAX and _valid_ids(vocab_size).issuperset(ids):
+        return ids
     lo, hi = min(ids), max(ids)
     if lo < 0 or hi >= vocab_size:
         bad = lo if lo < 0 else hi
@@ -122,7 +136,9 @@ class BatchedLM(abc.ABC):
             log-probability row.
         tokenizer: the model's tokenizer, or None.
         max_batch_size: most distinct contexts per forward pass.
-        max_wait_s: longest time a request waits for others to batch with.
+        max_wait_s: how long a partial batch waits for company after its oldest request;
+            0 (the default) fires it once the requests made together have all arrived and
+            the worker has room (see ``genlm.core._scheduler``).
         cache_bytes: byte budget of the output cache (0 disables it).
         name: names the worker thread and log messages.
         max_context_length: the longest context the model accepts (its maximum
@@ -137,7 +153,7 @@ class BatchedLM(abc.ABC):
         tokenizer: Any = None,
         *,
         max_batch_size: int = 32,
-        max_wait_s: float = 0.001,
+        max_wait_s: float = 0.0,
         cache_bytes: int = 256 * 2**20,
         name: str | None = None,
         max_context_length: int | None = None,
@@ -363,7 +379,7 @@ class BatchedLM(abc.ABC):
                 log-probabilities of the vocabulary's width.
         """
         check_output(output)
-        (row,) = self.worker.call(self._run_requests, [self.validate_request(token_ids, variant)])
+        (row,) = self._rows_sync([self.validate_request(token_ids, variant)], cached=False)
         return as_output(row, output)
 
     async def batch_next_token_logprobs(
@@ -439,19 +455,18 @@ class BatchedLM(abc.ABC):
         row = self.output_cache.get(request)
         return row if row is not None else await self.batcher.submit(request)
 
-    def _rows_sync(self, requests: list[Request]) -> list[Any]:
-        """Rows of validated requests, in their stored form, computed on the worker thread."""
+    def _rows_sync(self, requests: list[Request], cached: bool = True) -> list[Any]:
+        """Rows of validated requests, in their stored form, computed on the worker thread
+        by the scheduler's blocking path; ``cached=False`` neither reads nor fills the
+        output cache."""
+        if not cached:
+            return self.batcher.run_sync(requests, notify=False)
         rows: list[Any] = [self.output_cache.get(r) for r in requests]
-        missing = list(dict.fromkeys(r for r, row in zip(requests, rows) if row is None))
-        computed: dict[Request, Any] = {}
-        for variant in dict.fromkeys(r[0] for r in missing):
-            group = [r for r in missing if r[0] == variant]
-            for start in range(0, len(group), self.batcher.max_batch_size):
-                chunk = group[start : start + self.batcher.max_batch_size]
-                results = self.worker.call(self._run_requests, chunk)
-                for request, row in zip(chunk, results):
-                    computed[request] = self.output_cache.put(request, row)
-        return [row if row is not None else computed[r] for r, row in zip(requests, rows)]
+        missing = [r for r, row in zip(requests, rows) if row is None]
+        if not missing:
+            return rows
+        computed = iter(self.batcher.run_sync(missing))
+        return [row if row is not None else next(computed) for row in rows]
 
     def _run_requests(self, requests: list[Request]) -> list[np.ndarray]:
         """Worker-thread side of a batch: call the backend and check what it returns.

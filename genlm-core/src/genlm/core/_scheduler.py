@@ -2,6 +2,8 @@
 
 Concurrent ``await batcher.submit(item)`` calls are gathered into batches and run on
 the model's worker thread, so the event loop stays free while a backend computes.
+:meth:`AutoBatcher.run_sync` computes items for a blocking caller with the same grouping,
+deduplication, chunking and pick-up.
 
 Policy, in order:
 
@@ -9,16 +11,23 @@ Policy, in order:
   already queued or in flight just joins its waiters.
 * **Groups.** Items carry a group (e.g. the active LoRA adapter); a batch never mixes
   groups. Each group has its own queue, oldest request first.
-* **Firing.** A group with ``max_batch_size`` live requests is a full batch and fires at
-  once; a partial batch fires ``max_wait_s`` after its group's *oldest* request arrived
-  (arrivals never push that back). The rule is applied to every group, so one group's
-  lone request never holds up another group's full batch; when several batches may
-  fire, the one holding the oldest request goes first. One timer per event loop is
-  armed for the oldest request's deadline.
+* **Firing.** No batch waits on a timer by default. A group's batch fires as soon as
+  both hold: the event loop has run every callback that was ready when its requests
+  arrived (the first queued request schedules the flush with ``loop.call_soon``, which
+  runs after them, so every task of an ``asyncio.gather`` has submitted), and the worker
+  has room under ``max_in_flight``. A full batch (``max_batch_size`` live requests) fires
+  at once when there is room. While the worker has no room, requests keep queueing,
+  deduplicating and growing the next batch, which fires when a running batch finishes.
+  With ``max_wait_s > 0`` (for callers that trickle in), a partial batch also waits
+  until ``max_wait_s`` after its group's *oldest* request arrived (arrivals never push
+  that back; one timer per event loop, armed for the oldest request while there is
+  room). The rule is applied to every group, so one group's lone request never holds up
+  another group's full batch; when several batches may fire, the one holding the oldest
+  request goes first, in the style of vLLM and SGLang, which schedule what is queued
+  whenever the engine is free.
 * **Backpressure.** At most ``max_in_flight`` batches per event loop are handed to the
   worker (one running, one ready, by default); the rest stay queued, where they keep
-  growing and deduplicating. A partial batch waits while a batch of its loop is in
-  flight: it could not start earlier anyway, and grows meanwhile.
+  growing and deduplicating.
 * **Cancellation.** Each waiter has its own future: a result or the batch's exception
   reaches every waiter of that batch, and a cancelled waiter never cancels the
   computation the others wait for. Work nobody waits for is skipped: queued requests
@@ -28,9 +37,9 @@ Policy, in order:
   Cancelling during the backend's computation does not interrupt it.
 * **Event loops.** State is kept per event loop, so a model serves successive
   ``asyncio.run`` calls, and loops in several threads at once. A loop's state is held
-  only by its timer and its running batches, so it is freed with the loop. Closing fails
-  each loop's queued requests on that loop's own thread (``call_soon_threadsafe``).
-  No task is ever created.
+  only by its scheduled flush, its timer and its running batches, so it is freed with
+  the loop. Closing fails each loop's queued requests on that loop's own thread
+  (``call_soon_threadsafe``). No task is ever created.
 
 Threads: everything runs on the owning loop's thread except two steps of the worker's
 pick-up, done under the batcher's lock: reading whether an entry's waiters are done, and
@@ -40,6 +49,7 @@ marking the entry dropped (a request joins an in-flight entry under the same loc
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import weakref
@@ -56,6 +66,9 @@ logger = logging.getLogger(__name__)
 I = TypeVar("I")  # noqa: E741 - an item
 R = TypeVar("R")  # its result
 
+#: What a waiter may be: an asyncio future (``submit``) or a thread-safe one (``run_sync``).
+Waiter = asyncio.Future | concurrent.futures.Future
+
 
 @attrs.define(eq=False)
 class _Entry:
@@ -64,28 +77,50 @@ class _Entry:
     item: Any
     key: Hashable
     group: Hashable
-    #: Loop time at which a partial batch holding this entry fires.
+    #: Loop time at which a partial batch holding this entry may fire (arrival time
+    #: plus ``max_wait_s``); it also orders batches, oldest first.
     deadline: float
-    waiters: list[asyncio.Future] = attrs.field(factory=list)
+    waiters: list[Waiter]
     #: Set by the worker when, at pick-up, nobody waited any more; closed to joiners.
     dropped: bool = False
 
     def live(self) -> bool:
-        return any(not w.done() for w in self.waiters)
+        for waiter in self.waiters:
+            if not waiter.done():
+                return True
+        return False
 
 
 @attrs.define(eq=False)
-class _LoopState:
+class _Queues:
+    """Entries waiting to be batched: by key (for dedup) and by group, oldest first."""
+
+    #: Every queued or in-flight entry, by key.
+    entries: dict[Hashable, _Entry] = attrs.field(factory=dict)
+    #: Queued entries by group, each an insertion-ordered set, oldest first (keyed by the
+    #: entry itself: an identity hash costs less than hashing a long key again).
+    queues: dict[Hashable, dict[_Entry, None]] = attrs.field(factory=dict)
+
+
+@attrs.define(eq=False)
+class _LoopState(_Queues):
     """Scheduler state that belongs to one event loop (held weakly by the batcher)."""
 
-    loop: weakref.ref[asyncio.AbstractEventLoop]
-    #: Every queued or in-flight entry, by key (for dedup).
-    entries: dict[Hashable, _Entry] = attrs.field(factory=dict)
-    #: Queued entries by group, each oldest first.
-    queues: dict[Hashable, dict[Hashable, _Entry]] = attrs.field(factory=dict)
+    loop: weakref.ref[asyncio.AbstractEventLoop] = attrs.field(kw_only=True)
     #: Worker futures of the batches handed over and not finished.
     running: set[asyncio.Future] = attrs.field(factory=set)
+    #: The flush scheduled with ``call_soon`` by the first request queued since the last.
+    soon: asyncio.Handle | None = None
+    #: The ``max_wait_s`` timer, armed for the oldest queued request.
     timer: asyncio.TimerHandle | None = None
+
+
+def _forget(queues: _Queues, entry: _Entry) -> None:
+    """Remove ``entry`` from the dedup map, unless a newer entry took its key (after the
+    worker dropped it)."""
+    other = queues.entries.pop(entry.key, None)
+    if other is not None and other is not entry:
+        queues.entries[entry.key] = other
 
 
 def _deliver(entry: _Entry, result: Any = None, exc: BaseException | None = None) -> None:
@@ -106,7 +141,9 @@ class AutoBatcher(Generic[I, R]):
             returns one result per item, in order.
         worker: the model's worker thread.
         max_batch_size: most distinct items in one batch.
-        max_wait_s: longest time a request waits for company while the worker is idle.
+        max_wait_s: how long a partial batch waits for company after its oldest request
+            (0, the default: no wait; it fires once the loop has run the callbacks that
+            were ready when its requests arrived and the worker has room).
         key: the dedup key of an item (items with equal keys are computed once);
             ``None`` disables dedup.
         group: the group of an item; a batch holds items of one group.
@@ -125,10 +162,10 @@ class AutoBatcher(Generic[I, R]):
         worker: ModelWorker,
         *,
         max_batch_size: int = 32,
-        max_wait_s: float = 0.001,
+        max_wait_s: float = 0.0,
         key: Callable[[I], Hashable] | None = None,
         group: Callable[[I], Hashable] | None = None,
-        on_result: Callable[[I, R], None] | None = None,
+        on_result: Callable[[I, R], Any] | None = None,
         max_in_flight: int = 2,
     ):
         if max_batch_size < 1:
@@ -154,10 +191,18 @@ class AutoBatcher(Generic[I, R]):
         self.stats = {"batches": 0, "items": 0}
 
     def _state(self, loop: asyncio.AbstractEventLoop) -> _LoopState:
+        """The loop's state, registered if new; refuses once closed.
+
+        The closed check and the registration are one step under the lock, which
+        :meth:`reject_new` also takes to close and list the states: a request either
+        sees the batcher closed, or its loop's state is listed and its queue failed.
+        """
         with self._lock:
+            if self._closed:
+                raise ModelClosedError("this model is closed")
             state = self._states.get(id(loop))
             if state is None or state.loop() is not loop:  # none yet, or a dead loop's id
-                state = self._states[id(loop)] = _LoopState(weakref.ref(loop))
+                state = self._states[id(loop)] = _LoopState(loop=weakref.ref(loop))
             return state
 
     def submit(self, item: I) -> asyncio.Future[R]:
@@ -177,38 +222,51 @@ class AutoBatcher(Generic[I, R]):
         Raises:
             ModelClosedError: the batcher was closed.
         """
-        if self._closed:
-            raise ModelClosedError("this model is closed")
         loop = asyncio.get_running_loop()
-        state = self._state(loop)
+        state = self._states.get(id(loop))
+        if state is None or state.loop() is not loop or self._closed:
+            state = self._state(loop)  # registers, or raises once closed
         waiter: asyncio.Future[R] = loop.create_future()
+        queue = self._enqueue(state, item, waiter, loop.time() + self.max_wait_s)
+        if queue is None:  # joined a pending entry
+            return waiter
+        if len(queue) >= self.max_batch_size:
+            if len(state.running) < self.max_in_flight:
+                self._flush(state, float("-inf"))  # full batches only: the rest may grow
+        elif state.soon is None:
+            state.soon = loop.call_soon(self._on_soon, state)
+        return waiter
+
+    def _enqueue(
+        self, queues: _Queues, item: I, waiter: Waiter, deadline: float
+    ) -> dict[_Entry, None] | None:
+        """Join ``item``'s pending entry, or queue a new one; return its group's queue
+        if a new entry was queued, None if it joined."""
         key = self._key(item) if self._key is not None else object()
-        entry = state.entries.get(key)
+        entry = queues.entries.get(key)
         if entry is not None:
             with self._lock:
                 if not entry.dropped:
                     entry.waiters.append(waiter)
-                    return waiter
+                    return None
         group = self._group(item) if self._group is not None else None
-        entry = _Entry(item, key, group, loop.time() + self.max_wait_s, [waiter])
-        state.entries[key] = entry
-        queue = state.queues.setdefault(group, {})
-        queue[key] = entry
-        if len(queue) >= self.max_batch_size and len(state.running) < self.max_in_flight:
-            self._flush(state)
-        elif state.timer is None and not state.running:
-            self._arm(state)
-        return waiter
+        entry = _Entry(item, key, group, deadline, [waiter])
+        queues.entries[key] = entry
+        queue = queues.queues.get(group)
+        if queue is None:
+            queue = queues.queues[group] = {}
+        queue[entry] = None
+        return queue
 
-    def _head(self, state: _LoopState, group: Hashable) -> list[_Entry]:
+    def _head(self, queues: _Queues, group: Hashable) -> list[_Entry]:
         """The group's next batch: up to ``max_batch_size`` live entries, oldest first.
 
         Entries met on the way whose waiters all cancelled are dropped from the queue.
         """
-        queue = state.queues[group]
+        queue = queues.queues[group]
         batch: list[_Entry] = []
         dead: list[_Entry] = []
-        for entry in queue.values():
+        for entry in queue:
             if not entry.live():
                 dead.append(entry)
             elif len(batch) < self.max_batch_size:
@@ -216,48 +274,57 @@ class AutoBatcher(Generic[I, R]):
             else:
                 break
         for entry in dead:
-            del queue[entry.key]
-            if state.entries.get(entry.key) is entry:
-                del state.entries[entry.key]
+            del queue[entry]
+            _forget(queues, entry)
         if not queue:
-            del state.queues[group]
+            del queues.queues[group]
         return batch
 
-    def _next_batch(self, state: _LoopState, now: float) -> list[_Entry] | None:
-        """The batch to fire now, or None: full ones while there is room, due partial
-        ones only when nothing of this loop is in flight, the oldest request first."""
+    def _take(self, queues: _Queues, now: float) -> list[_Entry] | None:
+        """Remove and return the batch to fire now, or None: a group's full batch, or a
+        partial one whose oldest request is due at ``now``, the oldest request first."""
         best = None
-        for group in list(state.queues):
-            batch = self._head(state, group)
+        for group in list(queues.queues):
+            batch = self._head(queues, group)
             if not batch:
                 continue
-            if len(batch) == self.max_batch_size:
-                ready = len(state.running) < self.max_in_flight
-            else:
-                ready = not state.running and batch[0].deadline <= now
+            ready = len(batch) == self.max_batch_size or batch[0].deadline <= now
             if ready and (best is None or batch[0].deadline < best[0].deadline):
                 best = batch
+        if best is not None:
+            queue = queues.queues[best[0].group]
+            for entry in best:
+                del queue[entry]
+            if not queue:
+                del queues.queues[best[0].group]
         return best
 
-    def _flush(self, state: _LoopState, due: float = float("-inf")) -> None:
-        """Fire every batch the rule allows, then re-arm or cancel the timer.
+    def _on_soon(self, state: _LoopState) -> None:
+        state.soon = None
+        self._flush(state, asyncio.get_running_loop().time())
 
-        ``due``: deadlines up to it count as passed (a timer may run a hair early).
+    def _flush(self, state: _LoopState, now: float) -> None:
+        """Fire every batch the rule allows at time ``now``, then arm or cancel the
+        ``max_wait_s`` timer.
+
+        ``now``: deadlines up to it count as passed (``-inf``: only full batches fire).
         """
         if self._closed:
             return
-        loop = asyncio.get_running_loop()
-        while (batch := self._next_batch(state, max(loop.time(), due))) is not None:
+        while len(state.running) < self.max_in_flight:
+            batch = self._take(state, now)
+            if batch is None:
+                break
             self._fire(state, batch)
-        if state.queues and not state.running:
-            self._arm(state)
+        if self.max_wait_s and state.queues and len(state.running) < self.max_in_flight:
+            self._arm(state)  # partial batches not yet due are left
         elif state.timer is not None:
             state.timer.cancel()
             state.timer = None
 
     def _arm(self, state: _LoopState) -> None:
         """Arm the loop's one timer for the oldest queued request's deadline."""
-        deadline = min(next(iter(q.values())).deadline for q in state.queues.values())
+        deadline = min(next(iter(q)).deadline for q in state.queues.values())
         if state.timer is not None:
             if state.timer.when() <= deadline:
                 return
@@ -267,18 +334,13 @@ class AutoBatcher(Generic[I, R]):
 
     def _on_timer(self, state: _LoopState, deadline: float) -> None:
         state.timer = None
-        self._flush(state, due=deadline)
+        self._flush(state, max(asyncio.get_running_loop().time(), deadline))
 
     def _fire(self, state: _LoopState, batch: list[_Entry]) -> None:
-        queue = state.queues[batch[0].group]
-        for entry in batch:
-            del queue[entry.key]
-        if not queue:
-            del state.queues[batch[0].group]
         try:
             future = self.worker.run_async(self._pick_up_and_run, batch)
         except BaseException as exc:  # worker closed: fail this batch, keep the loop sane
-            self._deliver_batch(state, batch, None, exc)
+            self._deliver_batch(state, batch, None, exc, None)
             return
         state.running.add(future)
         future.add_done_callback(lambda f: self._finish(state, batch, f))
@@ -308,19 +370,21 @@ class AutoBatcher(Generic[I, R]):
         else:
             exc = future.exception()
             outcome = None if exc is not None else future.result()
-        self._deliver_batch(state, batch, outcome, exc)
-        self._flush(state)
+        self._deliver_batch(state, batch, outcome, exc, self._on_result)
+        if state.soon is None:  # else requests are still arriving: the flush comes soon
+            self._flush(state, asyncio.get_running_loop().time())
 
     def _deliver_batch(
         self,
-        state: _LoopState,
+        queues: _Queues,
         batch: list[_Entry],
         outcome: tuple[list[_Entry], Sequence[R]] | None,
         exc: BaseException | None,
+        on_result: Callable[[I, R], Any] | None,
     ) -> None:
+        """Resolve the waiters of a batch, calling ``on_result`` first for each result."""
         for entry in batch:
-            if state.entries.get(entry.key) is entry:
-                del state.entries[entry.key]
+            _forget(queues, entry)
         if exc is not None:
             logger.debug("batch of %d failed: %r", len(batch), exc)
             for entry in batch:
@@ -331,23 +395,57 @@ class AutoBatcher(Generic[I, R]):
             self.stats["batches"] += 1
             self.stats["items"] += len(live)
         for entry, result in zip(live, results):
-            if self._on_result is not None:
+            if on_result is not None:
                 try:
-                    self._on_result(entry.item, result)
+                    on_result(entry.item, result)
                 except Exception as error:  # noqa: BLE001 - fail this entry, not the batch
                     _deliver(entry, exc=error)
                     continue
             _deliver(entry, result)
 
+    def run_sync(self, items: Sequence[I], *, notify: bool = True) -> list[R]:
+        """Compute ``items`` now, blocking the calling thread; one result per item, in order.
+
+        Items are deduplicated, grouped and cut into batches of at most
+        ``max_batch_size`` like queued requests (the oldest request first), and each batch runs
+        on the worker (inline when called on the worker thread itself). Nothing is shared
+        with the event loops' queues.
+
+        Args:
+            items: the inputs to compute.
+            notify: call ``on_result`` for each computed item, as ``submit`` does; False
+                keeps the results to this caller (the uncached path).
+
+        Returns:
+            The results, ``results[i]`` for ``items[i]``.
+
+        Raises:
+            ModelClosedError: the batcher or the worker was closed.
+            Exception: what the first failing batch raised; later batches are not run.
+        """
+        if self._closed:
+            raise ModelClosedError("this model is closed")
+        queues = _Queues()
+        waiters: list[concurrent.futures.Future[R]] = []
+        for order, item in enumerate(items):
+            waiters.append(concurrent.futures.Future())
+            self._enqueue(queues, item, waiters[-1], float(order))
+        on_result = self._on_result if notify else None
+        while (batch := self._take(queues, float("inf"))) is not None:
+            outcome = self.worker.call(self._pick_up_and_run, batch)
+            self._deliver_batch(queues, batch, outcome, None, on_result)
+        return [waiter.result() for waiter in waiters]
+
     def _fail_queued(self, state: _LoopState, exc: BaseException) -> None:
-        """Fail every queued request of ``state`` and cancel its timer (on its loop's thread)."""
-        if state.timer is not None:
-            state.timer.cancel()
-            state.timer = None
+        """Fail every queued request of ``state``, cancel its flush and timer (on its loop's
+        thread)."""
+        for handle in (state.soon, state.timer):
+            if handle is not None:
+                handle.cancel()
+        state.soon = state.timer = None
         for queue in state.queues.values():
-            for entry in queue.values():
-                if state.entries.get(entry.key) is entry:
-                    del state.entries[entry.key]
+            for entry in queue:
+                _forget(state, entry)
                 _deliver(entry, exc=exc)
         state.queues.clear()
 
@@ -358,13 +456,13 @@ class AutoBatcher(Generic[I, R]):
         (at once for the calling thread's running loop); a closed loop's are forgotten.
         Batches already handed to the worker still run. Idempotent.
         """
-        self._closed = True
         closed = ModelClosedError("the model was closed before this request ran")
         try:
             current = asyncio.get_running_loop()
         except RuntimeError:
             current = None
-        with self._lock:
+        with self._lock:  # atomic with _state's check-and-register
+            self._closed = True
             states = list(self._states.values())
         for state in states:
             loop = state.loop()
