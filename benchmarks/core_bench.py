@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from genlm.core import BatchedLM, Vocabulary
+from genlm.core import Vocabulary
+from genlm.core.backend import BatchedLM
 from genlm.core.mock import MockLM
 
 N_REQUESTS = 10_000
