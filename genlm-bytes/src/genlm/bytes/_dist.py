@@ -118,11 +118,13 @@ class NextByteLogprobs:
         check_temperature(temperature)
         if temperature == 0:
             return self.argmax()
-        logits = self.logprobs / temperature
-        finite = np.isfinite(logits)
-        if not finite.any():
+        best = float(np.max(self.logprobs))
+        if not np.isfinite(best):
             raise ValueError("no byte and no EOS has positive probability here")
-        p = np.exp(logits - logits[finite].max())
+        # Shift to a maximum of 0 before dividing, as core's sampler does: a tiny temperature
+        # then sends only the others to -inf (probability below float64's range), never all.
+        with np.errstate(over="ignore"):
+            p = np.exp((self.logprobs - best) / temperature)
         return int(rng.choice(len(p), p=p / p.sum()))
 
     def top(self, k: int = 10) -> list[tuple[int, float]]:
