@@ -173,6 +173,8 @@ def test_bad_inputs_raise_clear_errors():
         lm = FixedLM(VOCAB, np.ones(len(TOKENS)))
         with pytest.raises(ValueError, match="K must be"):
             ByteLM(lm, K=0)
+        with pytest.raises(ValueError, match="K must be"):
+            ByteLM(lm, K=True)  # as BeamParams: a bool is no beam width
         with pytest.raises(ValueError, match="lookahead must be"):
             ByteLM(lm, lookahead=-1)
         state = await ByteLM(lm).initial((0,))

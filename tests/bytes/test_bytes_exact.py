@@ -22,6 +22,11 @@ def _text_ids(vocab) -> set[int]:
     return {i for i in vocab.text_ids.tolist() if vocab.tokens[i]}
 
 
+def _exact(lm, data: bytes) -> float:
+    """log P(data | BOS) by brute-force enumeration of the tokenizations."""
+    return brute_force_prefix_logprob(lm.row, lm.vocab, (1,), data, _text_ids(lm.vocab))
+
+
 async def _chain(state, data: bytes) -> tuple[float, object]:
     total = 0.0
     for b in data:
@@ -35,9 +40,7 @@ def test_chain_rule_matches_brute_force_on_stories260k(stories64, data):
     """Unpruned, the product of next-byte conditionals is the exact prefix probability (1e-9)."""
 
     async def scenario():
-        expected = brute_force_prefix_logprob(
-            stories64.row, stories64.vocab, (1,), data, _text_ids(stories64.vocab)
-        )
+        expected = _exact(stories64, data)
         state = await ByteLM(stories64, K=None).initial((1,))
         chained, final = await _chain(state, data)
         assert chained == pytest.approx(expected, abs=1e-9)
@@ -72,9 +75,7 @@ def test_pruned_estimate_is_a_lower_bound_rising_with_k(stories64):
 
     async def scenario():
         data = b" caf\xc3\xa9"
-        exact = brute_force_prefix_logprob(
-            stories64.row, stories64.vocab, (1,), data, _text_ids(stories64.vocab)
-        )
+        exact = _exact(stories64, data)
         estimates = []
         for K in (1, 2, 4, 16):
             state = await (await ByteLM(stories64, K=K).initial((1,))).prefill(data)
@@ -92,9 +93,7 @@ def test_prompt_bytes_marginalize_over_tokenizations(stories64):
 
     async def scenario():
         data = b" caf\xc3\xa9"
-        expected = brute_force_prefix_logprob(
-            stories64.row, stories64.vocab, (1,), data, _text_ids(stories64.vocab)
-        )
+        expected = _exact(stories64, data)
         state = await ByteLM.from_prompt(stories64, data, K=None)
         assert state.data == data
         assert state.logZ == pytest.approx(expected, abs=1e-9)

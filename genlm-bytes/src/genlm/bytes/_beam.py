@@ -24,7 +24,7 @@ import numpy as np
 
 from genlm.bytes._dist import EOS, NextByteLogprobs, logsumexp
 from genlm.bytes._heal import heal
-from genlm.bytes._model import ByteModel
+from genlm.bytes._model import AsyncClosing, ByteModel
 from genlm.bytes._types import Candidate
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class GeneratedBytes:
     at_limit: bool = False
 
 
-class BeamState:
+class BeamState(AsyncClosing):
     """The byte-level LM after some bytes: a beam of candidates. Immutable.
 
     Make one with :meth:`ByteLM.initial` or :meth:`ByteLM.from_prompt`. ``await
@@ -78,6 +78,9 @@ class BeamState:
     ``InvalidContextError`` for a token id outside the vocabulary) inside an
     ``ExceptionGroup``, as :meth:`ByteLM.next_tokens` does; once the model is closed, a
     method that needs masses it has not computed yet raises :class:`ByteLMClosedError`.
+    A byte that is not an int in 0..255 raises ``ValueError``; one that no candidate (nor
+    healing, when on) can produce raises :class:`UnreachableByteError`. Every method
+    returns a new state (or this one when nothing changes).
 
     Args:
         byte_lm: the model whose trie, masses and options the state uses (shared by
@@ -108,27 +111,14 @@ class BeamState:
 
     @classmethod
     def at_context(cls, byte_lm: ByteModel, context: tuple[int, ...]) -> Self:
-        """The state at a token boundary right after ``context`` (no bytes yet).
-
-        Args:
-            byte_lm: the model.
-            context: the token ids of the context (not checked here: the token LM
-                validates them when it is first asked).
-
-        Returns:
-            A state of one candidate, of weight 0, at the trie's root.
-        """
+        """One candidate of weight 0 at a token boundary right after ``context`` (not
+        checked here: the token LM validates it when first asked)."""
         return cls(byte_lm, [Candidate(context, 0.0, byte_lm.trie.root, None, 0.0)])
 
     # ---- the beam ----------------------------------------------------------------------
 
     def prune(self) -> Self:
-        """Keep the ``K`` heaviest candidates whose share of ``exp(logZ)`` exceeds the threshold.
-
-        Returns:
-            This state if nothing is dropped, else a new one (its ``logZ`` is the kept
-            candidates' total).
-        """
+        """Keep the ``K`` heaviest candidates whose share of ``exp(logZ)`` exceeds the threshold."""
         K, threshold = self.byte_lm.K, self.byte_lm.log_prune_threshold
         kept = [c for c in self.candidates if c.weight - self.logZ > threshold]
         if K is not None:
@@ -162,18 +152,8 @@ class BeamState:
         boundaries) is at most the prune threshold is dropped before the LM is asked,
         and so is one whose weight is at most ``above`` (its weight bounds every candidate
         it can lead to, so a caller that knows ``K`` heavier ones need not ask the LM).
-
-        Args:
-            above: leave out boundaries whose log weight is at most this.
-            prefetch: more contexts to send in the same LM batch (for later steps), if
-                the LM is asked at all.
-
-        Returns:
-            The boundary candidates (at the trie's root, their context's masses fetched),
-            in the beam's order. Cached on the state when ``above`` is -inf.
-
-        Raises:
-            ByteLMClosedError: the model was closed.
+        ``prefetch``: more contexts for the same LM batch (for later steps), if the LM is
+        asked at all. Cached on the state when ``above`` is -inf.
         """
         if self._boundaries is not None:
             return [b for b in self._boundaries if b.logp > above]
@@ -215,21 +195,8 @@ class BeamState:
     # ---- stepping ----------------------------------------------------------------------
 
     async def advance(self, byte: int, prune: bool = True) -> Self:
-        """The state after one more byte; heals if the beam would empty.
-
-        Args:
-            byte: the byte value, 0..255.
-            prune: step from the pruned beam (:meth:`prune`); False: from this beam as it
-                is (its caller prunes when it wants).
-
-        Returns:
-            The new state; this one is unchanged.
-
-        Raises:
-            ValueError: ``byte`` is not an int in 0..255.
-            UnreachableByteError: no candidate reaches ``byte`` and healing failed or is off.
-            ByteLMClosedError: the model was closed.
-        """
+        """The state after one more byte, from the pruned beam unless ``prune=False``;
+        heals if the beam would empty."""
         beam = self.prune() if prune else self
         return await beam._advance(byte, only_survivors=False)
 
@@ -308,18 +275,6 @@ class BeamState:
         are consumed with it counted as text, and the result is switched back to EOS mode:
         such a token ending exactly at the end of ``data`` was text, so it is committed
         (its candidate is at the token boundary after it).
-
-        Args:
-            data: the bytes to consume.
-
-        Returns:
-            The state after ``data`` (this one if ``data`` is empty and no EOS token is
-            text).
-
-        Raises:
-            ValueError: see :meth:`advance`.
-            UnreachableByteError: no candidate reaches some byte of ``data``.
-            ByteLMClosedError: the model was closed.
         """
         text_mode = self.byte_lm.has_text_eos
         state = await self.with_eos_mode(False) if text_mode else self
@@ -350,21 +305,9 @@ class BeamState:
         return self._derive([*moved, *ended], eos_mode=True)
 
     async def with_eos_mode(self, eos_mode: bool) -> Self:
-        """The same candidates with masses for the other EOS treatment (see :meth:`prefill`).
-
-        No LM call: each candidate's masses are recomputed from the LM row it holds.
-
-        Args:
-            eos_mode: True: EOS tokens that are ordinary text end the sequence; False:
-                they count as the text they spell.
-
-        Returns:
-            This state if it is already in that mode, else the re-weighted state
-            (candidates that become impossible are dropped).
-
-        Raises:
-            ByteLMClosedError: the model was closed.
-        """
+        """The same candidates re-weighted for ``eos_mode`` (False: text EOS tokens count
+        as text, see :meth:`prefill`); no LM call: each candidate's masses are recomputed
+        from the LM row it holds, and candidates that become impossible are dropped."""
         return self._in_mode(eos_mode)
 
     def _in_mode(self, eos_mode: bool) -> Self:
@@ -383,21 +326,8 @@ class BeamState:
         return self._derive(moved, eos_mode=eos_mode)
 
     async def logp_next(self, prune: bool = True) -> NextByteLogprobs:
-        """Distribution of the next symbol (256 bytes, then EOS) given the bytes so far.
-
-        Computed on the pruned beam and normalized by its mass: exact conditionals when
-        nothing is pruned. See :class:`NextByteLogprobs` for the representation.
-
-        Args:
-            prune: False: on this beam as it is (every candidate it holds counts).
-
-        Returns:
-            The next symbol's log-probabilities (bytes, EOS) and the token-boundary
-            log-probability (``dist[EOT]``).
-
-        Raises:
-            ByteLMClosedError: the model was closed.
-        """
+        """The next symbol's :class:`NextByteLogprobs`, on the pruned beam (unless
+        ``prune=False``) normalized by its mass: exact conditionals when nothing is pruned."""
         beam = self.prune() if prune else self
         trie = self.byte_lm.trie
         symbols: list[np.ndarray] = []
@@ -439,22 +369,8 @@ class BeamState:
         ``temperature=0`` is :meth:`greedy`. It also stops, keeping what it drew
         (``at_limit``), where the next byte's distribution would need a token context
         longer than the token model's ``max_context_length`` (for one tokenization is
-        enough: its mass could not be counted).
-
-        Args:
-            max_bytes: most bytes to draw (0: none).
-            seed: seed of a new ``numpy`` generator (ignored when ``rng`` is given).
-            rng: the generator to draw with (default: one made from ``seed``).
-            temperature: divides the log-probabilities before each draw, >= 0.
-
-        Returns:
-            The bytes, the state after them, whether EOS ended them, and their
-            log-probability.
-
-        Raises:
-            ValueError: ``max_bytes`` or ``temperature`` is negative, or no byte and no EOS
-                has positive probability at some step.
-            ByteLMClosedError: the model was closed.
+        enough: its mass could not be counted). ``rng`` (default: a new generator from
+        ``seed``) draws every symbol.
         """
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
@@ -483,18 +399,7 @@ class BeamState:
         return all(len(context) <= limit for context, _ in beam._boundary_contexts())
 
     async def greedy(self, max_bytes: int) -> GeneratedBytes:
-        """The most likely next symbol, repeatedly, up to ``max_bytes`` bytes or EOS.
-
-        Args:
-            max_bytes: most bytes to produce.
-
-        Returns:
-            As :meth:`sample` (at temperature 0).
-
-        Raises:
-            ValueError: ``max_bytes`` is negative.
-            ByteLMClosedError: the model was closed.
-        """
+        """:meth:`sample` at temperature 0: the most likely symbol, repeatedly."""
         return await self.sample(max_bytes, temperature=0.0)
 
     # ---- lifetime ----------------------------------------------------------------------
@@ -502,12 +407,6 @@ class BeamState:
     async def aclose(self) -> None:
         """Close the :class:`ByteLM` behind this state (shared by all its states)."""
         await self.byte_lm.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     def __len__(self) -> int:
         return len(self.candidates)

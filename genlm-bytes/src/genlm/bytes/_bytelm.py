@@ -50,38 +50,20 @@ class ByteLM(ByteModel):
             the next-byte distribution), never a whole row. None (default): when ``lm`` keeps
             its rows on a device (its ``device_rows`` attribute: ``HFLM`` on a GPU).
 
-    Raises:
-        TypeError: ``lm`` is no token model (no ``vocab`` or ``next_token_logprobs``).
-        ValueError: ``K < 1``, ``prune_threshold`` outside [0, 1), a negative
-            ``lookahead`` or healing limit, or an ``eos`` string that is not exactly the
-            bytes of a token.
-        TypeError: ``eos`` is one string instead of a list of them.
+    Bad options raise at construction: ``TypeError`` for an ``lm`` that is no token model or
+    an ``eos`` that is one string instead of a list, ``ValueError`` for values out of range
+    or an ``eos`` string that is not exactly the bytes of a token.
+
+    A prompt is token ids or bytes. Token ids are the context as given (non-empty;
+    checked by :func:`genlm.core.backend.validate_context`, as core checks every context,
+    so bad ids raise ``InvalidContextError``). Bytes (``bytes``, ``bytearray``,
+    ``memoryview``; or text, UTF-8 encoded) start from the BOS token and are prefilled byte
+    by byte, summing over their tokenizations; a vocabulary without BOS uses the prompt's
+    first token (longest match) as the context instead (``ValueError`` if none matches).
     """
 
     async def initial(self, prompt: Sequence[int] | bytes | str = b"") -> BeamState:
-        """The state after a prompt: token ids, or bytes/text.
-
-        Token ids are the context as given (non-empty; checked by
-        :func:`genlm.core.backend.validate_context`, as core checks every context). Bytes
-        (``bytes``, ``bytearray``, ``memoryview``; or text, UTF-8 encoded) start from the
-        BOS token and are prefilled byte by byte, summing over their tokenizations; a
-        vocabulary without BOS uses the prompt's first token (longest match) as the
-        context instead.
-
-        Args:
-            prompt: token ids (a sequence of ints), or bytes, or text (a ``str``).
-
-        Returns:
-            The state at the end of the prompt: at a token boundary after token ids, or
-            after the prompt's bytes (no bytes consumed yet for an empty one).
-
-        Raises:
-            InvalidContextError: token ids that are empty, not an ordered sequence of
-                integers, or out of the vocabulary.
-            ValueError: (without BOS) no token starts the prompt's bytes.
-            UnreachableByteError: no tokenization reaches some byte of the prompt.
-            ByteLMClosedError: this model was closed.
-        """
+        """The state after a prompt: token ids, or bytes/text (see the class)."""
         if isinstance(prompt, str):
             prompt = prompt.encode("utf-8")
         if isinstance(prompt, (bytes, bytearray, memoryview)):
@@ -106,19 +88,5 @@ class ByteLM(ByteModel):
     async def from_prompt(
         cls, lm: Any, prompt: Sequence[int] | bytes | str = b"", **options: Any
     ) -> BeamState:
-        """``await ByteLM(lm, **options).initial(prompt)``; close it with the state's ``aclose``.
-
-        Args:
-            lm: the token-level model (see :class:`ByteLM`).
-            prompt: token ids, bytes or text (see :meth:`initial`).
-            **options: :class:`ByteLM`'s keyword options.
-
-        Returns:
-            The state after ``prompt``; its :attr:`~BeamState.byte_lm` is the new model.
-
-        Raises:
-            ValueError: an invalid option, or a prompt :meth:`initial` rejects.
-            TypeError: ``eos`` is one string instead of a list of them.
-            UnreachableByteError: no tokenization reaches some byte of the prompt.
-        """
+        """``await ByteLM(lm, **options).initial(prompt)``; close it with the state's ``aclose``."""
         return await cls(lm, **options).initial(prompt)

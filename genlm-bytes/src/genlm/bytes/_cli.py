@@ -23,10 +23,8 @@ async def prompt_state(byte_lm, prompt: str):
     The tokenizer's own tokens (with BOS) are the context, except the last one whose
     bytes are prefilled, so the continuation may still extend that token. Without a
     tokenizer the prompt bytes are prefilled from BOS (or from the longest first token
-    when there is no BOS).
-
-    Returns:
-        ``(state, context)``: the state, and the token ids every candidate starts with.
+    when there is no BOS). The context returned is the token ids every candidate starts
+    with.
     """
     lm = byte_lm.lm
     if lm.tokenizer is not None:
@@ -112,11 +110,8 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Reject bad numbers, every one of them, before the model loads.
-
-    Raises:
-        CLIError: naming the first bad argument.
-    """
+    """Reject bad numbers, every one of them, before the model loads (a ``CLIError``
+    naming the first)."""
     from genlm.core.backend import check_temperature
     from genlm.core.cli import CLIError
 

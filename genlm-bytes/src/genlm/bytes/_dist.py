@@ -41,6 +41,12 @@ class NextByteLogprobs:
     the probability that the next byte starts a new token. It overlaps the byte outcomes
     (each byte can come from inside a token or after a boundary), so it is reported
     beside them, not among them.
+
+    Symbols are byte values 0..255 and :data:`EOS`; ties (``argmax``, ``top``) go to the
+    lowest. :meth:`sample` draws from the bytes and EOS renormalized over them, with the
+    ``temperature`` dividing the log-probabilities (0 is :meth:`argmax`, no draw); it
+    refuses what :func:`genlm.core.backend.check_temperature` refuses, and a state where
+    no byte and no EOS has positive probability (``ValueError``).
     """
 
     #: shape (257,), float64: bytes 0..255 then EOS.
@@ -49,11 +55,7 @@ class NextByteLogprobs:
     log_eot: float
 
     def __getitem__(self, key: int) -> float:
-        """``dist[b]``: the log-probability of byte ``b``, of :data:`EOS`, or of :data:`EOT`.
-
-        Raises:
-            KeyError: ``key`` is none of a byte value, :data:`EOS` and :data:`EOT`.
-        """
+        """``dist[b]``: the log-probability of byte ``b``, of :data:`EOS`, or of :data:`EOT`."""
         if key == EOT:
             return self.log_eot
         if not 0 <= key <= EOS:
@@ -82,59 +84,29 @@ class NextByteLogprobs:
         return out
 
     def normalized(self) -> np.ndarray:
-        """The distribution to sample from: :attr:`logprobs` renormalized over bytes and EOS.
-
-        Returns:
-            Shape (257,), float64: ``logprobs - log_total`` (all -inf stays -inf; an
-            all -inf row gives NaN, as there is nothing to normalize).
-        """
+        """The distribution to sample from: ``logprobs - log_total`` (an all -inf row gives NaN)."""
         return self.logprobs - self.log_total
 
     def argmax(self) -> int:
-        """The most likely next symbol.
-
-        Returns:
-            A byte value 0..255, or :data:`EOS`; the lowest one among ties.
-        """
+        """The most likely next symbol."""
         return int(np.argmax(self.logprobs))
 
     def sample(self, rng: np.random.Generator, temperature: float = 1.0) -> int:
-        """Draw the next symbol from the bytes and EOS, renormalized over them.
-
-        Args:
-            rng: the random generator to draw with.
-            temperature: divides the log-probabilities before normalizing; 0 is
-                :meth:`argmax` (no draw).
-
-        Returns:
-            A byte value 0..255, or :data:`EOS`.
-
-        Raises:
-            TypeError: ``temperature`` is not a real number (see
-                :func:`genlm.core.backend.check_temperature`).
-            ValueError: ``temperature`` is NaN, infinite or negative, or no byte and no
-                EOS has positive probability.
-        """
+        """Draw the next symbol with ``rng`` (see the class)."""
         check_temperature(temperature)
         if temperature == 0:
             return self.argmax()
-        logits = self.logprobs / temperature
-        finite = np.isfinite(logits)
-        if not finite.any():
+        best = float(np.max(self.logprobs))
+        if not np.isfinite(best):
             raise ValueError("no byte and no EOS has positive probability here")
-        p = np.exp(logits - logits[finite].max())
+        # Shift to a maximum of 0 before dividing, as core's sampler does: a tiny temperature
+        # then sends only the others to -inf (probability below float64's range), never all.
+        with np.errstate(over="ignore"):
+            p = np.exp((self.logprobs - best) / temperature)
         return int(rng.choice(len(p), p=p / p.sum()))
 
     def top(self, k: int = 10) -> list[tuple[int, float]]:
-        """The most likely next symbols, for inspection.
-
-        Args:
-            k: how many to return at most.
-
-        Returns:
-            Up to ``k`` pairs ``(symbol, logprob)`` (symbol: a byte value or :data:`EOS`),
-            best first, ties by symbol; symbols of probability 0 are left out.
-        """
+        """Up to ``k`` pairs ``(symbol, logprob)``, best first; impossible symbols left out."""
         order = np.argsort(-self.logprobs, kind="stable")[:k]
         return [(int(i), float(self.logprobs[i])) for i in order if np.isfinite(self.logprobs[i])]
 

@@ -12,17 +12,9 @@ import numpy as np
 
 
 def split_eos(rows: np.ndarray, eos_ids: np.ndarray, log: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Move the weight of ``eos_ids`` out of ``rows`` into a total of its own.
-
-    Args:
-        rows: token weights, shape ``(..., V)``, float64; never written into.
-        eos_ids: the ids that end the sequence.
-        log: whether ``rows`` holds log-weights (then totals are ``logsumexp``s).
-
-    Returns:
-        ``(rest, eos)``: ``rows`` with the ``eos_ids`` columns at 0 (-inf in log space;
-        ``rows`` itself when there are none), and each row's EOS total, shape ``(...)``.
-    """
+    """``(rest, eos)``: ``rows`` (``(..., V)``, float64, never written into) with the
+    ``eos_ids`` columns at 0 (-inf for ``log`` weights; ``rows`` itself when there are
+    none), and each row's total of those columns (a ``logsumexp`` for ``log``)."""
     if not len(eos_ids):
         return rows, np.full(rows.shape[:-1], -np.inf if log else 0.0)
     picked = rows[..., eos_ids]

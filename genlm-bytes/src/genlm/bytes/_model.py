@@ -5,6 +5,9 @@ token context's next-token masses (one trie pass per context, reused by every st
 candidate that reaches the context). :class:`genlm.bytes.ByteLM` is this plus the
 methods that make beam states; the beam (``_beam``) and healing (``_heal``) depend on
 this module only, so no import circle runs through the public class.
+
+EOS mode: True, EOS tokens that are ordinary text end the sequence (their mass is EOS);
+False (prefilling), they count as the text they spell.
 """
 
 from __future__ import annotations
@@ -35,12 +38,9 @@ async def gather_all(aws: Iterable[Awaitable[T]]) -> list[T]:
     """Await all concurrently; on any failure or cancellation, cancel the rest and wait.
 
     Unlike a bare ``asyncio.gather``, no task outlives the call, so a failed or
-    cancelled step leaves nothing pending behind.
-
-    Raises:
-        Exception: the first failure itself (e.g. ``InvalidContextError``), not the
-            ``ExceptionGroup`` a ``TaskGroup`` wraps it in, so callers can catch it as
-            documented; the group, with any other failures, is its ``__context__``.
+    cancelled step leaves nothing pending behind. The first failure is raised itself (e.g.
+    ``InvalidContextError``), not the ``ExceptionGroup`` a ``TaskGroup`` wraps it in, so
+    callers can catch it as documented; the group is its ``__context__``.
     """
     try:
         async with asyncio.TaskGroup() as group:
@@ -54,9 +54,47 @@ async def _as_coroutine(aw: Awaitable[T]) -> T:
     return await aw
 
 
-class ByteModel:
+def check_beam_options(
+    K: int | None,
+    prune_threshold: float,
+    heal_max_backoff: int | None,
+    heal_max_splits: int | None,
+) -> None:
+    """Reject beam options that would misbehave: one check for ``ByteLM`` and 0.2's
+    ``BeamParams``, which validates when it is built."""
+    if K is not None and (isinstance(K, bool) or K < 1):
+        raise ValueError(f"K must be a positive beam width or None, got {K!r}")
+    if not 0.0 <= prune_threshold < 1.0:
+        raise ValueError(f"prune_threshold must be in [0, 1), got {prune_threshold}")
+    for name, value in (
+        ("heal_max_backoff", heal_max_backoff),
+        ("heal_max_splits", heal_max_splits),
+    ):
+        if value is not None and value < 0:
+            raise ValueError(f"{name} must be >= 0 or None, got {value}")
+
+
+class AsyncClosing:
+    """``async with`` support: leaving the block awaits :meth:`aclose`."""
+
+    async def aclose(self) -> None:
+        """Release what this object holds."""
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class ByteModel(AsyncClosing):
     """The shared half of :class:`genlm.bytes.ByteLM` (its options are documented there):
-    trie, EOS handling, next-token masses and their cache, lifetime."""
+    trie, EOS handling, next-token masses and their cache, lifetime.
+
+    Methods that need masses raise :class:`ByteLMClosedError` once the model is closed
+    (also when it closes while the LM runs).
+    """
 
     def __init__(
         self,
@@ -79,18 +117,9 @@ class ByteModel:
                 f"expected a token language model (a genlm.core AsyncLM: 'vocab' and "
                 f"'async next_token_logprobs'), got {lm!r}"
             )
-        if K is not None and K < 1:
-            raise ValueError(f"K must be a positive beam width or None, got {K}")
-        if not 0.0 <= prune_threshold < 1.0:
-            raise ValueError(f"prune_threshold must be in [0, 1), got {prune_threshold}")
+        check_beam_options(K, prune_threshold, heal_max_backoff, heal_max_splits)
         if lookahead < 0:
             raise ValueError(f"lookahead must be >= 0, got {lookahead}")
-        for name, value in (
-            ("heal_max_backoff", heal_max_backoff),
-            ("heal_max_splits", heal_max_splits),
-        ):
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must be >= 0 or None, got {value}")
         self.lm = lm
         self.K = K
         self.prune_threshold = prune_threshold
@@ -156,27 +185,12 @@ class ByteModel:
         eos_mode: bool = True,
         prefetch: Sequence[tuple[int, ...]] = (),
     ) -> list[NextTokens]:
-        """:class:`NextTokens` of each context; missing ones are requested concurrently
-        (so the LM's scheduler batches them) and cached.
+        """:class:`NextTokens` of each context in ``eos_mode``; missing ones are requested
+        concurrently (so the LM's scheduler batches them) and cached.
 
-        Args:
-            contexts: the token contexts.
-            eos_mode: True: EOS tokens that are ordinary text end the sequence (their
-                mass is EOS); False (prefilling): they count as the text they spell.
-            prefetch: contexts a later call will probably ask for. When some context is
-                missing (so the LM runs anyway), the missing ones of these join the same
-                batch: on a small model a forward pass costs about the same for a few
-                more rows.
-
-        Returns:
-            One :class:`NextTokens` per context, in the order of ``contexts``.
-
-        Raises:
-            ByteLMClosedError: this model was closed (also when it closes while the LM
-                runs).
-            ExceptionGroup: the token LM failed for some context (e.g.
-                ``InvalidContextError``); it holds the errors, and the call's other
-                requests were cancelled (``asyncio.TaskGroup``).
+        ``prefetch``: contexts a later call will probably ask for. When some context is
+        missing (so the LM runs anyway), the missing ones of these join the same batch: on
+        a small model a forward pass costs about the same for a few more rows.
         """
         self._check_open()
         found: dict[tuple[int, ...], NextTokens] = {}
@@ -198,16 +212,8 @@ class ByteModel:
         return [found[ctx] for ctx in contexts]
 
     def cached_logp(self, ctx: tuple[int, ...], eos_mode: bool) -> np.ndarray | None:
-        """:attr:`NextTokens.logp` of ``ctx`` if it is cached (no LM call), else None.
-
-        Args:
-            ctx: the token context.
-            eos_mode: the EOS mode of the cached entry (see :meth:`next_tokens`).
-
-        Returns:
-            The cached log-probabilities of committing each token as text, or None. The
-            cache's recency order is not changed.
-        """
+        """:attr:`NextTokens.logp` of ``ctx`` if cached, else None; no LM call, and the
+        cache's recency order is not changed."""
         hit = self.cache.get((ctx, eos_mode), touch=False)
         return None if hit is None else hit.logp
 
@@ -229,12 +235,6 @@ class ByteModel:
         In EOS mode these are all the EOS ids: their mass is the EOS mass, and the ones that
         are ordinary text (``b"\\n\\n"``) never spell their bytes. While prefilling
         (``eos_mode`` False) nothing ends the sequence: text EOS tokens count as text.
-
-        Args:
-            eos_mode: the EOS mode (see :meth:`next_tokens`).
-
-        Returns:
-            The masked token ids (empty while prefilling or without EOS ids).
         """
         return self._eos if eos_mode else self._eos[:0]
 
@@ -251,21 +251,9 @@ class ByteModel:
         return NextTokens(row, lp, mass, log_eos)
 
     def in_mode(self, ctx: tuple[int, ...], nxt: NextTokens, eos_mode: bool) -> NextTokens:
-        """``ctx``'s :class:`NextTokens` for ``eos_mode``, from ``nxt`` (the same context's,
-        in either mode): no LM call, so switching modes needs no ``await``.
-
-        Args:
-            ctx: the token context.
-            nxt: ``ctx``'s masses in either mode (its LM row is reused).
-            eos_mode: the mode wanted (see :meth:`next_tokens`).
-
-        Returns:
-            The cached entry for ``(ctx, eos_mode)``, else one computed from ``nxt`` and
-            cached.
-
-        Raises:
-            ByteLMClosedError: this model was closed.
-        """
+        """``ctx``'s :class:`NextTokens` for ``eos_mode``, cached or computed from ``nxt``'s
+        LM row (the same context's, in either mode): no LM call, so switching modes needs
+        no ``await``."""
         self._check_open()
         hit = self.cache.get((ctx, eos_mode))
         if hit is not None:
@@ -290,12 +278,6 @@ class ByteModel:
         self.clear_cache()
         if self.close_lm:
             await self.lm.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         return (

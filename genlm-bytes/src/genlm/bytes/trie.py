@@ -62,8 +62,11 @@ class EosModeTrie:
         eos_node: the EOS node, the last index (``num_nodes - 1``).
         num_nodes: nodes of the results, the EOS node included.
 
-    Raises:
-        ValueError: an unknown device.
+    Weights are rows of ``len(decode)`` token weights (probabilities), one row or a batch
+    ``(B, len(decode))``, numpy or torch; results are float64, one entry per node
+    (``(num_nodes,)`` or ``(B, num_nodes)``). ``mode`` is ``TrieMode.WITHOUT_EOS`` (the
+    default, also for None) or ``WITH_EOS``, or its value. Rows of the wrong width, an
+    unknown mode or an unknown device raise ``ValueError``.
     """
 
     def __init__(
@@ -97,24 +100,8 @@ class EosModeTrie:
         return [self.core.prefix(v) for v in range(self.core.num_nodes)] + [b""]
 
     def prepare(self, ws: Any, mode: TrieMode | None) -> tuple[np.ndarray, np.ndarray]:
-        """Split rows of token weights into what the core trie sums and the EOS weight.
-
-        ``WITH_EOS`` takes the EOS tokens' weight out of their bytes' nodes.
-
-        Args:
-            ws: token weights, shape ``(len(decode),)`` or ``(B, len(decode))``; numpy or
-                torch.
-            mode: a :class:`TrieMode` or its value; None is ``WITHOUT_EOS``.
-
-        Returns:
-            ``(w, eos)``: the weights as a float64 ``(B, len(decode))`` array, with the EOS
-            tokens' columns zeroed in ``WITH_EOS`` mode, and each row's EOS weight, shape
-            ``(B,)`` (zeros in ``WITHOUT_EOS`` mode or without EOS tokens).
-
-        Raises:
-            ValueError: rows of the wrong width, or ``mode`` is not a :class:`TrieMode`
-                value.
-        """
+        """``(w, eos)``: the rows as float64 ``(B, len(decode))`` for the core trie (the EOS
+        tokens' columns zeroed in ``WITH_EOS`` mode), and each row's EOS weight ``(B,)``."""
         w = np.atleast_2d(_as_numpy(ws))
         if w.shape[1] != len(self.decode):
             raise ValueError(f"expected rows of {len(self.decode)} weights, got shape {w.shape}")
@@ -123,94 +110,34 @@ class EosModeTrie:
         return split_eos(w, ids, log=False)
 
     def finish(self, masses: np.ndarray, eos: np.ndarray) -> np.ndarray:
-        """The core trie's sums with the EOS node appended (and counted at the root).
-
-        Args:
-            masses: the core trie's per-node sums, shape ``(B, num_nodes - 1)`` (or one row).
-            eos: each row's EOS weight, shape ``(B,)``, from :meth:`prepare`.
-
-        Returns:
-            Shape ``(B, num_nodes)``: ``masses`` with ``eos`` as the last column and added
-            to the root's.
-        """
+        """The core trie's sums with :meth:`prepare`'s EOS weight as the last column and
+        added to the root's."""
         out = np.concatenate([np.atleast_2d(masses), eos[:, None]], axis=1)
         out[:, self.root] += eos
         return out
 
     def weight_sum(self, ws: Any, mode: TrieMode | None = None) -> np.ndarray:
-        """Total weight of the tokens below each node: ``(num_nodes,)`` float64.
-
-        Args:
-            ws: token weights (probabilities), shape ``(len(decode),)``; numpy or torch.
-            mode: ``TrieMode.WITHOUT_EOS`` (the default) or ``WITH_EOS``.
-
-        Returns:
-            Each node's total, float64, shape ``(num_nodes,)``. The EOS node (last) holds
-            the EOS tokens' weight in ``WITH_EOS`` mode (0 in ``WITHOUT_EOS``); the root
-            holds the total of every token counted anywhere.
-
-        Raises:
-            ValueError: ``ws`` has the wrong width, or ``mode`` is not a :class:`TrieMode`
-                value.
-        """
+        """Total weight of the tokens below each node; the EOS node (last) holds the EOS
+        tokens' weight in ``WITH_EOS`` mode (0 otherwise), the root every token counted."""
         return self.batch_weight_sum(np.atleast_2d(_as_numpy(ws)), mode)[0]
 
     def batch_weight_sum(self, ws: Any, mode: TrieMode | None = None) -> np.ndarray:
-        """Row-wise :meth:`weight_sum`: ``(B, len(decode)) -> (B, num_nodes)``.
-
-        Args:
-            ws: token weights, one row per item; numpy or torch.
-            mode: as for :meth:`weight_sum`.
-
-        Returns:
-            Each row's per-node totals, float64, shape ``(B, num_nodes)``.
-
-        Raises:
-            ValueError: rows of the wrong width, or ``mode`` is not a :class:`TrieMode`
-                value.
-        """
+        """Row-wise :meth:`weight_sum`: ``(B, len(decode)) -> (B, num_nodes)``."""
         w, eos = self.prepare(ws, mode)
         return self.finish(self.core.batch_weight_sum(w), eos)
 
     def weight_max(self, ws: Any) -> np.ndarray:
         """Largest weight of the tokens below each node (-inf where none), ``WITHOUT_EOS``
-        structure; the EOS node holds the largest EOS token weight.
-
-        Args:
-            ws: token weights, shape ``(len(decode),)``; numpy or torch.
-
-        Returns:
-            Each node's maximum, float64, shape ``(num_nodes,)``.
-
-        Raises:
-            ValueError: ``ws`` has the wrong width.
-        """
+        structure; the EOS node holds the largest EOS token weight."""
         return self.batch_weight_max(np.atleast_2d(_as_numpy(ws)))[0]
 
     def batch_weight_max(self, ws: Any) -> np.ndarray:
-        """Row-wise :meth:`weight_max`: ``(B, len(decode)) -> (B, num_nodes)``.
-
-        Args:
-            ws: token weights, one row per item; numpy or torch.
-
-        Returns:
-            Each row's per-node maxima, float64, shape ``(B, num_nodes)``.
-
-        Raises:
-            ValueError: rows of the wrong width.
-        """
+        """Row-wise :meth:`weight_max`: ``(B, len(decode)) -> (B, num_nodes)``."""
         w = np.atleast_2d(_as_numpy(ws))
         return np.concatenate([self.core.batch_weight_max(w), self.eos_max(w)[:, None]], axis=1)
 
     def eos_max(self, w: np.ndarray) -> np.ndarray:
-        """The largest EOS token weight of each row of ``w``.
-
-        Args:
-            w: token weights, shape ``(B, len(decode))``.
-
-        Returns:
-            Shape ``(B,)``: each row's largest EOS token weight (-inf without EOS tokens).
-        """
+        """Each row's largest EOS token weight, ``(B,)`` (-inf without EOS tokens)."""
         if not self.eos_token_ids:
             return np.full(len(w), -np.inf)
         return w[:, self.eos_token_ids].max(axis=1)
@@ -230,18 +157,7 @@ class AsyncEosModeTrie:
 
     @classmethod
     def from_vocab(cls, vocab: Sequence[bytes], **kwargs: Any) -> AsyncEosModeTrie:
-        """``AsyncEosModeTrie(EosModeTrie(vocab, **kwargs))``.
-
-        Args:
-            vocab: each token's bytes (``decode`` of :class:`EosModeTrie`).
-            **kwargs: the other options of :class:`EosModeTrie`.
-
-        Returns:
-            The batching trie; its worker starts on the first call.
-
-        Raises:
-            ValueError: an unknown device.
-        """
+        """``AsyncEosModeTrie(EosModeTrie(vocab, **kwargs))``; the worker starts on first use."""
         return cls(EosModeTrie(vocab, **kwargs))
 
     def start(self) -> None:
@@ -250,36 +166,13 @@ class AsyncEosModeTrie:
             self._async = CoreAsyncTrie(self.trie.core, max_batch_size=self.trie.max_batch_size)
 
     async def weight_sum(self, ws: Any, mode: TrieMode | None = None) -> np.ndarray:
-        """:meth:`EosModeTrie.weight_sum`, batched with concurrent calls.
-
-        Args:
-            ws: token weights, shape ``(len(decode),)``; numpy or torch.
-            mode: ``TrieMode.WITHOUT_EOS`` (the default) or ``WITH_EOS``.
-
-        Returns:
-            Each node's total, float64, shape ``(num_nodes,)`` (see
-            :meth:`EosModeTrie.weight_sum`).
-
-        Raises:
-            ValueError: ``ws`` has the wrong shape, or ``mode`` is not a :class:`TrieMode`
-                value.
-        """
+        """:meth:`EosModeTrie.weight_sum`, batched with concurrent calls."""
         self.start()
         w, eos = self.trie.prepare(ws, mode)
         return self.trie.finish(await self._async.weight_sum(w[0]), eos)[0]
 
     async def weight_max(self, ws: Any) -> np.ndarray:
-        """:meth:`EosModeTrie.weight_max`, batched with concurrent calls.
-
-        Args:
-            ws: token weights, shape ``(len(decode),)``; numpy or torch.
-
-        Returns:
-            Each node's maximum, float64, shape ``(num_nodes,)``.
-
-        Raises:
-            ValueError: ``ws`` has the wrong shape.
-        """
+        """:meth:`EosModeTrie.weight_max`, batched with concurrent calls."""
         self.start()
         w = _as_numpy(ws)
         masses = await self._async.weight_max(w)

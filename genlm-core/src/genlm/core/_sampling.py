@@ -1,4 +1,12 @@
-"""Drawing a token from log-probabilities, exactly and reproducibly."""
+"""Drawing a token from log-probabilities, exactly and reproducibly.
+
+The checks reject sampling arguments that would silently misbehave (a NaN temperature
+draws token 0), before any work is done: one check for every sampler (core's
+``sample``/``batch_sample``, ``smc``, genlm-bytes, and backends that sample natively such
+as vLLM). A temperature is ``0`` (greedy) or a finite real from :data:`MIN_TEMPERATURE`
+up; ``max_tokens`` an integer >= 0. A value of the wrong type (a bool, ``2.5`` tokens,
+``"3"``) raises ``TypeError``, a value out of range ``ValueError``.
+"""
 
 from __future__ import annotations
 
@@ -14,22 +22,7 @@ MIN_TEMPERATURE = math.nextafter(1 / sys.float_info.max, 1)
 
 
 def check_sampling_args(max_tokens: object, temperature: object) -> None:
-    """Reject sampling arguments that would silently misbehave, before any work is done.
-
-    One check for every sampler: core's ``sample``/``batch_sample``, ``smc``, and backends
-    that sample natively (vLLM).
-
-    Args:
-        max_tokens: the most tokens to draw.
-        temperature: the sampling temperature.
-
-    Raises:
-        TypeError: ``max_tokens`` is not an integer (``2.5``, ``True``, ``"3"``), or
-            ``temperature`` is not a real number (or is a bool).
-        ValueError: ``max_tokens`` is negative, or ``temperature`` is negative, NaN,
-            infinite or a positive number below :data:`MIN_TEMPERATURE` (``temperature=0``
-            is greedy).
-    """
+    """Reject a bad ``max_tokens`` or ``temperature`` (see the module)."""
     if isinstance(max_tokens, (bool, np.bool_)) or not isinstance(max_tokens, numbers.Integral):
         raise TypeError(
             f"max_tokens must be an integer, got {max_tokens!r} ({type(max_tokens).__name__})"
@@ -40,22 +33,13 @@ def check_sampling_args(max_tokens: object, temperature: object) -> None:
 
 
 def check_temperature(temperature: object) -> None:
-    """Reject a sampling temperature that would silently misbehave (NaN draws token 0).
+    """Reject a bad ``temperature`` (see the module).
 
     A positive temperature so small that its reciprocal overflows (a subnormal such as
     ``1e-310``) is refused too, with a message saying so: dividing by it turns every
-    log-probability into ``-inf``. Core's own samplers (``sample``, ``smc``) shift the
-    row to a maximum of 0 before dividing, so any temperature accepted here draws
+    log-probability into ``-inf``. The samplers (``sample``, ``smc``, genlm-bytes) shift
+    the row to a maximum of 0 before dividing, so any temperature accepted here draws
     exactly (a tiny one among the most likely tokens).
-
-    Args:
-        temperature: the value to check; ``0`` (greedy) and any finite real from
-            :data:`MIN_TEMPERATURE` (about ``5.6e-309``) up pass.
-
-    Raises:
-        TypeError: ``temperature`` is not a real number, or is a bool.
-        ValueError: ``temperature`` is negative, NaN, infinite, or positive but below
-            :data:`MIN_TEMPERATURE`.
     """
     if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real):
         raise TypeError(
@@ -77,11 +61,8 @@ def sample_token(logprobs: np.ndarray, rng: np.random.Generator, temperature: fl
     chance and no renormalization is needed. The row is shifted so its maximum is 0
     before dividing, so a tiny temperature (``1e-308``) cannot overflow every score to
     ``-inf``: it draws among the most likely tokens, as its limit does. ``temperature``
-    must satisfy :func:`check_sampling_args`.
-
-    Raises:
-        ValueError: the row holds NaN or ``+inf``, or every token has probability zero
-            (``np.argmax`` would otherwise silently answer token 0).
+    must satisfy :func:`check_sampling_args`. A row holding NaN or ``+inf``, or only
+    ``-inf``, raises ``ValueError`` (``np.argmax`` would silently answer token 0).
     """
     scores = np.asarray(logprobs, dtype=np.float64)
     token = int(np.argmax(scores))  # the first NaN if there is one

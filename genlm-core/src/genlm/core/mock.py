@@ -21,31 +21,15 @@ from genlm.core._vocab import Vocabulary
 
 
 def context_seed(context: Sequence[int], seed: int = 0) -> int:
-    """A 64-bit seed that is a hash of the whole context and the mock's seed.
-
-    Args:
-        context: the token ids.
-        seed: the mock's seed.
-
-    Returns:
-        An integer in ``[0, 2**64)``; equal contexts and seeds give equal values.
-    """
+    """A 64-bit seed that is a hash of the whole context and the mock's seed."""
     data = np.asarray([seed, *context], dtype=np.int64).tobytes()
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def mock_logprobs(context: Sequence[int], vocab_size: int, seed: int = 0) -> np.ndarray:
-    """The mock's log-probabilities for one context, float64, normalized.
+    """The mock's log-probabilities for one context: float64, ``(vocab_size,)``, normalized.
 
     Use it as the independent expectation when testing code that runs on a ``MockLM``.
-
-    Args:
-        context: the token ids.
-        vocab_size: the length of the row.
-        seed: the mock's seed.
-
-    Returns:
-        A float64 array of shape ``(vocab_size,)`` whose ``logsumexp`` is 0.
     """
     rng = np.random.default_rng(context_seed(context, seed))
     logits = rng.standard_normal(vocab_size) * 3.0
@@ -97,20 +81,8 @@ class MockLM(BatchedLM):
 
     @classmethod
     def from_name(cls, name: str, **kwargs: Any) -> MockLM:
-        """A mock over the vocabulary of a tokenizer directory (or ``"stories260K"``).
-
-        The loader of the ``mock`` backend: ``load_model_by_name(name, backend="mock")``.
-
-        Args:
-            name: a directory holding a ``tokenizer.json``, or an embedded model's name.
-            **kwargs: passed to :class:`MockLM`.
-
-        Returns:
-            The mock model.
-
-        Raises:
-            FileNotFoundError: ``name`` is neither a directory nor an embedded model.
-        """
+        """A mock over the vocabulary of a ``tokenizer.json`` directory or an embedded model
+        (``"stories260K"``): the loader of the ``mock`` backend."""
         path = Path(resolve_model_path(name))
         if not path.exists():
             raise FileNotFoundError(

@@ -73,14 +73,7 @@ class SMCResult:
 
 
 def effective_sample_size(log_weights: np.ndarray) -> float:
-    """``1 / sum(w_i^2)`` for normalized weights, computed in log space.
-
-    Args:
-        log_weights: the particles' unnormalized log-weights.
-
-    Returns:
-        The effective sample size, between 1 and ``len(log_weights)``.
-    """
+    """``1 / sum(w_i^2)`` of the normalized weights, from unnormalized log-weights."""
     lw = log_weights - logsumexp(log_weights)
     return float(np.exp(-logsumexp(2 * lw)))
 
@@ -90,14 +83,7 @@ def forbid_bytes(byte_vocab: Sequence[bytes], forbidden: bytes) -> np.ndarray:
 
     Forbidding single bytes is exact at the token level: text avoids a byte if and only
     if each of its tokens does. (A multi-byte sequence could straddle two tokens, so it
-    cannot be forbidden this way.)
-
-    Args:
-        byte_vocab: the bytes of every token id (``lm.byte_vocab``).
-        forbidden: the bytes no allowed token may contain.
-
-    Returns:
-        A boolean array, one entry per token id.
+    cannot be forbidden this way.) ``byte_vocab`` is ``lm.byte_vocab``.
     """
     banned = set(forbidden)
     return np.array([banned.isdisjoint(token) for token in byte_vocab], dtype=bool)
@@ -107,14 +93,8 @@ def systematic_resample(log_weights: np.ndarray, rng: np.random.Generator) -> np
     """Indices of the particles to keep, by systematic resampling.
 
     One uniform draw places ``n`` evenly spaced positions on the cumulative normalized
-    weights; particle ``i`` is kept once per position falling in its share.
-
-    Args:
-        log_weights: the particles' unnormalized log-weights, ``n`` of them.
-        rng: the source of the one uniform draw.
-
-    Returns:
-        ``n`` particle indices in non-decreasing order.
+    weights; particle ``i`` is kept once per position falling in its share. Returns ``n``
+    indices in non-decreasing order.
     """
     n = len(log_weights)
     w = np.exp(log_weights - logsumexp(log_weights))
@@ -152,16 +132,10 @@ async def smc(
             None allows every token. EOS tokens follow the mask like any other.
         on_step: called after each step with the step number (progress bars).
 
-    Returns:
-        The final particles with their weights, the log-normalizer estimate and the steps
-        that resampled.
-
-    Raises:
-        TypeError: ``max_tokens`` is not an integer or ``temperature`` not a real number.
-        ValueError: a bad argument (``temperature`` must be finite and > 0, see
-            :func:`~genlm.core.check_temperature`), or a mask that allows no token.
-        RuntimeError: every particle reached a context where the mask allows no token
-            the model gives positive probability.
+    Bad arguments raise before any request (``temperature`` must be > 0 and pass
+    :func:`genlm.core.backend.check_temperature`; a mask must allow some token);
+    ``RuntimeError`` when every particle reached a context where the mask allows no token
+    the model gives positive probability.
     """
     if n_particles < 1:
         raise ValueError(f"n_particles must be >= 1, got {n_particles}")

@@ -17,7 +17,7 @@ import numpy as np
 
 from genlm.bytes._beam import BeamState
 from genlm.bytes._dist import NextByteLogprobs
-from genlm.bytes._model import ByteModel
+from genlm.bytes._model import ByteModel, check_beam_options
 from genlm.bytes._types import Candidate
 from genlm.bytes.byte_lm.trie_state import LazyTrieState, TrieMode
 
@@ -54,10 +54,9 @@ class BeamParams:
         eos_byte_strings: the same as ``eos_tokens`` (genlm-bytes 0.2.0's released name, used
             by genlm-control 0.4.1); give one of the two, or both equal.
 
-    Raises:
-        ValueError: ``K < 1``, a threshold outside [0, 1), a negative healing limit, or
-            ``eos_tokens`` and ``eos_byte_strings`` that differ.
-        TypeError: an EOS string that is not bytes, or one string instead of a list.
+    Bad values raise when the parameters are built, as ``ByteLM`` would: ``ValueError``
+    (also for ``eos_tokens`` and ``eos_byte_strings`` that differ), ``TypeError`` for an
+    EOS string that is not bytes or one string instead of a list.
     """
 
     K: int | None
@@ -70,14 +69,9 @@ class BeamParams:
     eos_byte_strings: set[bytes] | None = attrs.field(default=None, converter=_eos_set)
 
     def __attrs_post_init__(self) -> None:
-        if self.K is not None and (isinstance(self.K, bool) or self.K < 1):
-            raise ValueError(f"K must be a positive beam width or None, got {self.K!r}")
-        if not 0.0 <= self.prune_threshold < 1.0:
-            raise ValueError(f"prune_threshold must be in [0, 1), got {self.prune_threshold}")
-        for name in ("heal_max_backoff", "heal_max_splits"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must be >= 0 or None, got {value}")
+        check_beam_options(
+            self.K, self.prune_threshold, self.heal_max_backoff, self.heal_max_splits
+        )
         a, b = self.eos_tokens, self.eos_byte_strings
         if a is not None and b is not None and a != b:
             raise ValueError(
@@ -93,13 +87,7 @@ class BeamParams:
         return float(np.log(self.prune_threshold)) if self.prune_threshold else -np.inf
 
     def byte_lm_options(self) -> dict[str, Any]:
-        """The keyword options of :class:`genlm.bytes.ByteLM` these parameters mean.
-
-        Returns:
-            ``K``, ``prune_threshold``, ``eos`` (the EOS strings, sorted), ``heal``,
-            ``heal_max_backoff``, ``heal_max_splits`` and ``verbose``, by ``ByteLM``'s
-            names.
-        """
+        """The keyword options of :class:`genlm.bytes.ByteLM` these parameters mean."""
         return {
             "K": self.K,
             "prune_threshold": self.prune_threshold,
@@ -118,30 +106,18 @@ class ByteBeamState(BeamState):
     ``advance`` (``<<``) and ``logp_next`` use every candidate the state holds; only
     :meth:`prune` drops (genlm-control's ``ByteLLM`` prunes before each byte and asks
     ``logp_next`` of the unpruned beam after it, which can hold up to twice ``K``).
-    Prefill prunes before every byte, as the beam's does. Make one with :meth:`initial`.
+    Prefill prunes before every byte, as the beam's does. Make one with :meth:`initial`,
+    which needs a vocabulary with a BOS token and takes the published API's trie options:
+    ``max_batch_size`` and ``device`` are accepted and have no effect (the token model's
+    scheduler batches; the trie runs on the CPU), anything else raises ``TypeError``.
     """
 
     @classmethod
     async def initial(
         cls, llm: Any, params: BeamParams, trie_opts: dict[str, Any] | None = None
     ) -> ByteBeamState:
-        """The state after the BOS token, for programs written against genlm-bytes 0.2.
-
-        Args:
-            llm: the token model: a genlm-core ``AsyncLM`` (``genlm.backend``'s models
-                are ones).
-            params: the beam's options.
-            trie_opts: the published API's trie options. ``max_batch_size`` and ``device``
-                are accepted and have no effect (the token model's scheduler batches; the
-                trie runs on the CPU); anything else raises.
-
-        Returns:
-            The state at a token boundary right after the BOS token.
-
-        Raises:
-            TypeError: ``llm`` is no token model, or an unknown trie option.
-            ValueError: the vocabulary has no BOS token, or an EOS string is no token.
-        """
+        """The state at a token boundary right after the BOS token of ``llm`` (a genlm-core
+        ``AsyncLM``; ``genlm.backend``'s models are ones)."""
         unknown = set(trie_opts or ()) - {"max_batch_size", "device"}
         if unknown:
             raise TypeError(f"unknown trie option(s) {sorted(unknown)}")
@@ -152,26 +128,11 @@ class ByteBeamState(BeamState):
         return cls.at_context(model, (bos,))
 
     async def advance(self, byte: int, prune: bool = False) -> ByteBeamState:
-        """:meth:`BeamState.advance`, from this beam as it is unless ``prune``.
-
-        Args:
-            byte: the byte value, 0..255.
-            prune: step from the pruned beam instead (0.2 prunes only in :meth:`prune`).
-
-        Returns:
-            The state after ``byte``, a :class:`ByteBeamState`.
-        """
+        """:meth:`BeamState.advance`, from this beam as it is unless ``prune``."""
         return await super().advance(byte, prune)
 
     async def logp_next(self, prune: bool = False) -> NextByteLogprobs:
-        """:meth:`BeamState.logp_next`, on this beam as it is unless ``prune``.
-
-        Args:
-            prune: use the pruned beam instead (0.2 counts every candidate held).
-
-        Returns:
-            The next symbol's log-probabilities (its ``ps`` is 0.2's layout).
-        """
+        """:meth:`BeamState.logp_next`, on this beam as it is unless ``prune``."""
         return await super().logp_next(prune)
 
     @property
@@ -201,18 +162,9 @@ class ByteBeamState(BeamState):
 
         Each whole token a candidate's partial bytes spell is committed (every id with
         those bytes); those whose share of ``logZ`` plus the new boundaries' mass is at
-        most the prune threshold are dropped. Their next-token masses are fetched (one
-        LM batch).
-
-        Args:
-            logZ: the mass the threshold is relative to (default: :attr:`logZ`).
-
-        Returns:
-            One :class:`LazyTrieState` per new boundary, at the trie's root, in the beam's
-            order (candidates already at a boundary are not repeated).
-
-        Raises:
-            ByteLMClosedError: the model was closed.
+        most the prune threshold (``logZ`` defaults to :attr:`logZ`) are dropped. Their
+        next-token masses are fetched (one LM batch); candidates already at a boundary are
+        not repeated.
         """
         found = self._boundary_contexts(logZ, roots=False)
         nexts = await self.byte_lm.next_tokens([ctx for ctx, _ in found], self.eos_mode)
@@ -223,18 +175,7 @@ class ByteBeamState(BeamState):
         ]
 
     def with_mode(self, mode: TrieMode) -> ByteBeamState:
-        """The same candidates with EOS counted as ``mode`` says (no LM call).
-
-        Args:
-            mode: a :class:`TrieMode` or its value (``"with_eos"``, ``"without_eos"``).
-
-        Returns:
-            See :meth:`BeamState.with_eos_mode`.
-
-        Raises:
-            ValueError: ``mode`` is not a :class:`TrieMode` value.
-            ByteLMClosedError: the model was closed.
-        """
+        """:meth:`BeamState.with_eos_mode` by a :class:`TrieMode` or its value."""
         return self._in_mode(TrieMode(mode) is TrieMode.WITH_EOS)
 
     async def cleanup(self) -> None:

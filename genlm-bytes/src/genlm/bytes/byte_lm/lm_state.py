@@ -20,10 +20,7 @@ class StatefulTokenizedLM:
         context: token ids of the context.
         n_calls: how many times this state family has asked the model (informational).
         max_context_length: keep at most this many tokens of context (the most recent),
-            None for no limit.
-
-    Raises:
-        ValueError: ``max_context_length`` is below 1.
+            None for no limit; below 1 raises ``ValueError``.
     """
 
     def __init__(
@@ -47,21 +44,8 @@ class StatefulTokenizedLM:
         initial_context: Sequence[int] | None = None,
         max_context_length: int | None = None,
     ) -> StatefulTokenizedLM:
-        """The state at ``initial_context`` (default: the BOS token alone).
-
-        Args:
-            model: the token model.
-            initial_context: token ids of the context; None for the BOS token alone.
-            max_context_length: keep at most this many tokens of context, None for no
-                limit.
-
-        Returns:
-            The state, with no model call made yet.
-
-        Raises:
-            ValueError: no context given and the vocabulary has no BOS token, or
-                ``max_context_length`` is below 1.
-        """
+        """The state at ``initial_context`` (default: the BOS token alone; ``ValueError``
+        without one), with no model call made yet."""
         if initial_context is None:
             bos = model.vocab.bos_token_id
             if bos is None:
@@ -70,11 +54,7 @@ class StatefulTokenizedLM:
         return cls(model, initial_context, max_context_length=max_context_length)
 
     def __lshift__(self, token: int) -> StatefulTokenizedLM:
-        """The state with ``token`` appended (the oldest tokens dropped past the limit).
-
-        Raises:
-            TypeError: ``token`` is not an int.
-        """
+        """The state with ``token`` (an int) appended, the oldest dropped past the limit."""
         if isinstance(token, bool) or not isinstance(token, int):
             raise TypeError(f"a token id must be an int, got {token!r}")
         context = [*self.context, token]
@@ -83,12 +63,8 @@ class StatefulTokenizedLM:
         return StatefulTokenizedLM(self.model, context, self.n_calls, self.max_context_length)
 
     async def logp_next(self) -> Any:
-        """Ask the model for the next token's distribution; counts the call in ``n_calls``.
-
-        Returns:
-            The model's next-token log-probabilities after the context, as it returns
-            them (a numpy row for a genlm-core model).
-        """
+        """The model's next-token log-probabilities after the context, as it returns them;
+        counts the call in ``n_calls``."""
         self.n_calls += 1
         return await self.model.next_token_logprobs(self.context)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
+import attrs
 import numpy as np
 
 from genlm.bytes._dist import logsumexp
@@ -32,14 +33,7 @@ class TrieMode(enum.Enum):
 
     @classmethod
     def of(cls, eos_mode: bool) -> TrieMode:
-        """The mode of a state whose ``eos_mode`` is given.
-
-        Args:
-            eos_mode: whether EOS tokens that are text end the sequence.
-
-        Returns:
-            ``WITH_EOS`` if ``eos_mode``, else ``WITHOUT_EOS``.
-        """
+        """``WITH_EOS`` if ``eos_mode``, else ``WITHOUT_EOS``."""
         return cls.WITH_EOS if eos_mode else cls.WITHOUT_EOS
 
 
@@ -50,6 +44,7 @@ EOS_INDEX = 257
 SYMBOLS = 258
 
 
+@attrs.define(eq=False, repr=False, slots=False)
 class LazyTrieState:
     """A candidate of the beam: the token context, the partial token's trie node, and its
     log weight (``log P(context) + log mass[node]``).
@@ -58,12 +53,15 @@ class LazyTrieState:
         byte_lm: the model the candidate belongs to.
         candidate: the candidate.
         eos_mode: whether EOS tokens that are text end the sequence (``TrieMode.WITH_EOS``).
+
+    A candidate at a token boundary holds no masses until :meth:`materialize` fetches them;
+    what reads them before raises ``ValueError`` ("State is not yet materialized.", 0.2's
+    wording). :meth:`with_mode` takes a :class:`TrieMode` or its value.
     """
 
-    def __init__(self, byte_lm: ByteModel, candidate: Candidate, eos_mode: bool = True):
-        self.byte_lm = byte_lm
-        self.candidate = candidate
-        self.eos_mode = eos_mode
+    byte_lm: ByteModel
+    candidate: Candidate
+    eos_mode: bool = True
 
     @property
     def node(self) -> int:
@@ -98,23 +96,13 @@ class LazyTrieState:
 
     @property
     def mass(self) -> np.ndarray:
-        """Log mass of every trie node after the context (float64).
-
-        Raises:
-            ValueError: a candidate at a token boundary whose masses were not fetched yet
-                (see :meth:`materialize`).
-        """
+        """Log mass of every trie node after the context (float64)."""
         if self.candidate.next is None:
             raise ValueError("State is not yet materialized.")
         return np.asarray(self.candidate.next.mass)  # a device vector crosses here, whole
 
     def actions(self) -> dict[int, int]:
-        """Where each next byte leads inside the partial token.
-
-        Returns:
-            ``byte -> child node`` for each byte that continues the partial token's node
-            in the trie (the EOS child excluded).
-        """
+        """``byte -> child node`` for each byte that continues the partial token."""
         trie = self.byte_lm.trie
         lo, hi = int(trie.child_start[self.node]), int(trie.child_stop[self.node])
         return {int(e): lo + i for i, e in enumerate(trie.edge[lo:hi].tolist()) if e < 256}
@@ -123,12 +111,7 @@ class LazyTrieState:
     def logp_next(self) -> np.ndarray:
         """This candidate's next-symbol log-probabilities, shape (258,): bytes, then
         :data:`EOT_INDEX` (the partial token is a whole token), then :data:`EOS_INDEX`
-        (at a boundary). Normalized over these outcomes; -inf where impossible.
-
-        Raises:
-            ValueError: a candidate at a token boundary whose masses were not fetched yet
-                (see :meth:`materialize`).
-        """
+        (at a boundary). Normalized over these outcomes; -inf where impossible."""
         nxt = self.candidate.next
         if nxt is None:
             raise ValueError("State is not yet materialized.")
@@ -145,11 +128,7 @@ class LazyTrieState:
         return out - total if np.isfinite(total) else out
 
     def __lshift__(self, byte: int) -> LazyTrieState | None:
-        """The candidate after ``byte`` inside its partial token, or None if none continues.
-
-        Raises:
-            ValueError: the masses were not fetched yet (see :meth:`materialize`).
-        """
+        """The candidate after ``byte`` inside its partial token, or None if none continues."""
         c = self.candidate
         if c.next is None:
             raise ValueError("State is not yet materialized.")
@@ -159,50 +138,28 @@ class LazyTrieState:
         weight = c.logp + float(c.next.mass[child])
         if weight == -np.inf:
             return None
-        return LazyTrieState(
-            self.byte_lm, Candidate(c.context, c.logp, child, c.next, weight), self.eos_mode
-        )
+        return attrs.evolve(self, candidate=Candidate(c.context, c.logp, child, c.next, weight))
 
     def with_mode(self, mode: TrieMode) -> LazyTrieState:
-        """The same candidate with EOS counted as ``mode`` says (no LM call).
-
-        Args:
-            mode: a :class:`TrieMode` or its value (``"with_eos"``, ``"without_eos"``).
-
-        Returns:
-            A new state: its masses recomputed from the candidate's LM row (kept unfetched
-            if they were), its weight updated.
-
-        Raises:
-            ValueError: ``mode`` is not a :class:`TrieMode` value.
-            ByteLMClosedError: the model was closed (when masses must be recomputed).
-        """
+        """The same candidate with EOS counted as ``mode`` says: masses recomputed from its
+        LM row (no LM call; unfetched ones stay unfetched), weight updated."""
         eos_mode = TrieMode(mode) is TrieMode.WITH_EOS
         c = self.candidate
         if eos_mode == self.eos_mode or c.next is None:
-            return LazyTrieState(self.byte_lm, c, eos_mode)
+            return attrs.evolve(self, eos_mode=eos_mode)
         nxt = self.byte_lm.in_mode(c.context, c.next, eos_mode)
         weight = c.logp if c.node == self.byte_lm.trie.root else c.logp + float(nxt.mass[c.node])
-        return LazyTrieState(
-            self.byte_lm, Candidate(c.context, c.logp, c.node, nxt, weight), eos_mode
+        return attrs.evolve(
+            self, candidate=attrs.evolve(c, next=nxt, weight=weight), eos_mode=eos_mode
         )
 
     async def materialize(self) -> LazyTrieState:
-        """This state with its context's masses fetched (one LM call unless cached).
-
-        Returns:
-            This state if its masses are there already, else a new one holding them.
-
-        Raises:
-            ByteLMClosedError: the model was closed.
-        """
+        """This state with its context's masses fetched (one LM call unless cached)."""
         c = self.candidate
         if c.next is not None:
             return self
         (nxt,) = await self.byte_lm.next_tokens([c.context], self.eos_mode)
-        return LazyTrieState(
-            self.byte_lm, Candidate(c.context, c.logp, c.node, nxt, c.weight), self.eos_mode
-        )
+        return attrs.evolve(self, candidate=attrs.evolve(c, next=nxt))
 
     async def cleanup(self) -> None:
         """Release the model's caches (shared by every state of the model)."""

@@ -75,21 +75,9 @@ def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``genlm`` script; returns the exit status.
-
-    A command's exception becomes one line on stderr and status 1 (``-v`` prints the
-    traceback too); usage errors exit with status 2 through ``SystemExit``.
-
-    Args:
-        argv: the arguments after the program name; None reads ``sys.argv``.
-
-    Returns:
-        The exit status: the command's own, 1 when it raised, 2 when no command was
-        given (the help is printed), 130 on ``KeyboardInterrupt``.
-
-    Raises:
-        SystemExit: bad usage, or ``--help``, from :mod:`argparse`.
-    """
+    """Entry point of the ``genlm`` script (``argv``: None reads ``sys.argv``); returns the
+    exit status (see the module): the command's own, 2 when no command was given (the help
+    is printed), 130 on ``KeyboardInterrupt``; ``--help`` exits through ``SystemExit``."""
     from genlm.core._registry import get_registry
 
     commands = _core_commands()

@@ -9,14 +9,7 @@ class CLIError(Exception):
 
 
 def one_line(exc: BaseException) -> str:
-    """An exception's message on one line (library messages often span several).
-
-    Args:
-        exc: the exception to report.
-
-    Returns:
-        Its message with every run of whitespace made one space, or its class name when
-        the message is empty.
-    """
+    """An exception's message on one line (library messages often span several), or its
+    class name when the message is empty."""
     text = " ".join(str(exc).split())
     return text or type(exc).__name__

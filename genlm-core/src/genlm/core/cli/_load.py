@@ -64,15 +64,8 @@ def select_backend(backend: str | None):
 
 
 def check_model(name: str, backend: str) -> str:
-    """``name`` as the loader should get it, after the checks that need no model.
-
-    Returns:
-        The name, with ``~`` expanded for local paths.
-
-    Raises:
-        CLIError: the local path does not exist, or the hub id is not cached and cannot
-            be found (the hub is offline, unreachable, or has no such model).
-    """
+    """``name`` as the loader should get it (``~`` expanded), after the checks that need no
+    model: a ``CLIError`` for a missing local path, or a hub id neither cached nor found."""
     from genlm.core._embedded import EMBEDDED_MODELS
 
     if name in EMBEDDED_MODELS:
