@@ -17,10 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def modules(root: Path) -> dict[str, Path]:
-    """``module name -> file`` for every ``genlm.*`` module of the distributions under ``root``."""
+    """``module name -> file`` for every ``genlm.*`` module of the distributions under ``root``
+    (a C extension by its source, ``_trie_kernel.c``: it defines no Python names to check)."""
     found = {}
     for src in [*root.glob("*/src"), *root.glob("tests/plugins/*/src")]:
-        for path in src.rglob("*.py"):
+        for path in [*src.rglob("*.py"), *src.rglob("*.c")]:
             parts = list(path.relative_to(src).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
@@ -55,11 +56,15 @@ def defined_names(tree: ast.Module) -> set[str]:
 def missing_imports(root: Path, files: list[Path]) -> list[str]:
     """``file:line: from M import name`` for each imported name M does not have."""
     known = modules(root)
-    defined = {name: defined_names(ast.parse(path.read_text())) for name, path in known.items()}
+    defined = {
+        name: defined_names(ast.parse(path.read_text()))
+        for name, path in known.items()
+        if path.suffix == ".py"
+    }
     problems = []
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.ImportFrom) or node.level or node.module not in known:
+            if not isinstance(node, ast.ImportFrom) or node.level or node.module not in defined:
                 continue
             for alias in node.names:
                 name = alias.name
