@@ -131,6 +131,21 @@ def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ..
 class BatchedLM(abc.ABC):
     """Base class of GenLM backends; see the module docstring.
 
+    Every request method takes a context (at least one token id, ints in
+    ``range(len(vocab))``) and two keywords: ``variant=``, what besides the context selects
+    the distribution for this request only (hf: a LoRA adapter name, None for the base
+    model; by default the model's current one, ``set_lora``), and ``output=``, ``"numpy"``
+    (an array, read-only when shared with the cache) or ``"torch"`` (a tensor on the device
+    the backend computed it on; torch is imported only then). Rows are float32 of width
+    ``len(vocab)``. Every argument is validated on the caller, before anything is queued
+    (a batch call validates every context before computing any). Errors:
+    ``InvalidContextError`` for bad ids or a context longer than ``max_context_length``;
+    ``ValueError`` for an unknown ``output`` or a ``variant`` the model does not serve
+    (hf: ``KeyError`` for an adapter not loaded); ``ModelClosedError`` once closed;
+    ``BackendError`` when the backend returns rows that are not normalized
+    log-probabilities of the vocabulary's width. Sampling arguments are checked by
+    ``check_sampling_args`` (``TypeError``/``ValueError``) before any work.
+
     Args:
         vocab: the model's byte vocabulary; its length is the width of every
             log-probability row.
@@ -208,14 +223,9 @@ class BatchedLM(abc.ABC):
         return None
 
     def _check_variant(self, variant: Hashable) -> Hashable:
-        """Validate a per-request ``variant=`` (runs on the caller, before queueing).
-
-        The base model has one variant, None; a backend with adapters overrides this to
-        accept their names (hf: a loaded LoRA adapter's name).
-
-        Raises:
-            ValueError: ``variant`` is not one this model serves.
-        """
+        """Validate a per-request ``variant=`` (on the caller, before queueing): the base
+        model has one variant, None; a backend with adapters accepts their names (hf: a
+        loaded LoRA adapter's). Raises ``ValueError`` for one it does not serve."""
         if variant is not None:
             raise ValueError(f"{self.name} has no variants (adapters); got variant={variant!r}")
         return variant
@@ -248,22 +258,10 @@ class BatchedLM(abc.ABC):
     ) -> Request:
         """Check a request as every call does and return it as ``(variant, ids)``.
 
-        Every public method validates here, on the caller, before anything is queued;
-        a backend's own entry points (hf's ``cache_kv``, vllm's ``sample``) call it so
-        that bad input fails the same way. ``variant`` is resolved: the current one
-        (:meth:`_variant`) by default, else what :meth:`_check_variant` accepts.
-
-        Args:
-            token_ids: the context, at least one token id.
-            variant: the variant of this one request, or the model's current one.
-
-        Returns:
-            ``(variant, ids)``: the resolved variant and the ids as a tuple of ints, the
-            key the scheduler and the output cache use.
-
-        Raises:
-            ModelClosedError: the model is closed.
-            InvalidContextError: bad token ids, or more than ``max_context_length``.
+        Every public method validates here, before anything is queued; a backend's own
+        entry points (hf's ``cache_kv``, vllm's ``sample``) call it so that bad input fails
+        the same way. The result, with the variant resolved (:meth:`_variant` by default,
+        else what :meth:`_check_variant` accepts), is the key of the scheduler and cache.
         """
         if self._closed:
             raise ModelClosedError(f"{self.name} is closed")
@@ -284,29 +282,7 @@ class BatchedLM(abc.ABC):
         variant: Hashable = CURRENT_VARIANT,
         output: Output = "numpy",
     ) -> Any:
-        """Log-probabilities of the next token after ``token_ids``, shape ``(V,)``, float32.
-
-        Args:
-            token_ids: the context, at least one token id.
-            variant: what besides the context selects the distribution, for this request
-                only (hf: a LoRA adapter name, None for the base model); by default the
-                model's current one (``set_lora``).
-            output: ``"numpy"`` (an array, read-only when shared with the cache) or
-                ``"torch"`` (a tensor on the device the backend computed it on; torch is
-                imported only then). See ``genlm.core._rows``.
-
-        Returns:
-            The row in the ``output`` form: float32, shape ``(len(vocab),)``.
-
-        Raises:
-            InvalidContextError: bad token ids (one longer than ``max_context_length``
-                included).
-            ValueError: unknown ``output``, or a ``variant`` on a model without variants.
-            KeyError: (hf) ``variant`` names no loaded adapter.
-            ModelClosedError: the model is closed.
-            BackendError: the backend returned rows that are not normalized
-                log-probabilities of the vocabulary's width.
-        """
+        """Log-probabilities of the next token after ``token_ids``, shape ``(V,)``."""
         check_output(output)
         request = self.validate_request(token_ids, variant)
         row = self.output_cache.get(request)
@@ -321,28 +297,8 @@ class BatchedLM(abc.ABC):
         variant: Hashable = CURRENT_VARIANT,
         output: Output = "numpy",
     ) -> Any:
-        """The blocking twin of :meth:`next_token_logprobs` (same arguments).
-
-        Runs the forward pass on the model's worker thread and blocks the calling thread
-        until it finishes (inside a coroutine it would stall the event loop).
-
-        Args:
-            token_ids: the context, at least one token id.
-            variant: as for :meth:`next_token_logprobs`.
-            output: ``"numpy"`` or ``"torch"``, as for :meth:`next_token_logprobs`.
-
-        Returns:
-            The row in the ``output`` form: float32, shape ``(len(vocab),)``.
-
-        Raises:
-            InvalidContextError: bad token ids (one longer than ``max_context_length``
-                included).
-            ValueError: unknown ``output``, or a ``variant`` on a model without variants.
-            KeyError: (hf) ``variant`` names no loaded adapter.
-            ModelClosedError: the model is closed.
-            BackendError: the backend returned rows that are not normalized
-                log-probabilities of the vocabulary's width.
-        """
+        """The blocking twin of :meth:`next_token_logprobs` (runs on the worker thread;
+        inside a coroutine it would stall the event loop)."""
         check_output(output)
         row = self._rows_sync([self.validate_request(token_ids, variant)])[0]
         return as_output(row, output)
@@ -356,27 +312,9 @@ class BatchedLM(abc.ABC):
     ) -> Any:
         """A fresh row, computed now: the output cache is neither read nor filled.
 
-        For checks of the backend itself (e.g. that cached rows equal fresh ones). It runs
-        on the model's worker thread like any batch, blocking the calling thread; the
-        backend may still resume from its own KV cache (the row then equals a full
-        forward up to float rounding).
-
-        Args:
-            token_ids: the context, at least one token id.
-            variant: as for :meth:`next_token_logprobs`.
-            output: ``"numpy"`` or ``"torch"``, as for :meth:`next_token_logprobs`.
-
-        Returns:
-            The row in the ``output`` form: float32, shape ``(len(vocab),)``.
-
-        Raises:
-            InvalidContextError: bad token ids (one longer than ``max_context_length``
-                included).
-            ValueError: unknown ``output``, or a ``variant`` on a model without variants.
-            KeyError: (hf) ``variant`` names no loaded adapter.
-            ModelClosedError: the model is closed.
-            BackendError: the backend returned rows that are not normalized
-                log-probabilities of the vocabulary's width.
+        For checks of the backend itself (e.g. that cached rows equal fresh ones). It blocks
+        like :meth:`next_token_logprobs_sync`; the backend may still resume from its own KV
+        cache (the row then equals a full forward up to float rounding).
         """
         check_output(output)
         (row,) = self._rows_sync([self.validate_request(token_ids, variant)], cached=False)
@@ -389,29 +327,9 @@ class BatchedLM(abc.ABC):
         variant: Hashable = CURRENT_VARIANT,
         output: Output = "numpy",
     ) -> Any:
-        """One row per context, shape ``(len(contexts), V)``; arguments as for one context.
-
-        Every context is validated before any is computed; the rows are computed
-        concurrently, batched with other requests, each served from the cache when there.
-
-        Args:
-            contexts: the contexts, each at least one token id.
-            variant: as for :meth:`next_token_logprobs`, for every context.
-            output: ``"numpy"`` or ``"torch"``, as for :meth:`next_token_logprobs`.
-
-        Returns:
-            A new float32 batch of shape ``(len(contexts), len(vocab))`` in the ``output``
-            form, row ``i`` for ``contexts[i]``.
-
-        Raises:
-            InvalidContextError: bad token ids (one longer than ``max_context_length``
-                included).
-            ValueError: unknown ``output``, or a ``variant`` on a model without variants.
-            KeyError: (hf) ``variant`` names no loaded adapter.
-            ModelClosedError: the model is closed.
-            BackendError: the backend returned rows that are not normalized
-                log-probabilities of the vocabulary's width.
-        """
+        """One new row per context, shape ``(len(contexts), V)``, row ``i`` for ``contexts[i]``;
+        computed concurrently, batched with other requests, each served from the cache
+        when there."""
         check_output(output)
         requests = [self.validate_request(c, variant) for c in contexts]  # validate all first
         rows = await asyncio.gather(*(self._row(r) for r in requests))
@@ -424,29 +342,8 @@ class BatchedLM(abc.ABC):
         variant: Hashable = CURRENT_VARIANT,
         output: Output = "numpy",
     ) -> Any:
-        """The blocking twin of :meth:`batch_next_token_logprobs` (same arguments).
-
-        Rows missing from the cache are computed on the model's worker thread in batches
-        of at most ``max_batch_size``, blocking the calling thread until they finish.
-
-        Args:
-            contexts: the contexts, each at least one token id.
-            variant: as for :meth:`next_token_logprobs`, for every context.
-            output: ``"numpy"`` or ``"torch"``, as for :meth:`next_token_logprobs`.
-
-        Returns:
-            A new float32 batch of shape ``(len(contexts), len(vocab))`` in the ``output``
-            form, row ``i`` for ``contexts[i]``.
-
-        Raises:
-            InvalidContextError: bad token ids (one longer than ``max_context_length``
-                included).
-            ValueError: unknown ``output``, or a ``variant`` on a model without variants.
-            KeyError: (hf) ``variant`` names no loaded adapter.
-            ModelClosedError: the model is closed.
-            BackendError: the backend returned rows that are not normalized
-                log-probabilities of the vocabulary's width.
-        """
+        """The blocking twin of :meth:`batch_next_token_logprobs` (batches of at most
+        ``max_batch_size`` on the worker thread)."""
         check_output(output)
         rows = self._rows_sync([self.validate_request(c, variant) for c in contexts])
         return stack_output(rows, len(self._vocab), output)
@@ -508,27 +405,12 @@ class BatchedLM(abc.ABC):
     ) -> list[int]:
         """Ancestral sampling; returns the new tokens, the EOS token included if one ended it.
 
-        ``eos_token_ids=None`` uses ``vocab.eos_token_ids``; ``temperature=0`` is greedy.
-        The same seed gives the same tokens. Sampling also stops, returning the tokens
-        drawn so far, once the context (prompt and new tokens) is longer than
-        :attr:`max_context_length`: the last token is drawn from a context of exactly
-        that length, so at most ``max_context_length + 1 - len(prompt)`` tokens come back.
-
-        Args:
-            prompt_token_ids: the prompt, at least one token id.
-            max_tokens: the most new tokens to draw.
-            eos_token_ids: the tokens that end sampling; None for ``vocab.eos_token_ids``.
-            temperature: divides the log-probabilities before drawing; 0 is greedy.
-            seed: seeds the draws; None draws fresh entropy.
-
-        Returns:
-            The new token ids, without the prompt.
-
-        Raises:
-            TypeError, ValueError: bad ``max_tokens`` or ``temperature`` (see
-                :func:`~genlm.core._sampling.check_sampling_args`), checked before any work.
-            InvalidContextError: a bad prompt (one longer than ``max_context_length``
-                included).
+        ``eos_token_ids=None`` uses ``vocab.eos_token_ids``; ``temperature=0`` is greedy;
+        the same ``seed`` gives the same tokens (None draws fresh entropy). Sampling also
+        stops, returning the tokens drawn so far, once the context (prompt and new tokens)
+        is longer than :attr:`max_context_length`: the last token is drawn from a context
+        of exactly that length, so at most ``max_context_length + 1 - len(prompt)`` tokens
+        come back.
         """
         check_sampling_args(max_tokens, temperature)
         return await self._sample(
@@ -559,27 +441,8 @@ class BatchedLM(abc.ABC):
         temperature: float = 1.0,
         seed: int | None = None,
     ) -> list[list[int]]:
-        """:meth:`sample` for each prompt, concurrently; prompt ``i`` gets its own seed stream.
-
-        Every argument and prompt is checked before any sampling starts.
-
-        Args:
-            prompts: the prompts, each at least one token id.
-            max_tokens: the most new tokens to draw per prompt.
-            eos_token_ids: the tokens that end sampling; None for ``vocab.eos_token_ids``.
-            temperature: divides the log-probabilities before drawing; 0 is greedy.
-            seed: seeds the streams (``numpy.random.SeedSequence(seed).spawn``); None
-                draws fresh entropy.
-
-        Returns:
-            The new token ids of each prompt, in prompt order.
-
-        Raises:
-            TypeError, ValueError: bad ``max_tokens`` or ``temperature``, checked before
-                any work.
-            InvalidContextError: a bad prompt (one longer than ``max_context_length``
-                included).
-        """
+        """:meth:`sample` for each prompt, concurrently, every prompt checked first; prompt
+        ``i`` draws from stream ``i`` of ``numpy.random.SeedSequence(seed).spawn``."""
         check_sampling_args(max_tokens, temperature)
         for prompt in prompts:
             self.validate_request(prompt)
