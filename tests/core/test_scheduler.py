@@ -274,6 +274,22 @@ class TestAutoBatcherDirectly:
             AutoBatcher(list, worker, max_wait_s=-1)
 
 
+@pytest.fixture
+def gated():
+    """``make(**options) -> (gate, batcher)``: an AutoBatcher over a shut :class:`Gate` on
+    a worker of its own, closed when the test ends."""
+    workers = []
+
+    def make(**options):
+        gate = Gate(shut=True)
+        workers.append(ModelWorker("test"))
+        return gate, AutoBatcher(gate, workers[-1], **options)
+
+    yield make
+    for worker in workers:
+        worker.close()
+
+
 class Gate:
     """A test backend that doubles items, records each batch, and can be held shut.
 
@@ -332,11 +348,9 @@ class TestEventLoops:
         assert len(batcher._states) == 0
         worker.close()
 
-    def test_loops_that_end_with_work_queued_or_running_are_freed(self):
+    def test_loops_that_end_with_work_queued_or_running_are_freed(self, gated):
         """A loop that ends with a request still queued, or its batch still running, is freed."""
-        worker = ModelWorker("test")
-        gate = Gate(shut=True)
-        batcher = AutoBatcher(gate, worker, max_batch_size=1, max_wait_s=60.0)
+        gate, batcher = gated(max_batch_size=1, max_wait_s=60.0)
         loops = []
 
         async def abandon(item):
@@ -350,11 +364,10 @@ class TestEventLoops:
         for i in range(2, 5):
             run(abandon(i))  # waits 60 s for company: still queued when its loop ends
         gate.open()
-        worker.call(lambda: None)  # the worker has finished everything it was given
+        batcher.worker.call(lambda: None)  # the worker has finished everything it was given
         gc.collect()
         assert sum(ref() is not None for ref in loops) == 0
         assert len(batcher._states) == 0
-        worker.close()
 
     def test_aclose_fails_another_loops_requests_on_that_loops_thread(self):
         """aclose() on loop A fails loop B's queued requests from B's own thread."""
@@ -408,11 +421,9 @@ class TestEventLoops:
             loop_b.close()
         worker.close()
 
-    def test_aclose_with_a_closed_loop_still_holding_a_batch(self):
+    def test_aclose_with_a_closed_loop_still_holding_a_batch(self, gated):
         """A loop closed while its batch runs does not stop another loop's aclose()."""
-        worker = ModelWorker("test")
-        gate = Gate(shut=True)
-        batcher = AutoBatcher(gate, worker, max_batch_size=1)
+        gate, batcher = gated(max_batch_size=1)
 
         async def abandon():
             batcher.submit(1)
@@ -425,7 +436,6 @@ class TestEventLoops:
             gate.open()
 
         run(asyncio.wait_for(close(), 5))
-        worker.close()
 
 
 class TestCloseRaces:
@@ -472,17 +482,10 @@ class TestFairness:
         run(main())
         worker.close()
 
-    def test_groups_fire_oldest_first(self):
+    def test_groups_fire_oldest_first(self, gated):
         """When the worker frees up, the group holding the oldest live request goes next."""
-        worker = ModelWorker("test")
-        gate = Gate(shut=True)
-        batcher = AutoBatcher(
-            gate,
-            worker,
-            max_batch_size=3,
-            max_wait_s=0.0,
-            group=lambda item: item[0],
-            max_in_flight=1,
+        gate, batcher = gated(
+            max_batch_size=3, max_wait_s=0.0, group=lambda item: item[0], max_in_flight=1
         )
 
         async def main():
@@ -496,7 +499,6 @@ class TestFairness:
 
         run(main())
         assert gate.batches == [[("X", 0)], [("B", 0)], [("A", 1)]]
-        worker.close()
 
 
 class TestFiringRule:
@@ -526,12 +528,10 @@ class TestFiringRule:
             np.testing.assert_allclose(row, mock_logprobs((1, i), 32), atol=1e-6)
         lm.close()
 
-    def test_requests_arriving_while_the_worker_is_full_form_the_next_batch(self):
+    def test_requests_arriving_while_the_worker_is_full_form_the_next_batch(self, gated):
         """A gather arriving while a batch runs fires at once into the worker's free slot;
         requests trickling in once both slots are taken queue up and run as one batch."""
-        worker = ModelWorker("test")
-        gate = Gate(shut=True)
-        batcher = AutoBatcher(gate, worker, max_batch_size=8)
+        gate, batcher = gated(max_batch_size=8)
 
         async def main():
             first = batcher.submit(0)
@@ -548,7 +548,6 @@ class TestFiringRule:
 
         assert run(main()) == [("r", i) for i in range(7)]
         assert gate.batches == [[0], [1, 2, 3], [4, 5, 6]]
-        worker.close()
 
     def test_a_trickling_caller_with_max_wait_s_still_batches(self):
         """Requests made one loop iteration apart share a batch when max_wait_s is set,
@@ -615,17 +614,15 @@ class TestRunSync:
 
 
 class TestBackpressure:
-    def test_batches_handed_to_the_worker_are_bounded(self):
+    def test_batches_handed_to_the_worker_are_bounded(self, gated):
         """With the worker busy, at most max_in_flight batches wait for it; the rest stay queued."""
-        worker = ModelWorker("test")
-        gate = Gate(shut=True)
-        batcher = AutoBatcher(gate, worker, max_batch_size=2, max_wait_s=0.0)
+        gate, batcher = gated(max_batch_size=2, max_wait_s=0.0)
 
         async def main():
             waiters = [batcher.submit(i) for i in range(20)]
             await until(lambda: gate.started == 1)
             await asyncio.sleep(0.01)
-            assert worker._queue.qsize() == batcher.max_in_flight - 1
+            assert batcher.worker._queue.qsize() == batcher.max_in_flight - 1
             for waiter in waiters[2:]:  # a timeout gives up on everything not yet running
                 waiter.cancel()
             gate.open()
@@ -637,32 +634,28 @@ class TestBackpressure:
         run(main())
         assert gate.batches == [[0, 1]]
         assert batcher.stats == {"batches": 1, "items": 2}
-        worker.close()
 
-    def test_cancelled_entries_are_skipped_when_the_worker_picks_the_batch_up(self):
+    def test_cancelled_entries_are_skipped_when_the_worker_picks_the_batch_up(self, gated):
         """Waiters cancelled after their batch was handed over, before it started, cost nothing."""
-        worker = ModelWorker("test")
-        gate = Gate(shut=True)
-        batcher = AutoBatcher(gate, worker, max_batch_size=2, max_wait_s=0.0, key=lambda x: x)
+        gate, batcher = gated(max_batch_size=2, max_wait_s=0.0, key=lambda x: x)
 
         async def main():
             waiters = [batcher.submit(i) for i in range(4)]
             await until(lambda: gate.started == 1)
             await asyncio.sleep(0.01)
-            assert worker._queue.qsize() == 1  # [2, 3] was handed over while both were wanted
+            assert (
+                batcher.worker._queue.qsize() == 1
+            )  # [2, 3] was handed over while both were wanted
             waiters[2].cancel()
             gate.open()
             return await asyncio.wait_for(asyncio.gather(waiters[0], waiters[1], waiters[3]), 5)
 
         assert run(main()) == [("r", 0), ("r", 1), ("r", 3)]
         assert gate.batches == [[0, 1], [3]]
-        worker.close()
 
-    def test_a_request_joining_a_dropped_entry_is_computed_afresh(self):
+    def test_a_request_joining_a_dropped_entry_is_computed_afresh(self, gated):
         """A duplicate arriving after the worker dropped its entry gets a computation of its own."""
-        worker = ModelWorker("test")
-        gate = Gate(shut=True)
-        batcher = AutoBatcher(gate, worker, max_batch_size=1, max_wait_s=0.0, key=lambda x: x)
+        gate, batcher = gated(max_batch_size=1, max_wait_s=0.0, key=lambda x: x)
 
         async def main():
             first = batcher.submit(0)
@@ -679,4 +672,3 @@ class TestBackpressure:
 
         assert run(main()) == [("r", 0), ("r", 1)]
         assert gate.batches == [[0], [1]]
-        worker.close()
