@@ -92,7 +92,35 @@ class OutputCacheMachine(RuleBasedStateMachine):
 prefixes = st.lists(st.integers(0, 2), min_size=1, max_size=4).map(tuple)
 
 
-class PrefixCacheMachine(RuleBasedStateMachine):
+class PinModel:
+    """The pin rules both pinning caches follow, against a model: ``self.pins`` (pins per
+    held key) and ``self.lru`` (the unpinned keys, oldest first); ``self._evict`` evicts
+    from the model what the cache must have evicted."""
+
+    def check_pin(self, key, held: bool) -> None:
+        """A pin on a held entry takes it out of the LRU order; on nothing, KeyError."""
+        if not held:
+            with pytest.raises(KeyError):
+                self.cache.pin(key)
+            return
+        self.cache.pin(key)
+        self.pins[key] += 1
+        self.lru.pop(key, None)
+
+    def check_unpin(self, key) -> None:
+        """The last unpin makes the entry the most recently used, and may evict to fit."""
+        if not self.pins.get(key):
+            with pytest.raises(KeyError):
+                self.cache.unpin(key)
+            return
+        self.cache.unpin(key)
+        self.pins[key] -= 1
+        if not self.pins[key]:
+            self.lru[key] = None
+            self._evict()
+
+
+class PrefixCacheMachine(PinModel, RuleBasedStateMachine):
     @initialize(budget=st.integers(0, 100))
     def make(self, budget):
         self.cache = PrefixCache(budget)
@@ -134,25 +162,11 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     @rule(tokens=prefixes)
     def pin(self, tokens):
-        if tokens not in self.sizes:
-            with pytest.raises(KeyError):
-                self.cache.pin(tokens)
-            return
-        self.cache.pin(tokens)
-        self.pins[tokens] += 1
-        self.lru.pop(tokens, None)
+        self.check_pin(tokens, held=tokens in self.sizes)
 
     @rule(tokens=prefixes)
     def unpin(self, tokens):
-        if not self.pins.get(tokens):
-            with pytest.raises(KeyError):
-                self.cache.unpin(tokens)
-            return
-        self.cache.unpin(tokens)
-        self.pins[tokens] -= 1
-        if not self.pins[tokens]:
-            self.lru[tokens] = None
-        self._evict()
+        self.check_unpin(tokens)
 
     @rule(tokens=prefixes)
     def remove(self, tokens):
@@ -208,7 +222,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 lru_keys = st.integers(0, 5)
 
 
-class ByteLRUMachine(RuleBasedStateMachine):
+class ByteLRUMachine(PinModel, RuleBasedStateMachine):
     """The LRU every cache shares, against a model: entries, pins, order and evictions."""
 
     @initialize(budget=st.integers(0, 100))
@@ -259,25 +273,11 @@ class ByteLRUMachine(RuleBasedStateMachine):
 
     @rule(key=lru_keys)
     def pin(self, key):
-        if key not in self.entries:
-            with pytest.raises(KeyError):
-                self.cache.pin(key)
-            return
-        self.cache.pin(key)
-        self.pins[key] += 1
-        self.lru.pop(key, None)
+        self.check_pin(key, held=key in self.entries)
 
     @rule(key=lru_keys)
     def unpin(self, key):
-        if not self.pins.get(key):
-            with pytest.raises(KeyError):
-                self.cache.unpin(key)
-            return
-        self.cache.unpin(key)
-        self.pins[key] -= 1
-        if not self.pins[key]:  # the last pin: the entry becomes evictable, and may go
-            self.lru[key] = None
-            self._evict()
+        self.check_unpin(key)
 
     @rule(key=lru_keys)
     def pop(self, key):
