@@ -31,7 +31,11 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 TRANSFORMERS = "transformers>=4.57,<6"
 TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"]
 TOKENIZER_DEPS = [TRANSFORMERS, "tokenizers", "tiktoken", "sentencepiece"]
-PLUGINS = ["./tests/plugins/genlm-backend-example", "./tests/plugins/genlm-backend-broken"]
+PLUGINS = [
+    "./tests/plugins/genlm-backend-example",
+    "./tests/plugins/genlm-backend-broken",
+    "./tests/plugins/genlm-backend-future",
+]
 DOCS_DEPS = [
     "mkdocs==1.6.1",
     "mkdocs-material==9.8.1",

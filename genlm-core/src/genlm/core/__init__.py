@@ -26,6 +26,7 @@ _EXPORTS = {
     "ModelClosedError": "_errors",
     "ModelWorker": "_worker",
     "OutputCache": "_output_cache",
+    "PLUGIN_API": "_plugin_api",
     "PluginLoadError": "_errors",
     "PrefixCache": "_prefix_cache",
     "PrefixHit": "_prefix_cache",
@@ -64,6 +65,7 @@ __all__ = [
     "ModelClosedError",
     "ModelWorker",
     "OutputCache",
+    "PLUGIN_API",
     "PluginLoadError",
     "PrefixCache",
     "PrefixHit",
@@ -108,6 +110,7 @@ if _TYPE_CHECKING:
     from genlm.core._lazy import lazy_exports
     from genlm.core._model import BatchedLM, validate_context
     from genlm.core._output_cache import OutputCache
+    from genlm.core._plugin_api import PLUGIN_API
     from genlm.core._prefix_cache import PrefixCache, PrefixHit
     from genlm.core._protocol import AsyncLM
     from genlm.core._registry import Registry, get_registry, load_model_by_name

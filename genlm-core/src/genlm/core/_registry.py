@@ -5,8 +5,11 @@ entry point in ``genlm.backends`` (or ``genlm.plugins``) is imported — one mod
 — and registered with a pluggy ``PluginManager``, which validates its hooks against
 :mod:`genlm.core.hookspecs`. Each plugin's hook is then called on its own, so a plugin
 that fails to import, validate or register is recorded as broken while the others keep
-working. The environment variable ``GENLM_BACKENDS`` (comma-separated entry point
-names) restricts which plugins load.
+working. A backend declared for another plugin API version than this genlm-core serves
+(``BackendSpec.plugin_api``) is not registered: it is reported, with the ``pip install``
+that fixes it, in ``registry.errors`` and ``genlm backends``, and by
+``load_model_by_name`` when asked for. The environment variable ``GENLM_BACKENDS``
+(comma-separated entry point names) restricts which plugins load.
 
 Everything a plugin runs (its import, its hooks, its probe) is isolated: any exception,
 ``SystemExit`` included, makes it a :class:`PluginLoadError` (or an "unavailable" reason)
@@ -38,6 +41,7 @@ from genlm.core._errors import (
     BackendUnavailableError,
     PluginLoadError,
 )
+from genlm.core._plugin_api import incompatibility
 
 logger = logging.getLogger(__name__)
 
@@ -129,12 +133,14 @@ class Registry:
         commands: CLI command name -> its ``genlm.core.cli.Command``.
         errors: one :class:`PluginLoadError` per broken plugin or rejected claim.
         plugins: ``(entry point name, distribution)`` of every plugin that loaded.
+        incompatible: backend name -> the error of a spec built for another plugin API.
     """
 
     backends: dict[str, BackendSpec] = attrs.field(factory=dict)
     commands: dict[str, Any] = attrs.field(factory=dict)
     errors: list[PluginLoadError] = attrs.field(factory=list)
     plugins: list[tuple[str, str | None]] = attrs.field(factory=list)
+    incompatible: dict[str, PluginLoadError] = attrs.field(factory=dict)
     _claims: dict[str, list[_Claim]] = attrs.field(factory=dict, init=False, repr=False)
     _rejected: set[_Claim] = attrs.field(factory=set, init=False, repr=False)
 
@@ -217,6 +223,12 @@ class Registry:
     def _claim_backend(self, spec: BackendSpec, plugin: str, dist: str | None) -> None:
         if not isinstance(spec, BackendSpec):
             raise TypeError(f"register() takes a BackendSpec, got {type(spec).__name__}")
+        reason = incompatibility(spec.plugin_api, dist or spec.distribution)
+        if reason is not None:
+            self.incompatible[spec.name] = self._broken(
+                plugin, dist, f"backend {spec.name!r} {reason}"
+            )
+            return
         claims = self._claims.setdefault(spec.name, [])
         claim = _Claim(spec, plugin, dist)
         if claim not in claims:
@@ -243,7 +255,7 @@ class Registry:
 
     def _broken(
         self, plugin: str, dist: str | None, message: str, cause: BaseException | None = None
-    ) -> None:
+    ) -> PluginLoadError:
         error = PluginLoadError(
             f"plugin {plugin!r} ({dist or 'unknown distribution'}): {message}",
             plugin=plugin,
@@ -252,6 +264,7 @@ class Registry:
         error.__cause__ = cause
         logger.info("%s", error)
         self.errors.append(error)
+        return error
 
     # ---- choosing and loading ----------------------------------------------------------
 
@@ -267,10 +280,13 @@ class Registry:
 
         Raises:
             BackendNotFoundError: no backend has that name, or (None) none can run here.
-            BackendUnavailableError: the named backend is installed but cannot run here.
+            BackendUnavailableError: the named backend is installed but cannot run here,
+                or was built for another plugin API.
         """
         if backend is not None:
             spec = self.backends.get(backend)
+            if spec is None and backend in self.incompatible:
+                raise BackendUnavailableError(str(self.incompatible[backend]))
             if spec is None:
                 raise BackendNotFoundError(self._not_found_message(backend))
             reason = spec.unavailable_reason()
@@ -340,6 +356,7 @@ class Registry:
         return usable, reasons
 
     def _no_usable_backend(self, reasons: list[str]) -> BackendNotFoundError:
+        reasons = reasons + [str(e) for _, e in sorted(self.incompatible.items())]
         return BackendNotFoundError(
             "no usable backend is installed"
             + (f" ({'; '.join(reasons)})" if reasons else "")
