@@ -1,8 +1,9 @@
 """The test matrix: one session per distribution, plus lint and benchmarks.
 
 `nox` runs the default sessions (lint, core, hf, bytes, mlx, vllm, backend, clients,
-docs): the README's test command and what CI runs. Benchmark sessions (`bench_*`) run
-only when named.
+docs, dist): the README's test command and what CI runs. core, hf and mlx run at both
+ends of their tested range (`core(oldest)`, `core(newest)`...). Benchmark sessions
+(`bench_*`) run only when named.
 Sessions that need torch install its CPU build first (`install_torch`): on Linux, PyPI's
 `torch` wheel is the CUDA build (526 MB plus gigabytes of nvidia-* CUDA wheels), so
 the CPU build `torch==2.13.0+cpu` is taken from PyTorch's CPU wheel index, or from a local
