@@ -336,7 +336,7 @@ def dist(session: nox.Session) -> None:
     tmp = Path(session.create_tmp()).resolve()
     out = tmp / "dist"
     for folder in DISTRIBUTIONS:
-        session.run("python", "-m", "build", "--outdir", str(out), folder)
+        session.run("python", "-m", "build", "-q", "--outdir", str(out), folder)
     session.run("twine", "check", "--strict", *sorted(str(p) for p in out.iterdir()))
     [core_sdist] = out.glob("genlm_core-*.tar.gz")
     session.run("python", "tests/dist/check_sdist.py", str(core_sdist))
