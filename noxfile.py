@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -335,6 +336,7 @@ def dist(session: nox.Session) -> None:
     session.install("build", "twine")
     tmp = Path(session.create_tmp()).resolve()
     out = tmp / "dist"
+    shutil.rmtree(out, ignore_errors=True)  # no file of an earlier run (nox -r) is checked
     for folder in DISTRIBUTIONS:
         session.run("python", "-m", "build", "-q", "--outdir", str(out), folder)
     session.run("twine", "check", "--strict", *sorted(str(p) for p in out.iterdir()))
