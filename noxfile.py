@@ -22,7 +22,16 @@ from pathlib import Path
 import nox
 
 nox.options.sessions = [
-    *("lint", "core", "hf", "bytes", "mlx", "vllm", "backend", "clients", "docs", "dist"),
+    "lint",
+    "core",
+    "hf",
+    "bytes",
+    "mlx",
+    "vllm",
+    "backend",
+    "clients",
+    "docs",
+    "dist",
 ]
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
