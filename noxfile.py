@@ -1,8 +1,9 @@
 """The test matrix: one session per distribution, plus lint and benchmarks.
 
 `nox` runs the default sessions (lint, core, hf, bytes, mlx, vllm, backend, clients,
-docs): the README's test command and what CI runs. Benchmark sessions (`bench_*`) run
-only when named.
+docs, dist): the README's test command and what CI runs. core, hf and mlx run at both
+ends of their tested range (`core(oldest)`, `core(newest)`...). Benchmark sessions
+(`bench_*`) run only when named.
 Sessions that need torch install its CPU build first (`install_torch`): on Linux, PyPI's
 `torch` wheel is the CUDA build (526 MB plus gigabytes of nvidia-* CUDA wheels), so
 the CPU build `torch==2.13.0+cpu` is taken from PyTorch's CPU wheel index, or from a local
@@ -14,11 +15,24 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
+from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "core", "hf", "bytes", "mlx", "vllm", "backend", "clients", "docs"]
+nox.options.sessions = [
+    "lint",
+    "core",
+    "hf",
+    "bytes",
+    "mlx",
+    "vllm",
+    "backend",
+    "clients",
+    "docs",
+    "dist",
+]
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
 
@@ -28,10 +42,16 @@ TORCH = "torch==2.13.0"
 TORCH_CPU = "torch==2.13.0+cpu"
 #: PyTorch's CPU-only wheel index (it also hosts torch's dependencies).
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-TRANSFORMERS = "transformers>=4.57,<6"
+#: The tested range (genlm-backend-hf's pyproject); 4.57.0 was yanked ("Error in the setup").
+TRANSFORMERS = "transformers>=4.57.1,<6"
 TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"]
-TOKENIZER_DEPS = [TRANSFORMERS, "tokenizers", "tiktoken", "sentencepiece"]
-PLUGINS = ["./tests/plugins/genlm-backend-example", "./tests/plugins/genlm-backend-broken"]
+TOKENIZER_LIBS = ["tokenizers", "tiktoken", "sentencepiece"]
+TOKENIZER_DEPS = [TRANSFORMERS, *TOKENIZER_LIBS]
+PLUGINS = [
+    "./tests/plugins/genlm-backend-example",
+    "./tests/plugins/genlm-backend-broken",
+    "./tests/plugins/genlm-backend-future",
+]
 DOCS_DEPS = [
     "mkdocs==1.6.1",
     "mkdocs-material==9.8.1",
@@ -43,6 +63,19 @@ DOCS_DEPS = [
     "pymdown-extensions==13.1",
 ]
 MLX = "mlx[cpu]" if platform.system() == "Linux" else "mlx"
+
+# The version matrix: each parametrized session runs at the oldest and the newest end of
+# the range its distribution's pyproject admits (`nox -s hf` runs both, `nox -s
+# "hf(oldest)"` one). A "newest" end is the pyproject's own range, so pip takes the newest
+# release in it on the day the session runs.
+ENDS = ["oldest", "newest"]
+#: genlm-core (and the other distributions): numpy>=1.26.
+NUMPY = ["numpy==1.26.0", "numpy>=1.26"]
+#: genlm-backend-hf: transformers>=4.57.1,<6.
+TRANSFORMERS_ENDS = ["transformers==4.57.1", TRANSFORMERS]
+#: genlm-backend-mlx: mlx-lm>=0.30,<0.33 (0.30 is genlm-backend 0.3.1's floor) and mlx>=0.29.2
+#: (what mlx-lm 0.30.0 requires); mlx-lm 0.30.0 pins transformers==5.0.0rc1 itself.
+MLX_ENDS = [[f"{MLX}==0.29.2", "mlx-lm==0.30.0"], [f"{MLX}>=0.29.2", "mlx-lm>=0.30,<0.33"]]
 
 #: Every session's tests: installed test plugins and the trie's C kernel (built when
 #: genlm-core is installed) are required, never silently skipped.
@@ -101,28 +134,31 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
-def core(session: nox.Session) -> None:
+@nox.parametrize("numpy", NUMPY, ids=ENDS)
+def core(session: nox.Session, numpy: str) -> None:
     """genlm-core (torch-free) and the backend author's page's example (docs/backend-author.md).
 
     Tokenizer libraries are installed for the vocabulary tests only.
     """
-    install_core(session, *TOKENIZER_DEPS)
-    # The import-graph and private-access checks read every distribution's source (ast);
-    # they import nothing.
+    install_core(session, *TOKENIZER_DEPS, numpy)
+    # The import-graph, private-access and public-name checks read every distribution's
+    # source (ast); they import nothing.
     pytest(
         session,
         "tests/core",
         "tests/test_import_graph.py",
         "tests/test_private_access.py",
+        "tests/test_public_names.py",
         "tests/docs/test_backend_author_page.py",
     )
 
 
 @nox.session(python=PYTHON)
-def hf(session: nox.Session) -> None:
+@nox.parametrize("transformers", TRANSFORMERS_ENDS, ids=ENDS)
+def hf(session: nox.Session, transformers: str) -> None:
     """genlm-backend-hf on CPU, plus the core tests again with hf installed."""
     install_torch(session)
-    install_core(session, *TOKENIZER_DEPS, "peft", "./genlm-backend-hf")
+    install_core(session, transformers, *TOKENIZER_LIBS, "peft", "./genlm-backend-hf")
     pytest(session, "tests/hf", "tests/core/test_registry.py", "tests/core/test_packaging.py")
 
 
@@ -138,10 +174,11 @@ def bytes_(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
-def mlx(session: nox.Session) -> None:
+@nox.parametrize("mlx_versions", MLX_ENDS, ids=ENDS)
+def mlx(session: nox.Session, mlx_versions: list[str]) -> None:
     """genlm-backend-mlx on CPU (`mlx[cpu]` on Linux); torch only to cross-check logprobs."""
     install_torch(session)
-    install_core(session, *TOKENIZER_DEPS, MLX, "./genlm-backend-mlx")
+    install_core(session, *TOKENIZER_LIBS, *mlx_versions, "./genlm-backend-mlx")
     pytest(session, "tests/mlx")
     # The mlx README's code block (the other READMEs need hf: the bytes session runs them).
     pytest(session, "tests/docs/test_readme.py", "-k", "backend-mlx")
@@ -281,6 +318,67 @@ def clients(session: nox.Session) -> None:
         "no:cacheprovider",
         env={**env, "GENLM_REFERENCE_PATH": reference},
     )
+
+
+#: Every distribution's folder and its smoke test (tests/dist/smoke_NAME.py), which
+#: ``nox -s dist`` runs against the installed wheels, outside the tree.
+DISTRIBUTIONS = {
+    "genlm-core": "core",
+    "genlm-backend-hf": "hf",
+    "genlm-bytes": "bytes",
+    "genlm-backend": "compat",
+    "genlm-backend-mlx": "mlx",
+    "genlm-backend-vllm": "vllm",
+}
+#: The smoke tests' environment: no test-only switches, just an offline Hub.
+SMOKE_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@nox.session(python=PYTHON)
+def dist(session: nox.Session) -> None:
+    """Build every distribution as a release does, check the files, smoke-test clean installs.
+
+    ``python -m build`` makes each sdist, then the wheel from that sdist (not from the
+    tree), so a file the sdist forgets breaks the wheel here. ``twine check`` reads the
+    metadata PyPI renders. All wheels go into one fresh venv (torch's CPU build, mlx's CPU
+    build; vllm's 3.4 GB engine is left out and its smoke test checks the wheel without it)
+    and each distribution's smoke test runs there. Then genlm-core's sdist is built again
+    with no C compiler (``CC=false``), installed into a second fresh venv, and its smoke
+    test checks that the numpy trie kernel runs (the log names the kernel).
+    """
+    session.install("build", "twine")
+    tmp = Path(session.create_tmp()).resolve()
+    out = tmp / "dist"
+    shutil.rmtree(out, ignore_errors=True)  # no file of an earlier run (nox -r) is checked
+    for folder in DISTRIBUTIONS:
+        session.run("python", "-m", "build", "-q", "--outdir", str(out), folder)
+    session.run("twine", "check", "--strict", *sorted(str(p) for p in out.iterdir()))
+    [core_sdist] = out.glob("genlm_core-*.tar.gz")
+    session.run("python", "tests/dist/check_sdist.py", str(core_sdist))
+
+    python = fresh_venv(session, tmp / "wheels")
+    install_torch(session, f"{python.parent}/pip")
+    wheels = sorted(str(p) for p in out.glob("*.whl"))
+    session.run(python, "-m", "pip", "install", *wheels, external=True)
+    for name in DISTRIBUTIONS.values():
+        args = ["c"] if name == "core" else []
+        session.run(python, f"tests/dist/smoke_{name}.py", *args, env=SMOKE_ENV, external=True)
+
+    nocc = tmp / "nocc"
+    session.run(
+        *("pip", "wheel", "--no-deps", "--no-cache-dir", "--wheel-dir", str(nocc)),
+        str(core_sdist),
+        env={"CC": "false", "CXX": "false"},
+    )
+    python = fresh_venv(session, tmp / "nocc-venv")
+    session.run(python, "-m", "pip", "install", *map(str, nocc.glob("*.whl")), external=True)
+    session.run(python, "tests/dist/smoke_core.py", "numpy", env=SMOKE_ENV, external=True)
+
+
+def fresh_venv(session: nox.Session, path: Path) -> Path:
+    """An empty venv at ``path`` (replacing any earlier one); returns its python."""
+    session.run("python", "-m", "venv", "--clear", str(path))
+    return path / "bin" / "python"
 
 
 def reference_venv(session: nox.Session, *packages: str) -> str:

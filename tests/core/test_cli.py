@@ -147,7 +147,9 @@ def test_loader_failure_is_one_line(capsys, monkeypatch):
         raise OSError("cannot load the weights\nsee the docs\nfor details")
 
     monkeypatch.setattr("genlm.core.mock.MockLM.from_name", loader_fails, raising=False)
-    spec = BackendSpec(name="broken", loader="genlm.core.mock:MockLM.from_name", distribution="d")
+    spec = BackendSpec(
+        name="broken", loader="genlm.core.mock:MockLM.from_name", distribution="d", plugin_api=1
+    )
     monkeypatch.setattr(_registry, "_registry", Registry(backends={"broken": spec}))
     assert run_cli(["smc", "hi", "--backend", "broken", "--no-progress"]) == 1
     line = one_line_error(capsys)
@@ -163,6 +165,7 @@ def test_no_auto_selectable_backend_names_the_manual_ones(capsys, monkeypatch):
         name="mlx",
         loader="genlm.core.mock:MockLM.from_name",
         distribution="d-mlx",
+        plugin_api=1,
         auto_select=False,
     )
     monkeypatch.setattr(_registry, "_registry", Registry(backends={"mlx": mlx}))

@@ -76,7 +76,7 @@ def backend_plugin(make_module, name, distribution, description="", loader=MOCK_
         def genlm_register_backends(register):
             register(BackendSpec(name={name!r}, loader={loader!r},
                                  distribution={distribution!r},
-                                 description={description!r}{extra}))
+                                 description={description!r}, plugin_api=1{extra}))
         """
     )
 
@@ -191,13 +191,15 @@ class TestAvailability:
 
     def test_missing_loader_parent_package_is_unavailable(self):
         """find_spec of a submodule of a missing package is a reason, not an exception."""
-        spec = BackendSpec(name="g", loader="genlm_no_pkg_9c1e.sub.mod:load", distribution="d")
+        spec = BackendSpec(
+            name="g", loader="genlm_no_pkg_9c1e.sub.mod:load", distribution="d", plugin_api=1
+        )
         assert "genlm_no_pkg_9c1e" in spec.unavailable_reason()
 
     def test_availability_check_does_not_import_the_loader(self, make_module):
         """Checking availability finds the loader module without running it."""
         loader = make_module("import sys\nsys.modules['genlm_probe_ran_marker'] = True\n")
-        spec = BackendSpec(name="g", loader=f"{loader}:load", distribution="d")
+        spec = BackendSpec(name="g", loader=f"{loader}:load", distribution="d", plugin_api=1)
         assert spec.unavailable_reason() is None
         assert loader not in sys.modules and "genlm_probe_ran_marker" not in sys.modules
 
@@ -207,8 +209,10 @@ class TestAvailability:
         """The best backend's module exists but raises ImportError: warn, load the next one."""
         broken = make_module("raise ImportError('libcuda.so.1: cannot open shared object file')\n")
         reg = _registry_of(
-            BackendSpec(name="top", loader=f"{broken}:load", distribution="d", priority=9),
-            BackendSpec(name="m", loader=MOCK_LOADER, distribution="d", priority=1),
+            BackendSpec(
+                name="top", loader=f"{broken}:load", distribution="d", plugin_api=1, priority=9
+            ),
+            BackendSpec(name="m", loader=MOCK_LOADER, distribution="d", plugin_api=1, priority=1),
         )
         monkeypatch.setattr(_registry, "_registry", reg)
         with pytest.warns(RuntimeWarning, match="'top' was chosen but importing .*libcuda"):
@@ -220,7 +224,7 @@ class TestAvailability:
         """backend='top' whose module fails to import raises that error; nothing else loads."""
         broken = make_module("raise ImportError('no libcuda here')\n")
         reg = _registry_of(
-            BackendSpec(name="top", loader=f"{broken}:load", distribution="d"),
+            BackendSpec(name="top", loader=f"{broken}:load", distribution="d", plugin_api=1),
         )
         monkeypatch.setattr(_registry, "_registry", reg)
         with pytest.raises(ImportError, match="no libcuda here"):
@@ -230,8 +234,10 @@ class TestAvailability:
         """A loader that imports fine but rejects the model raises; no other backend is tried."""
         picky = make_module("def load(model, **opts):\n    raise ValueError(f'no model {model}')\n")
         reg = _registry_of(
-            BackendSpec(name="top", loader=f"{picky}:load", distribution="d", priority=9),
-            BackendSpec(name="m", loader=MOCK_LOADER, distribution="d", priority=1),
+            BackendSpec(
+                name="top", loader=f"{picky}:load", distribution="d", plugin_api=1, priority=9
+            ),
+            BackendSpec(name="m", loader=MOCK_LOADER, distribution="d", plugin_api=1, priority=1),
         )
         monkeypatch.setattr(_registry, "_registry", reg)
         with pytest.raises(ValueError, match="no model nope"):
@@ -241,7 +247,7 @@ class TestAvailability:
         """When each candidate fails to import, the error lists each failure."""
         broken = make_module("raise ImportError('gone')\n")
         reg = _registry_of(
-            BackendSpec(name="top", loader=f"{broken}:load", distribution="d"),
+            BackendSpec(name="top", loader=f"{broken}:load", distribution="d", plugin_api=1),
         )
         with (
             pytest.warns(RuntimeWarning),
@@ -275,7 +281,8 @@ class TestIsolation:
                     "ok",
                     "d3",
                     plugin_module(
-                        "ok", BackendSpec(name="ok", loader=MOCK_LOADER, distribution="d3")
+                        "ok",
+                        BackendSpec(name="ok", loader=MOCK_LOADER, distribution="d3", plugin_api=1),
                     ),
                 ),
             ]
@@ -289,7 +296,9 @@ class TestIsolation:
         def probe():
             sys.exit("no GPU driver")
 
-        spec = BackendSpec(name="p", loader=MOCK_LOADER, distribution="d", probe=probe)
+        spec = BackendSpec(
+            name="p", loader=MOCK_LOADER, distribution="d", plugin_api=1, probe=probe
+        )
         assert "no GPU driver" in spec.unavailable_reason()
 
     def test_keyboard_interrupt_at_import_propagates(self, make_module, installed):

@@ -7,11 +7,12 @@ import subprocess
 import sys
 import types
 
+import attrs
 import pytest
 from support.plugins import plugin_module as plugin
 
 from genlm.core import BackendNotFoundError, BackendUnavailableError, load_model_by_name
-from genlm.core.backend import BackendSpec, Registry
+from genlm.core.backend import PLUGIN_API, BackendSpec, Registry
 from genlm.core.hookspecs import hookimpl
 from genlm.core.mock import MockLM
 
@@ -24,6 +25,7 @@ def spec(name, priority=0, probe=None, auto_select=True):
         name=name,
         loader="genlm.core.mock:MockLM.from_name",
         distribution=f"genlm-backend-{name}",
+        plugin_api=1,
         probe=probe,
         priority=priority,
         auto_select=auto_select,
@@ -107,7 +109,9 @@ class TestIsolation:
 
     def test_name_collision_goes_to_the_owner_in_either_order(self):
         """Two plugins claiming one backend name: its owner keeps it, the other is reported."""
-        other = BackendSpec(name="x", loader="a.b:c", distribution="genlm-backend-other")
+        other = BackendSpec(
+            name="x", loader="a.b:c", distribution="genlm-backend-other", plugin_api=1
+        )
         owner = ("first", "genlm-backend-x", plugin("first", spec("x")))
         intruder = ("second", "genlm-backend-other", plugin("second", other))
         for order in ([owner, intruder], [intruder, owner]):
@@ -120,9 +124,61 @@ class TestIsolation:
     def test_spec_validates_names(self):
         """A malformed backend name or loader path is rejected when the spec is made."""
         with pytest.raises(ValueError, match="backend name"):
-            BackendSpec(name="Bad Name", loader="a:b", distribution="d")
+            BackendSpec(name="Bad Name", loader="a:b", distribution="d", plugin_api=1)
         with pytest.raises(ValueError, match="loader"):
-            BackendSpec(name="ok", loader="no-colon", distribution="d")
+            BackendSpec(name="ok", loader="no-colon", distribution="d", plugin_api=1)
+
+
+class TestPluginAPI:
+    def test_spec_for_another_api_is_rejected_with_the_fix(self):
+        """A spec built for an older or newer API is not registered; its line names the fix."""
+        old = BackendSpec(
+            name="old", loader="a.b:c", distribution="genlm-backend-old", plugin_api=1
+        )
+        new = attrs.evolve(old, name="new", distribution="genlm-backend-new", plugin_api=2)
+        reg = Registry()
+        reg.register_plugins(
+            [
+                ("old", "genlm-backend-old", plugin("old", old)),
+                ("new", "genlm-backend-new", plugin("new", new)),
+                ("good", "genlm-backend-good", plugin("good", spec("good"))),
+            ]
+        )
+        assert sorted(reg.backends) == ["good", "old"]
+        [error] = reg.errors
+        assert reg.incompatible == {"new": error} and error.plugin == "new"
+        message = str(error)
+        assert "\n" not in message
+        assert "plugin API 2" in message and f"serves plugin API {PLUGIN_API}" in message
+        assert message.endswith("to fix: pip install --upgrade genlm-core")
+
+    def test_spec_for_an_older_api_asks_to_upgrade_the_plugin(self, monkeypatch):
+        """When core is the newer side, the fix upgrades the plugin's distribution."""
+        monkeypatch.setattr("genlm.core._plugin_api.PLUGIN_API", 3)
+        reg = registry(plugin("p", spec("legacy")))
+        [error] = reg.errors
+        assert "built for plugin API 1" in str(error) and "serves plugin API 3" in str(error)
+        assert str(error).endswith("pip install --upgrade dist-p")
+
+    def test_loading_an_incompatible_backend_raises_its_line(self):
+        """Asking for the rejected backend raises the same one line; auto-selection lists it."""
+        new = BackendSpec(
+            name="new", loader="a.b:c", distribution="genlm-backend-new", plugin_api=2
+        )
+        reg = registry(plugin("new", new))
+        with pytest.raises(BackendUnavailableError) as info:
+            reg.load_model("m", backend="new")
+        assert str(info.value) == str(reg.incompatible["new"])
+        with pytest.raises(BackendNotFoundError, match="built for plugin API 2"):
+            reg.load_model("m")
+
+    def test_spec_rejects_a_malformed_api_version(self):
+        """plugin_api is a positive int, and required."""
+        for bad in (0, "1", 1.0, True):
+            with pytest.raises(ValueError, match="plugin_api"):
+                BackendSpec(name="ok", loader="a:b", distribution="d", plugin_api=bad)
+        with pytest.raises(TypeError, match="plugin_api"):
+            BackendSpec(name="ok", loader="a:b", distribution="d")
 
 
 installed = pytest.mark.skipif(
@@ -183,3 +239,45 @@ class TestInstalledPlugins:
         assert found["backends"] == ["example"] and found["errors"] == []
         found = discover_in_subprocess("mock, broken")
         assert found["backends"] == ["mock"] and [e[0] for e in found["errors"]] == ["broken"]
+
+
+def installed_distribution(name):
+    """Whether a pip distribution is installed; never false where the nox sessions require it."""
+    return REQUIRE_PLUGINS or any(
+        d.metadata["Name"] == name for d in importlib.metadata.distributions()
+    )
+
+
+@pytest.mark.skipif(
+    not installed_distribution("genlm-backend-future"),
+    reason="tests/plugins/genlm-backend-future is not pip-installed (the nox sessions install it)",
+)
+class TestInstalledFuturePlugin:
+    def test_future_api_plugin_is_not_loaded_and_reported(self):
+        """The installed plugin built for plugin API 2 is reported, not registered."""
+        found = discover_in_subprocess()
+        assert "future" not in found["backends"] and "example" in found["backends"]
+        [error] = [e for e in found["errors"] if e[0] == "future"]
+        core = importlib.metadata.version("genlm-core")
+        assert error[1:] == [
+            "genlm-backend-future",
+            "plugin 'future' (genlm-backend-future): backend 'future' built for plugin API 2, "
+            f"but genlm-core {core} serves plugin API {PLUGIN_API}; not loaded; "
+            "to fix: pip install --upgrade genlm-core",
+        ]
+
+    def test_genlm_backends_and_load_model_by_name_report_it_in_one_line(self):
+        """`genlm backends` prints the plugin's one line; loading it raises that line."""
+        out = subprocess.run(
+            [sys.executable, "-m", "genlm.core.cli", "backends"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        ).stdout
+        [line] = [x for x in out.splitlines() if "future" in x]
+        assert line.startswith("incompatible plugin 'future' (genlm-backend-future)")
+        assert "plugin API 2" in line and line.endswith("pip install --upgrade genlm-core")
+        with pytest.raises(BackendUnavailableError) as info:
+            load_model_by_name("7", backend="future")
+        assert line == f"incompatible {info.value}"

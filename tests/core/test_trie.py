@@ -263,6 +263,23 @@ class TestKernels:
         assert trie_module._trie_kernel is not None
         assert TokenByteTrie([b"a"]).kernel == "c"
 
+    @pytest.mark.parametrize("built", [True, False])
+    def test_first_trie_logs_the_kernel_auto_runs(self, built, monkeypatch, caplog):
+        """The first trie of a process logs the kernel 'auto' runs: numpy where C is not built."""
+        if built and trie_module._trie_kernel is None:
+            pytest.skip("the C kernel is not built here")
+        if not built:
+            monkeypatch.setattr(trie_module, "_trie_kernel", None)
+        trie_module._log_installed_kernel.cache_clear()
+        with caplog.at_level("INFO", logger="genlm.core._trie"):
+            first = TokenByteTrie([b"a"])
+            TokenByteTrie([b"b"])
+        [record] = caplog.records
+        assert first.kernel == ("c" if built else "numpy")
+        assert record.getMessage().startswith(
+            f"token-byte trie: {'C' if built else 'numpy'} kernel"
+        )
+
     @pytest.mark.parametrize("kernel", KERNELS)
     @pytest.mark.parametrize("threads", [1, 2])
     @pytest.mark.filterwarnings("ignore:invalid value encountered")

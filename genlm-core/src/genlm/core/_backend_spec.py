@@ -41,6 +41,10 @@ class BackendSpec:
         priority: auto-selection rank; the available backend with the highest wins.
         auto_select: whether ``backend=None`` may pick it at all.
         description: one line for ``genlm backends``.
+        plugin_api: the plugin API version the plugin was built for (keyword only,
+            required): a literal, never ``genlm.core.backend.PLUGIN_API`` read at run time.
+            Registration rejects a spec built for another version than the installed
+            genlm-core serves.
     """
 
     name: str = attrs.field()
@@ -50,6 +54,7 @@ class BackendSpec:
     priority: int = 0
     auto_select: bool = True
     description: str = ""
+    plugin_api: int = attrs.field(kw_only=True)
 
     @name.validator
     def _check_name(self, attribute, value):
@@ -60,6 +65,11 @@ class BackendSpec:
     def _check_loader(self, attribute, value):
         if not _TARGET.match(value):
             raise ValueError(f"loader {value!r} must look like 'package.module:callable'")
+
+    @plugin_api.validator
+    def _check_plugin_api(self, attribute, value):
+        if type(value) is not int or value < 1:
+            raise ValueError(f"plugin_api {value!r} must be a positive int")
 
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run on this machine, or None when it can.

@@ -5,10 +5,14 @@ entry point in ``genlm.backends`` (or ``genlm.plugins``) is imported — one mod
 — and registered with a pluggy ``PluginManager``, which validates its hooks against
 :mod:`genlm.core.hookspecs`. Each plugin's hook is then called on its own, so a plugin
 that fails to import, validate or register is recorded as broken while the others keep
-working. The environment variable ``GENLM_BACKENDS`` (comma-separated entry point
-names) restricts which plugins load; names are case-insensitive (``HF`` is ``hf``). When
-it hides installed plugins, every "no such backend" message names the variable, its
-value and the plugins it hid, so a filter is never mistaken for a missing install.
+working. A backend declared for another plugin API version than this genlm-core serves
+(``BackendSpec.plugin_api``) is not registered: it is reported, with the ``pip install``
+that fixes it, in ``registry.errors`` and ``genlm backends``, and by
+``load_model_by_name`` when asked for. The environment variable ``GENLM_BACKENDS``
+(comma-separated entry point names) restricts which plugins load; names are
+case-insensitive (``HF`` is ``hf``). When it hides installed plugins, every "no such
+backend" message names the variable, its value and the plugins it hid, so a filter is
+never mistaken for a missing install.
 
 Everything a plugin runs (its import, its hooks, its probe) is isolated: any exception,
 ``SystemExit`` included, makes it a :class:`PluginLoadError` (or an "unavailable" reason)
@@ -42,6 +46,7 @@ from genlm.core._errors import (
     BackendUnavailableError,
     PluginLoadError,
 )
+from genlm.core._plugin_api import incompatibility
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +141,7 @@ class Registry:
         hidden: entry point names of the installed plugins the allowlist kept from loading.
         allowlist_note: what the allowlist hid, as a sentence for messages (its value,
             the plugins it hid, what to do); None when it hid nothing.
+        incompatible: backend name -> the error of a spec built for another plugin API.
     """
 
     backends: dict[str, BackendSpec] = attrs.field(factory=dict)
@@ -144,6 +150,7 @@ class Registry:
     plugins: list[tuple[str, str | None]] = attrs.field(factory=list)
     hidden: list[str] = attrs.field(factory=list)
     allowlist_note: str | None = None
+    incompatible: dict[str, PluginLoadError] = attrs.field(factory=dict)
     _claims: dict[str, list[_Claim]] = attrs.field(factory=dict, init=False, repr=False)
     _winners: dict[str, _Claim] = attrs.field(factory=dict, init=False, repr=False)
     _rejected: set[_Claim] = attrs.field(factory=set, init=False, repr=False)
@@ -241,6 +248,12 @@ class Registry:
     def _claim_backend(self, spec: BackendSpec, plugin: str, dist: str | None) -> None:
         if not isinstance(spec, BackendSpec):
             raise TypeError(f"register() takes a BackendSpec, got {type(spec).__name__}")
+        reason = incompatibility(spec.plugin_api, dist or spec.distribution)
+        if reason is not None:
+            self.incompatible[spec.name] = self._broken(
+                plugin, dist, f"backend {spec.name!r} {reason}"
+            )
+            return
         claims = self._claims.setdefault(spec.name, [])
         claim = _Claim(spec, plugin, dist)
         if claim not in claims:
@@ -269,7 +282,7 @@ class Registry:
 
     def _broken(
         self, plugin: str, dist: str | None, message: str, cause: BaseException | None = None
-    ) -> None:
+    ) -> PluginLoadError:
         error = PluginLoadError(
             f"plugin {plugin!r} ({dist or 'unknown distribution'}): {message}",
             plugin=plugin,
@@ -278,6 +291,7 @@ class Registry:
         error.__cause__ = cause
         logger.info("%s", error)
         self.errors.append(error)
+        return error
 
     # ---- choosing and loading ----------------------------------------------------------
 
@@ -298,10 +312,14 @@ class Registry:
 
         Raises:
             BackendNotFoundError: no backend has that name, or (None) none can run here.
-            BackendUnavailableError: the named backend is installed but cannot run here.
+            BackendUnavailableError: the named backend is installed but cannot run here,
+                or was built for another plugin API.
         """
         if backend is not None:
-            spec = self.backends.get(backend.casefold() if isinstance(backend, str) else backend)
+            name = backend.casefold() if isinstance(backend, str) else backend
+            spec = self.backends.get(name)
+            if spec is None and name in self.incompatible:
+                raise BackendUnavailableError(str(self.incompatible[name]))
             if spec is None:
                 raise BackendNotFoundError(self._not_found_message(backend))
             reason = spec.unavailable_reason()
@@ -398,6 +416,7 @@ class Registry:
         return usable, reasons
 
     def _no_usable_backend(self, reasons: list[str]) -> BackendNotFoundError:
+        reasons = reasons + [str(e) for _, e in sorted(self.incompatible.items())]
         return BackendNotFoundError(
             f"no usable backend is {'loaded' if self.allowlist_note else 'installed'}"
             + (f" ({'; '.join(reasons)})" if reasons else "")

@@ -94,6 +94,8 @@ Special tokens
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import threading
 from collections.abc import Iterable, Sequence
@@ -111,6 +113,8 @@ except ImportError:  # built without a C compiler: the numpy kernel does the wor
     _trie_kernel = None
 
 __all__ = ["EOS_EDGE", "TokenByteTrie", "set_trie_pool_limit"]
+
+logger = logging.getLogger(__name__)
 
 EOS_EDGE = 256
 """Edge label of the root's EOS child in :meth:`TokenByteTrie.children`; one past
@@ -189,6 +193,7 @@ class TokenByteTrie:
                 "installed); reinstall with a compiler, or use kernel='numpy'"
             )
         self.kernel = "numpy" if kernel == "numpy" or _trie_kernel is None else "c"
+        _log_installed_kernel()
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
         self.threads = threads or _usable_cpus()
@@ -622,6 +627,18 @@ def set_trie_pool_limit(nbytes: int) -> int:
     if _trie_kernel is None:
         return 0
     return _trie_kernel.set_pool_limit(int(nbytes))
+
+
+@functools.cache
+def _log_installed_kernel() -> None:
+    """Say once per process, at the first trie, which kernel ``kernel="auto"`` runs here."""
+    if _trie_kernel is None:
+        logger.info(
+            "token-byte trie: numpy kernel (the C kernel genlm.core._trie_kernel was not "
+            "built: no C compiler when genlm-core was installed)"
+        )
+    else:
+        logger.info("token-byte trie: C kernel (%s)", _trie_kernel.__file__)
 
 
 def _usable_cpus() -> int:

@@ -6,7 +6,7 @@ besides: the base class :class:`BatchedLM` and its hooks (``_logprobs_batch``,
 ``_variant``, ``_check_variant``, ``_clear_backend_cache``, ``_close_backend``), the
 request check :meth:`BatchedLM.validate_request`, the worker thread, the scheduler, the
 caches and the byte-bounded LRU under them, the row planner for KV reuse, the plugin
-registry and ``BackendSpec``, and small helpers (``is_torch``, ``resolve_model_path``, the
+registry, ``BackendSpec`` and the plugin API version it declares (``PLUGIN_API``), and small helpers (``is_torch``, ``resolve_model_path``, the
 sampler and its argument checks, ``lazy_exports``). Command plugins use :mod:`genlm.core.cli` and
 :mod:`genlm.core.hookspecs`. A distribution other than genlm-core uses only these public
 modules, never a ``genlm.core._private`` one (``tests/test_private_access.py`` checks).
@@ -26,6 +26,7 @@ _EXPORTS = {
     "BatchedLM": "genlm.core._model",
     "ByteLRU": "genlm.core._lru",
     "ModelWorker": "genlm.core._worker",
+    "PLUGIN_API": "genlm.core._plugin_api",
     "OutputCache": "genlm.core._output_cache",
     "PrefixCache": "genlm.core._prefix_cache",
     "PrefixHit": "genlm.core._prefix_cache",
@@ -62,6 +63,7 @@ if _TYPE_CHECKING:
     from genlm.core._model import BatchedLM as BatchedLM
     from genlm.core._model import validate_context as validate_context
     from genlm.core._output_cache import OutputCache as OutputCache
+    from genlm.core._plugin_api import PLUGIN_API as PLUGIN_API
     from genlm.core._prefix_cache import PrefixCache as PrefixCache
     from genlm.core._prefix_cache import PrefixHit as PrefixHit
     from genlm.core._registry import Registry as Registry

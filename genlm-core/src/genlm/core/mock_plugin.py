@@ -15,6 +15,7 @@ def genlm_register_backends(register: Callable[[BackendSpec], None]) -> None:
             name="mock",
             loader="genlm.core.mock:MockLM.from_name",
             distribution="genlm-core",
+            plugin_api=1,
             priority=-100,
             auto_select=False,
             description="deterministic fake model over any tokenizer's vocabulary (for tests)",

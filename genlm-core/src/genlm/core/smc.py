@@ -72,6 +72,11 @@ class SMCResult:
         return effective_sample_size(np.array([p.log_weight for p in self.particles]))
 
 
+#: Relative slack of the resampling test: equal weights have an ESS of exactly n, which
+#: float rounding puts a few ulps either side of n (numpy 1.26 and 2.x round differently).
+_ESS_RTOL = 1e-9
+
+
 def effective_sample_size(log_weights: np.ndarray) -> float:
     """``1 / sum(w_i^2)`` of the normalized weights, from unnormalized log-weights."""
     lw = log_weights - logsumexp(log_weights)
@@ -171,7 +176,7 @@ async def smc(
         log_weights = np.array([p.log_weight for p in particles])
         if np.isneginf(log_weights).all():
             raise RuntimeError("every particle reached a context where the mask allows no token")
-        if effective_sample_size(log_weights) < ess_threshold * n_particles:
+        if effective_sample_size(log_weights) < ess_threshold * n_particles * (1 - _ESS_RTOL):
             log_marginal += logsumexp(log_weights) - np.log(n_particles)
             keep = systematic_resample(log_weights, rng)
             particles = [Particle(list(particles[i].tokens), 0.0, particles[i].done) for i in keep]

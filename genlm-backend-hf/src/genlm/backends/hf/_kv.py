@@ -41,7 +41,7 @@ import attrs
 import numpy as np
 import torch
 
-# transformers >= 4.56 (we require 4.57): caches are lists of layer objects we can subclass.
+# transformers >= 4.56 (we require 4.57.1): caches are lists of layer objects we can subclass.
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from genlm.core.backend import PrefixCache, RowPlan, group_padded
@@ -214,7 +214,9 @@ class BufferedLayer(DynamicLayer if DynamicLayer is not None else object):
         self.length = end
         return self.keys[:, :, :width], self.values[:, :, :width]
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+    def get_mask_sizes(self, query_length: int | torch.Tensor) -> tuple[int, int]:
+        if isinstance(query_length, torch.Tensor):  # transformers 4.57: the cache_position
+            query_length = query_length.shape[0]
         return max(self.length + query_length, self.columns), 0
 
     def get_seq_length(self) -> int:

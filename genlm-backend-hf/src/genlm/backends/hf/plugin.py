@@ -16,6 +16,7 @@ def genlm_register_backends(register: Callable[[BackendSpec], None]) -> None:
             name="hf",
             loader="genlm.backends.hf._model:HFLM.from_name",
             distribution="genlm-backend-hf",
+            plugin_api=1,
             probe="genlm.backends.hf.plugin:unavailable_reason",
             priority=10,
             description="Hugging Face transformers (CPU or CUDA) with automatic KV reuse and LoRA",

@@ -9,11 +9,19 @@ the same number of new tokens, so the new part needs no padding. The caches of t
 batch stay alive as a :class:`LiveBatch`, so a next batch that extends its rows (the SMC
 step) runs in place instead of being rebuilt from stored prefixes; :class:`KVStore` keeps
 both under one byte budget. Only the public cache API is used: the ``BatchKVCache``
-constructor, its ``state`` property and ``filter``.
+constructor, its ``keys``, ``values``, ``offset`` and ``left_padding``, its ``state``
+property and ``filter``.
+
+``BatchKVCache.state`` changed in mlx-lm 0.32: it is ``(keys, values, offset,
+left_padding, idx)`` over the whole buffers, where 0.30 and 0.31 give the first four cut at
+``idx`` and their setter takes ``idx`` from the keys' length. :func:`merge` and
+:func:`split` serve both (see :func:`_state_has_idx`).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -37,6 +45,19 @@ def non_resumable_types(caches: Sequence[object]) -> list[str]:
     return sorted({type(c).__name__ for c in caches if type(c) is not KVCache})
 
 
+@functools.cache
+def _state_has_idx() -> bool:
+    """Whether the installed mlx-lm's ``BatchKVCache.state`` ends with the write position."""
+    major, minor = (int(part) for part in importlib.metadata.version("mlx-lm").split(".")[:2])
+    return (major, minor) >= (0, 32)
+
+
+def _stop(cache: BatchKVCache) -> int:
+    """Where the batch's rows end in the cache's buffers (its write position)."""
+    state = cache.state
+    return state[4] if len(state) == 5 else state[0].shape[2]
+
+
 def merge(
     entries: Sequence[PrefixKV | None], num_layers: int, new_tokens: int
 ) -> list[BatchKVCache]:
@@ -45,7 +66,8 @@ def merge(
     This is ``BatchKVCache.merge`` with room for ``new_tokens`` more positions: mlx-lm's
     merge sizes its buffers to the prefixes, so the forward pass's first write would
     reallocate them in 256-position steps (zero-fill and copy every row's KV again).
-    Built through the public constructor and ``state`` setter.
+    Built through the public constructor and ``state`` setter; before mlx-lm 0.32 the
+    setter cannot leave room after the prefixes, so the buffers grow as mlx-lm's do.
     """
     lengths = [0 if entry is None else entry[0][0].shape[2] for entry in entries]
     longest = max(lengths)
@@ -63,8 +85,16 @@ def merge(
                 if entry is not None:
                     keys[row : row + 1, :, pad:longest] = entry[layer][0]
                     values[row : row + 1, :, pad:longest] = entry[layer][1]
-            _, _, offset, left_padding, _ = cache.state
-            cache.state = (keys, values, offset + longest, left_padding, longest)
+            offset, left_padding = cache.offset + longest, cache.left_padding
+            if _state_has_idx():
+                cache.state = (keys, values, offset, left_padding, longest)
+            else:
+                cache.state = (
+                    keys[..., :longest, :],
+                    values[..., :longest, :],
+                    offset,
+                    left_padding,
+                )
         merged.append(cache)
     return merged
 
@@ -76,12 +106,13 @@ def split(caches: Sequence[BatchKVCache]) -> list[PrefixKV]:
     padding is where :func:`merge` (or a later ``filter``) put it, and rows of one batch
     always end together.
     """
-    left_padding = caches[0].state[3].tolist()
+    left_padding = caches[0].left_padding.tolist()
+    stops = [_stop(cache) for cache in caches]
     out = []
     for row, start in enumerate(left_padding):
         layers = []
-        for cache in caches:
-            keys, values, _, _, stop = cache.state
+        for cache, stop in zip(caches, stops):
+            keys, values = cache.keys, cache.values
             layers.append(
                 (
                     mx.contiguous(keys[row : row + 1, :, start:stop]),
@@ -127,7 +158,7 @@ class LiveBatch:
     @property
     def nbytes(self) -> int:
         """Bytes of the batch buffers (padding and growth room included)."""
-        return sum(c.state[0].nbytes + c.state[1].nbytes for c in self.caches)
+        return sum(c.keys.nbytes + c.values.nbytes for c in self.caches)
 
     def advance(self, sources: Sequence[int], contexts: Sequence[tuple[int, ...]]) -> None:
         """Lay the rows out as ``sources`` (repeats fork a row, omissions drop it).

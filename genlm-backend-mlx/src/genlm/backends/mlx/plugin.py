@@ -35,6 +35,7 @@ def genlm_register_backends(register: Callable[[BackendSpec], None]) -> None:
             name="mlx",
             loader="genlm.backends.mlx._model:MLXLM.from_name",
             distribution="genlm-backend-mlx",
+            plugin_api=1,
             probe="genlm.backends.mlx.plugin:unavailable_reason",
             priority=20,
             auto_select=is_apple_silicon(),

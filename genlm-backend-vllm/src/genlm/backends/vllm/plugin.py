@@ -46,6 +46,7 @@ def genlm_register_backends(register: Callable[[BackendSpec], None]) -> None:
             name="vllm",
             loader="genlm.backends.vllm._model:VLLMLM.from_name",
             distribution="genlm-backend-vllm",
+            plugin_api=1,
             probe="genlm.backends.vllm.plugin:unavailable_reason",
             priority=30,
             auto_select=gpu,

@@ -19,7 +19,11 @@ def _version(distribution: str | None) -> str:
 
 
 def backend_rows() -> tuple[list[dict], list[dict]]:
-    """One row per registered backend, and one per broken plugin."""
+    """One row per registered backend, and one per broken plugin.
+
+    A broken plugin's ``incompatible`` is true when it was built for another plugin API
+    (its ``error`` then names both versions and the ``pip install`` that fixes it).
+    """
     from genlm.core._registry import get_registry
 
     registry = get_registry()
@@ -38,8 +42,14 @@ def backend_rows() -> tuple[list[dict], list[dict]]:
                 "description": spec.description,
             }
         )
+    incompatible = {id(e) for e in registry.incompatible.values()}
     broken = [
-        {"plugin": e.plugin, "distribution": e.distribution, "error": str(e)}
+        {
+            "plugin": e.plugin,
+            "distribution": e.distribution,
+            "error": str(e),
+            "incompatible": id(e) in incompatible,
+        }
         for e in registry.errors
     ]
     return rows, broken
@@ -81,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
     elif registry.allowlist_note is None:
         print("no backends installed; try: pip install genlm-backend-hf")
     for b in broken:
+        if b["incompatible"]:  # the error is one line with the fix: print it alone
+            print(f"\nincompatible {b['error']}")
+            continue
         print(f"\nbroken plugin {b['plugin']} ({b['distribution'] or 'unknown distribution'}):")
         print(f"  {b['error']}")
     note = registry.allowlist_note

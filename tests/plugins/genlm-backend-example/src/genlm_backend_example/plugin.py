@@ -11,6 +11,7 @@ def genlm_register_backends(register):
             name="example",
             loader="genlm_backend_example.model:BigramLM.from_name",
             distribution="genlm-backend-example",
+            plugin_api=1,
             priority=1,
             description="a bigram model over the 256 bytes (example plugin)",
         )
