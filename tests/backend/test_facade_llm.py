@@ -230,7 +230,7 @@ def test_load_model_by_name_lets_the_registry_choose(monkeypatch):
 
     import genlm.backend.llm as facade
     from genlm.core import BackendUnavailableError
-    from genlm.core.backend import BackendSpec, Registry
+    from genlm.core.backend import PLUGIN_API, BackendSpec, Registry
 
     def registry(*specs):
         reg = Registry()
@@ -247,6 +247,7 @@ def test_load_model_by_name_lets_the_registry_choose(monkeypatch):
             priority=priority,
             auto_select=auto_select,
             probe=probe,
+            plugin_api=PLUGIN_API,
         )
 
     loaded = []

@@ -4,7 +4,7 @@ import pytest
 from support.plugins import plugin_module
 
 from genlm.core import AsyncLM, BackendError, _registry
-from genlm.core.backend import BackendSpec, Registry
+from genlm.core.backend import PLUGIN_API, BackendSpec, Registry
 from genlm.core.cli import main
 from genlm.core.mock import MockLM
 
@@ -26,7 +26,10 @@ def weird_registry(monkeypatch):
     returned = {}
     monkeypatch.setattr(MockLM, "from_name", lambda model, **opts: returned["value"])
     spec = BackendSpec(
-        name="weird", loader="genlm.core.mock:MockLM.from_name", distribution="genlm-backend-weird"
+        name="weird",
+        loader="genlm.core.mock:MockLM.from_name",
+        distribution="genlm-backend-weird",
+        plugin_api=PLUGIN_API,
     )
     registry = Registry()
     registry.register_plugins([("weird-plugin", "genlm-backend-weird", plugin_module("w", spec))])

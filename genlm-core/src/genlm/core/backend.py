@@ -6,8 +6,9 @@ besides: the base class :class:`BatchedLM` and its hooks (``_logprobs_batch``,
 ``_variant``, ``_check_variant``, ``_clear_backend_cache``, ``_close_backend``), the
 request check :meth:`BatchedLM.validate_request`, the worker thread, the scheduler, the
 caches and the byte-bounded LRU under them, the row planner for KV reuse, the plugin
-registry, ``BackendSpec`` and the plugin API version it declares (``PLUGIN_API``), and small helpers (``is_torch``, ``resolve_model_path``, the
-sampler and its argument checks, ``lazy_exports``). Command plugins use :mod:`genlm.core.cli` and
+registry, ``BackendSpec`` and the plugin API version it declares (``PLUGIN_API``), and
+small helpers (``is_torch``, ``resolve_model_path``, the sampler and its argument checks,
+``lazy_exports``). Command plugins use :mod:`genlm.core.cli` and
 :mod:`genlm.core.hookspecs`. A distribution other than genlm-core uses only these public
 modules, never a ``genlm.core._private`` one (``tests/test_private_access.py`` checks).
 

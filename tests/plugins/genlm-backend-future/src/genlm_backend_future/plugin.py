@@ -1,6 +1,6 @@
 """Declares a plugin API newer than genlm-core serves, like a plugin built for a later core."""
 
-from genlm.core import BackendSpec
+from genlm.core.backend import BackendSpec
 from genlm.core.hookspecs import hookimpl
 
 #: The API this plugin claims to be built for: one past any genlm-core released so far.
