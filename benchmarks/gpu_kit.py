@@ -14,7 +14,8 @@ folders at the repository root:
   that the machine lacks (:data:`VLLM_DEPS`, found by :func:`probe`), pytest for the
   test session, and ``kit.json`` (every part's and the whole wheel's sha256);
 * ``.gpu-wheels``: the reference (genlm-backend 0.3.1, genlm-bytes 0.2.0) and its small
-  imports, and the llama3.2 tokenizer; ``.gpu-wheels-NAME``: its heavy imports;
+  imports, and the llama3.2 tokenizer; ``.gpu-wheels-NAME``: its heavy imports (a wheel
+  too big for one call, llvmlite, in parts ``.gpu-wheels-llvmlite-1`` ... as vLLM's);
 
 and writes the exact sequence of device calls to ``benchmarks/gpu_calls.md``.
 Every folder carries a ``SHA256SUMS``. There, ``check`` verifies the folders that have
@@ -47,6 +48,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 WORK = HERE / "_work" / "gpu"
+#: Where the split wheels are reassembled on the device.
+WHEELS = WORK / "wheels"
 CALLS = HERE / "gpu_calls.md"
 logger = logging.getLogger("gpu_kit")
 
@@ -66,12 +69,20 @@ CARRY_LIMIT = 64 * 2**20
 CARRY_MARGIN = 4 * 2**20
 
 #: What vLLM 0.26.0 imports for ``LLM(...)`` in-process (engine core, uniproc executor, GPU
-#: worker and model runner, FlashAttention, Llama, sampler, logits processors, LoRA,
-#: structured output) beyond the machine's own packages, with vLLM 0.26.0's pins where it
-#: has them. Found by :func:`probe` on 2026-11-24 (Python 3.11 with torch, transformers,
-#: numpy, tokenizers, safetensors, sentencepiece, tiktoken and huggingface_hub only); each
-#: is installed with --no-deps.
-VLLM_DEPS: tuple[str, ...] = ()
+#: worker and model runners, FlashAttention, Llama, sampler, logits processors, LoRA,
+#: structured output, compilation) beyond the machine's own packages: found by :func:`probe`
+#: on 2026-11-24 in a Python 3.11 venv holding only torch, transformers (and what it pulls:
+#: pydantic, httpx, anyio, ...), numpy, tokenizers, safetensors, sentencepiece, tiktoken and
+#: huggingface_hub. Installed with --no-deps at the versions pip's resolver picks for vLLM
+#: 0.26.0 (:func:`resolve`). Runtime-only imports (flashinfer, CUDA graph capture) show up
+#: only on the device; vLLM falls back to PyTorch sampling without flashinfer.
+VLLM_DEPS = (
+    *("aiohappyeyeballs", "aiohttp", "aiosignal", "apache-tvm-ffi", "attrs", "cachetools"),
+    *("cbor2", "cloudpickle", "einops", "fastapi", "frozenlist", "llguidance", "msgspec"),
+    *("multidict", "openai-harmony", "openai", "partial-json-parser", "pillow"),
+    *("prometheus-client", "propcache", "psutil", "py-cpuinfo", "pybase64", "pyzmq"),
+    *("sniffio", "starlette", "uvloop", "xgrammar", "yarl"),
+)
 #: The test session (``tests/vllm`` on CUDA) needs pytest; the machine may lack it.
 TEST_DEPS = ("pytest", "pluggy", "iniconfig", "pytest-timeout")
 #: The modules :func:`probe` imports: what an in-process engine and both sides touch.
@@ -108,10 +119,10 @@ DISTRIBUTIONS = {
     "dateutil": "python-dateutil",
 }
 
-#: The reference: installed with --no-deps; arsenal's and IPython's imports come as wheels.
+#: The reference: installed with --no-deps; what arsenal imports comes as wheels.
 REFERENCE = ("genlm-backend==0.3.1", "genlm-bytes==0.2.0", "arsenal")
-#: Pure-python helpers the reference imports, downloaded with their dependencies.
-REFERENCE_HELPERS = ("ipython",)
+#: What arsenal imports (IPython; matplotlib, for arsenal.timer), with their dependencies.
+REFERENCE_HELPERS = ("ipython", "matplotlib")
 #: Heavier imports of the reference (its trie needs numba), each in its own folder
 #: (llvmlite alone is ~57 MiB), at the versions the nox ``clients`` session runs it with
 #: (numba 0.68 admits the device's numpy 2.5; vLLM 0.26's own pin, numba 0.65, does not).
@@ -278,22 +289,26 @@ def probe(args: argparse.Namespace) -> None:
 
 def prepare(args: argparse.Namespace) -> None:
     """Download and split everything the device lacks, and write the call sequence."""
-    wheel = vllm_wheel()
     budget = CARRY_LIMIT - tree_bytes() - CARRY_MARGIN
-    parts = split_wheel(wheel, budget)
+    for old in [*REPO.glob(".vllm-*"), *REPO.glob(".gpu-wheels*")]:
+        shutil.rmtree(old)
     deps = folder(".vllm-deps")
     fresh(deps)
     versions = resolve(kit_cache())
     pip_download(deps, "--no-deps", *(f"{d}=={versions[canonical(d)]}" for d in VLLM_DEPS))
     pip_download(deps, "--no-deps", *TEST_DEPS)
-    kit = {
-        "wheel": wheel.name,
-        "sha256": sha256(wheel),
-        "bytes": wheel.stat().st_size,
-        "parts": [p.name for p in parts],
-    }
-    (deps / "kit.json").write_text(json.dumps(kit, indent=1) + "\n")
+    splits = [split_wheel(vllm_wheel(), ".vllm", budget)]
     reference = prepare_reference(args.heavy)
+    for path in reference:  # a wheel too big for one call travels in parts (llvmlite)
+        for wheel in list(path.glob("*.whl")):
+            if wheel.stat().st_size > budget:
+                splits.append(split_wheel(wheel, path.name, budget))
+                wheel.unlink()
+    for path in [p for p in reference if not any(p.iterdir())]:
+        path.rmdir()
+        reference.remove(path)
+    (deps / "kit.json").write_text(json.dumps({"split": splits}, indent=1) + "\n")
+    parts = [folder(name) for split in splits for name in split["parts"]]
     for path in [*parts, deps, *reference]:
         write_sums(path)
     write_calls(parts, deps, reference, budget)
@@ -319,22 +334,21 @@ def fresh(path: Path) -> None:
     path.mkdir()
 
 
-def split_wheel(wheel: Path, budget: int) -> list[Path]:
-    """Split ``wheel`` into equal parts of at most ``budget`` bytes, one folder each."""
+def split_wheel(wheel: Path, stem: str, budget: int) -> dict:
+    """Split ``wheel`` into equal parts of at most ``budget`` bytes, in folders
+    ``STEM-1`` ... ``STEM-N``; returns its ``kit.json`` entry."""
     size = wheel.stat().st_size
     count = math.ceil(size / budget)
     part = math.ceil(size / count)
-    for old in REPO.glob(".vllm-[0-9]*"):
-        shutil.rmtree(old)
     folders = []
     with wheel.open("rb") as f:
         for i in range(1, count + 1):
-            path = folder(f".vllm-{i}")
+            path = folder(f"{stem}-{i}")
             fresh(path)
             (path / f"{wheel.name}.part{i}").write_bytes(f.read(part))
-            folders.append(path)
+            folders.append(path.name)
     logger.info("%s: %d bytes in %d parts of %d", wheel.name, size, count, part)
-    return folders
+    return {"wheel": wheel.name, "sha256": sha256(wheel), "bytes": size, "parts": folders}
 
 
 def reference(args: argparse.Namespace) -> None:
@@ -416,11 +430,12 @@ def write_calls(parts: list[Path], deps: Path, reference: list[Path], budget: in
     lines += ["", "vLLM's dependencies in `.vllm-deps` (what the machine lacks, by the probe):", ""]
     for wheel in sorted(deps.glob("*.whl"), key=lambda w: -w.stat().st_size):
         lines.append(f"* `{wheel.name}`: {wheel.stat().st_size / 2**20:.2f} MiB")
-    kit = json.loads((deps / "kit.json").read_text())
-    lines += [
-        "",
-        f"Reassembled: `{kit['wheel']}`, {kit['bytes']:,} bytes, sha256 `{kit['sha256']}`.",
-    ]
+    lines += ["", "Split wheels, reassembled and checked by `install`:", ""]
+    for split in json.loads((deps / "kit.json").read_text())["split"]:
+        lines.append(
+            f"* `{split['wheel']}`, {split['bytes']:,} bytes in {len(split['parts'])} parts, "
+            f"sha256 `{split['sha256']}`"
+        )
     CALLS.write_text("\n".join(lines) + "\n")
     logger.info("wrote %s", CALLS)
 
@@ -466,8 +481,8 @@ def check(args: argparse.Namespace) -> None:
         logger.info("%s: %s", path.name, "damaged" if found else f"intact, {size_of(path):,} B")
     kit_file = folder(".vllm-deps") / "kit.json"
     if kit_file.exists():
-        kit = json.loads(kit_file.read_text())
-        waiting = [p for p in kit["parts"] if not folder(p).is_dir()]
+        splits = json.loads(kit_file.read_text())["split"]
+        waiting = [p for s in splits for p in s["parts"] if not folder(p).is_dir()]
         logger.info("wheel parts still to come: %s", ", ".join(waiting) or "none")
     for problem in problems:
         logger.error(problem)
@@ -476,24 +491,26 @@ def check(args: argparse.Namespace) -> None:
 
 
 def install(args: argparse.Namespace) -> None:
-    """Verify all parts, reassemble and check the wheel, install the three folders."""
+    """Verify all parts, reassemble and check the split wheels, install the three folders."""
     deps = folder(".vllm-deps")
-    kit = json.loads((deps / "kit.json").read_text())
-    problems = [p for name in [*kit["parts"], deps.name] for p in verify_sums(folder(name))]
-    problems += [p for ref in REPO.glob(".gpu-wheels*") for p in verify_sums(ref)]
+    splits = json.loads((deps / "kit.json").read_text())["split"]
+    problems = [p for path in kit_folders() for p in verify_sums(path)]
+    problems += [f"{n}: missing" for s in splits for n in s["parts"] if not folder(n).is_dir()]
     if problems:
         raise SystemExit("the kit is incomplete or damaged:\n" + "\n".join(problems))
-    WORK.mkdir(parents=True, exist_ok=True)
-    wheel = WORK / kit["wheel"]
-    with wheel.open("wb") as out:
-        for i, name in enumerate(kit["parts"], 1):
-            with (folder(name) / f"{kit['wheel']}.part{i}").open("rb") as part:
-                shutil.copyfileobj(part, out)
-    if sha256(wheel) != kit["sha256"]:
-        raise SystemExit(f"{wheel.name}: the reassembled wheel's sha256 differs")
-    logger.info("%s reassembled, sha256 matches", wheel.name)
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    for split in splits:
+        wheel = WHEELS / split["wheel"]
+        with wheel.open("wb") as out:
+            for i, name in enumerate(split["parts"], 1):
+                with (folder(name) / f"{split['wheel']}.part{i}").open("rb") as part:
+                    shutil.copyfileobj(part, out)
+        if sha256(wheel) != split["sha256"]:
+            raise SystemExit(f"{wheel.name}: the reassembled wheel's sha256 differs")
+        logger.info("%s reassembled, sha256 matches", wheel.name)
     python = args.python or sys.executable
-    install_folder(python, "vllm", [wheel, *sorted(deps.glob("*.whl"))])
+    vllm = WHEELS / splits[0]["wheel"]
+    install_folder(python, "vllm", [vllm, *sorted(deps.glob("*.whl"))])
     install_sides(python)
 
 
@@ -533,17 +550,17 @@ OURS = ("genlm-core", "genlm-backend-hf", "genlm-bytes", "genlm-backend-vllm")
 
 def install_sides(python: str) -> dict[str, Path]:
     """Install ours (this checkout) and the reference (carried wheels) into their folders."""
-    wheels = [
-        w
-        for w in sorted(REPO.glob(".gpu-wheels*/*.whl"))
+    wheels = {  # by file name: two folders may carry the same dependency
+        w.name: w
+        for w in sorted([*REPO.glob(".gpu-wheels*/*.whl"), *WHEELS.glob("*.whl")])
         if canonical(w.name.split("-")[0]) not in MACHINE_PACKAGES
-    ]
-    if not any(w.name.startswith("genlm_backend-0.3.1") for w in wheels):
+    }
+    if not any(name.startswith("genlm_backend-0.3.1") for name in wheels):
         raise FileNotFoundError("no genlm_backend-0.3.1 wheel in .gpu-wheels: run `prepare`")
     ours = [REPO / d for d in OURS]
     return {
         "ours": install_folder(python, "ours", ours, build=True),
-        "ref": install_folder(python, "ref", wheels),
+        "ref": install_folder(python, "ref", sorted(wheels.values())),
     }
 
 
