@@ -622,16 +622,19 @@ def versions_line(results: dict, args: argparse.Namespace) -> str:
     if not done:
         return "No results yet."
     v = done[0]["versions"]
-    packages: dict = {}
-    for r in done:
-        packages |= r["versions"]["packages"]
-    names = ", ".join(f"{k} {x}" for k, x in sorted(packages.items()))
+    sides = []
+    for side in ("ours", "ref"):  # both sides ship genlm-bytes, at different versions
+        packages: dict = {}
+        for name, r in results.items():
+            if name.endswith(f"-{side}") and "versions" in r:
+                packages |= r["versions"]["packages"]
+        sides.append(", ".join(f"{k} {x}" for k, x in sorted(packages.items())) or "-")
     return (
         f"Device: {v['device_name']} ({args.device}); Python {v['python']}, torch {v['torch']}, "
         f"transformers {v['transformers']}; {'float32' if args.device == 'cpu' else 'bf16'} "
         f"random-weight Llama, llama3.2 tokenizer; {args.steps} SMC steps (medians)"
         + (" — tiny smoke shapes, not the issue's loads" if args.tiny else "")
-        + f". Packages: {names}; ours at commit {git_commit()}."
+        + f". Ours: {sides[0]} (commit {git_commit()}). Reference: {sides[1]}."
     )
 
 
