@@ -164,7 +164,7 @@ def emit(folder: Path, args: argparse.Namespace) -> None:
         for result in folder.glob("*"):
             shutil.copy(result, out / result.name)
         for name, result in load_results(folder).items():  # profiles, readable
-            if "profile" in result:
+            if "top" in result.get("profile", {}):
                 (out / f"{name}-profile.txt").write_text(result["profile"]["top"])
         (out / "gpu_table.md").write_text(text + "\n")
 
@@ -512,7 +512,11 @@ async def worker_loads(args: argparse.Namespace, tokenizer) -> dict:
             "%s %s P=%d: %.1f ms/step", NAMES[args.side, args.backend], shape, particles, 1e3 * step
         )
         if "profile" not in results and shape in ("1B", "tiny"):  # at P=16 (tiny: 4)
-            results["profile"] = await profile_step(side, particles, prompt)
+            try:  # a summary: its failure must not cost the measurements
+                results["profile"] = await profile_step(side, particles, prompt)
+            except Exception as e:
+                logger.exception("the profiled step failed")
+                results["profile"] = {"error": f"{type(e).__name__}: {e}"}
     side.close()
     results["memory"][shape_now] = peak_memory(args.device)
     return results
@@ -610,6 +614,8 @@ def table(folder: Path, args: argparse.Namespace) -> str:
 
 def profile_note(name: str, p: dict, args: argparse.Namespace) -> str:
     load = "tiny P=4" if args.tiny else "1B P=16"
+    if "error" in p:
+        return f"* {name}, one {load} step under torch.profiler failed: `{p['error']}`"
     return (
         f"* {name}, one {load} step under torch.profiler: {p['wall_ms']:.1f} ms wall, "
         f"{p['kernel_ms']:.1f} ms of device kernels, {p['host_ms']:.1f} ms not covered by "
