@@ -539,7 +539,10 @@ def install_folder(python: str, name: str, sources: list, *, build: bool = False
     cmd = [python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-warn-conflicts"]
     cmd += ["--no-index"] + (["--no-build-isolation"] if build else [])
     logger.info("%s: installing into %s", name, target)
-    subprocess.run([*cmd, "--target", str(target), *map(str, sources)], check=True)
+    # Into a folder of our own, never the system's site-packages; a system Python marked
+    # externally managed (PEP 668) would otherwise refuse.
+    env = dict(os.environ, PIP_BREAK_SYSTEM_PACKAGES="1")
+    subprocess.run([*cmd, "--target", str(target), *map(str, sources)], check=True, env=env)
     marker.write_text(stamp.hexdigest())
     return target
 
