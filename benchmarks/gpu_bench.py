@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_kit import REPO, WORK, install_sides, tokenizer_source  # noqa: E402
+from gpu_kit import REPO, WORK, install_ours, install_sides, tokenizer_source  # noqa: E402
 
 RESULTS = WORK / "results"
 CARRIED_TOKENIZER = REPO / ".gpu-wheels" / "llama3.2"
@@ -172,10 +172,15 @@ def emit(folder: Path, args: argparse.Namespace) -> None:
 def tests(args: argparse.Namespace) -> None:
     """``tests/vllm`` with our folder and the carried vLLM (the test session on the device)."""
     python = args.python or sys.executable
-    sides = install_sides(python)
-    env = dict(os.environ, PYTHONPATH=side_path(sides["ours"]), HF_HUB_OFFLINE="1")
+    env = dict(os.environ, PYTHONPATH=side_path(install_ours(python)), HF_HUB_OFFLINE="1")
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", GENLM_REQUIRE_TRIE_KERNEL="1")
     env.update(TOKENIZERS_PARALLELISM="false")
+    # tests/vllm skips itself where vllm does not import: say why, rather than skip.
+    probe = "import vllm, vllm.sampling_params; print(vllm.__version__, vllm.__file__)"
+    found = subprocess.run([python, "-c", probe], capture_output=True, text=True, env=env)
+    if found.returncode != 0:
+        raise SystemExit(f"vllm does not import for tests/vllm:\n{found.stderr[-4000:]}")
+    logger.info("vllm %s", found.stdout.strip())
     cmd = [python, "-m", "pytest", "tests/vllm", "-q", "-p", "no:cacheprovider", "-rfEs"]
     start = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, check=False)

@@ -551,18 +551,23 @@ def install_folder(python: str, name: str, sources: list, *, build: bool = False
 OURS = ("genlm-core", "genlm-backend-hf", "genlm-bytes", "genlm-backend-vllm")
 
 
+def install_ours(python: str) -> Path:
+    """Build and install this checkout into the ``ours`` folder."""
+    return install_folder(python, "ours", [REPO / d for d in OURS], build=True)
+
+
 def install_sides(python: str) -> dict[str, Path]:
     """Install ours (this checkout) and the reference (carried wheels) into their folders."""
+    carried = [*REPO.glob(".gpu-wheels*/*.whl"), *WHEELS.glob("*.whl")]
     wheels = {  # by file name: two folders may carry the same dependency
         w.name: w
-        for w in sorted([*REPO.glob(".gpu-wheels*/*.whl"), *WHEELS.glob("*.whl")])
-        if canonical(w.name.split("-")[0]) not in MACHINE_PACKAGES
+        for w in sorted(carried)
+        if canonical(w.name.split("-")[0]) not in (*MACHINE_PACKAGES, "vllm")  # vllm: its own
     }
     if not any(name.startswith("genlm_backend-0.3.1") for name in wheels):
         raise FileNotFoundError("no genlm_backend-0.3.1 wheel in .gpu-wheels: run `prepare`")
-    ours = [REPO / d for d in OURS]
     return {
-        "ours": install_folder(python, "ours", ours, build=True),
+        "ours": install_ours(python),
         "ref": install_folder(python, "ref", sorted(wheels.values())),
     }
 
