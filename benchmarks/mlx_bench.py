@@ -8,8 +8,8 @@ warm-up pass first. Writes ``benchmarks/results/mlx.md``.
 
     python benchmarks/mlx_bench.py [--ref-python /work/venvs/ref-mlx/bin/python]
 
-Three rows per model: ours as shipped, ours with ``max_wait_s=0`` (the batching policy of
-0.3.1), and 0.3.1.
+Two rows per model: ours as shipped and 0.3.1. Both fire a batch as soon as the requests
+made together have arrived (core has had no batching timer by default since issue 23).
 """
 
 from __future__ import annotations
@@ -52,14 +52,8 @@ def smc_load(next_token_logprobs, bos: int, steps: int, seed: int = 0) -> tuple[
     return asyncio.run(run())
 
 
-#: Row label -> worker kind. ``ours-nowait`` is ours with core's batching timer off
-#: (``max_wait_s=0``, core's default is 1 ms): 0.3.1 fires a batch at once (its default
-#: ``timeout=0``), so that row compares the backends at equal batching policy.
-SYSTEMS = {
-    "genlm-backend-mlx": "ours",
-    "genlm-backend-mlx, max_wait_s=0": "ours-nowait",
-    "genlm-backend 0.3.1": "ref",
-}
+#: Row label -> worker kind.
+SYSTEMS = {"genlm-backend-mlx": "ours", "genlm-backend 0.3.1": "ref"}
 
 
 def worker(system: str, model: str, repeats: int) -> dict:
@@ -70,8 +64,7 @@ def worker(system: str, model: str, repeats: int) -> dict:
     if system.startswith("ours"):
         from genlm.backends.mlx import MLXLM
 
-        options = {"max_wait_s": 0.0} if system == "ours-nowait" else {}
-        lm = MLXLM.from_name(model, **options)
+        lm = MLXLM.from_name(model)
         bos = lm.vocab.bos_token_id
         fn = lm.next_token_logprobs
     else:
@@ -207,11 +200,10 @@ def main() -> None:
         "against 0.3.1). Per step, genlm-backend-mlx extends its live batch caches in place",
         "(gathering rows on the batch axis when particles are resampled or coincide), as",
         "0.3.1 continues its live batch, and copies rows out to the prefix cache only when a",
-        "batch breaks the pattern; its time per step in the backend matches 0.3.1's. The",
-        "max_wait_s=0 row removes core's 1 ms batching timer (0.3.1 fires at once), about",
-        "1 ms per step here; what remains on stories260K is core's per-request work outside",
-        "the backend (context validation, scheduling, worker-thread hand-off, output cache),",
-        "about 0.4 ms per step, which bench53m's steps of two thirds of a second do not show.",
+        "batch breaks the pattern; its time per step in the backend matches 0.3.1's. What",
+        "remains on stories260K is core's per-request work outside the backend (context",
+        "validation, scheduling, worker-thread hand-off, output cache), which bench53m's",
+        "steps of two thirds of a second do not show.",
         "On Linux the bench53m rows mostly measure MLX's CPU matmul: the 16x512 @ 512x50257",
         f"vocabulary projection of one step takes {mlx_ms:.0f} ms in MLX (numpy: {numpy_ms:.0f}",
         "ms). The Apple-silicon numbers that matter to users need a Mac, which this machine",
