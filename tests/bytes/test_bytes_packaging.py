@@ -1,6 +1,8 @@
 """genlm-bytes stays cheap to discover: the CLI imports its plugin without numpy."""
 
-from support.imports import modules_loaded_by
+from pathlib import Path
+
+from support.imports import modules_loaded_by, type_checking_imports
 
 import genlm.bytes
 
@@ -15,4 +17,6 @@ def test_public_names_resolve():
     """Every name in genlm.bytes.__all__ resolves lazily to a real object."""
     for name in genlm.bytes.__all__:
         assert getattr(genlm.bytes, name) is not None
-    assert set(genlm.bytes.__all__) == set(genlm.bytes._EXPORTS)
+    assert genlm.bytes.__all__ == list(genlm.bytes._EXPORTS)
+    full = {n: (m if "." in m else f"genlm.bytes.{m}") for n, m in genlm.bytes._EXPORTS.items()}
+    assert type_checking_imports(Path(genlm.bytes.__file__)) == full

@@ -39,6 +39,14 @@ def test_a_tiny_accepted_temperature_draws_the_most_likely_byte(temperature):
     assert {dist.sample(rng, temperature) for _ in range(20)} == {ord("q")}
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_distribution_with_nothing_possible_refuses_to_draw(temperature):
+    """Every symbol at -inf: no draw, at any temperature (greedy used to return byte 0)."""
+    dist = NextByteLogprobs(np.full(EOS + 1, -np.inf), log_eot=-np.inf)
+    with pytest.raises(ValueError, match="no byte and no EOS has positive probability"):
+        dist.sample(np.random.default_rng(0), temperature)
+
+
 def test_a_tiny_temperature_through_the_byte_lm_is_greedy_decoding():
     """ByteLM sampling at the smallest accepted temperature gives the greedy bytes, also
     where the best next byte is unlikely enough that ``logprob / temperature`` overflows."""

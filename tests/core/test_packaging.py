@@ -1,12 +1,11 @@
 """Packaging promises: namespace layout, light imports, public names, embedded model."""
 
-import ast
 import hashlib
 import importlib
 from pathlib import Path
 
 import pytest
-from support.imports import modules_loaded_by
+from support.imports import modules_loaded_by, type_checking_imports
 
 from genlm.core.backend import resolve_model_path
 
@@ -31,20 +30,6 @@ def test_import_is_light(module):
     assert modules_loaded_by(f"import {module}", HEAVY) == []
 
 
-def _type_checking_imports(path: Path) -> dict[str, str]:
-    """``name -> module`` of the ``if TYPE_CHECKING:`` imports of a source file."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    block = next(
-        n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)
-    )
-    return {
-        alias.asname or alias.name: node.module
-        for node in block.body
-        if isinstance(node, ast.ImportFrom)
-        for alias in node.names
-    }
-
-
 @pytest.mark.parametrize("name", ["genlm.core", "genlm.core.backend"])
 def test_all_lists_exactly_the_public_names(name):
     """``__all__`` is made from ``_EXPORTS``; every name resolves to the module the map names,
@@ -61,7 +46,7 @@ def test_all_lists_exactly_the_public_names(name):
     full = {n: (m if "." in m else f"genlm.core.{m}") for n, m in module._EXPORTS.items()}
     for n, m in full.items():
         assert getattr(module, n) is getattr(importlib.import_module(m), n)
-    assert _type_checking_imports(Path(module.__file__)) == full
+    assert type_checking_imports(Path(module.__file__)) == full
     assert module.__version__ != "0+unknown"
 
 

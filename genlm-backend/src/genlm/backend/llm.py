@@ -311,8 +311,9 @@ def _core_opts(
 ) -> dict[str, Any]:
     """genlm-backend's scheduler options as core options.
 
-    ``batch_size`` -> ``max_batch_size``; ``timeout`` -> ``max_wait_s`` (core fires a batch at
-    most that long after its first request, never pushing the timer back).
+    ``batch_size`` -> ``max_batch_size``; ``timeout`` -> ``max_wait_s`` (a partial batch then
+    fires no earlier than that long after its first request, as 0.3's batcher waits for
+    company; later when the worker is busy).
     """
     if batch_size is not None:
         opts["max_batch_size"] = batch_size

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from genlm.core.backend import lazy_exports as _lazy_exports
 
-#: Public name -> the module defining it.
+#: Public name -> the module defining it; the one list ``__all__`` is made from.
 _EXPORTS = {
     "AsyncEosModeTrie": "trie",
     "AsyncTokenByteTrie": "trie",
@@ -36,39 +36,31 @@ _EXPORTS = {
     "UnreachableByteError": "_beam",
 }
 
-__all__ = [
-    "AsyncEosModeTrie",
-    "AsyncTokenByteTrie",
-    "BeamParams",
-    "BeamState",
-    "ByteBeamState",
-    "ByteLM",
-    "ByteLMClosedError",
-    "Candidate",
-    "EOS",
-    "EOT",
-    "EosModeTrie",
-    "GeneratedBytes",
-    "LazyTrieState",
-    "NextByteLogprobs",
-    "NextTokens",
-    "StatefulTokenizedLM",
-    "TokenByteTrie",
-    "TrieMode",
-    "UnreachableByteError",
-]
+__all__ = list(_EXPORTS)
 
 
 __getattr__, __dir__ = _lazy_exports(__name__, "genlm-bytes", _EXPORTS)
 
 
+# _EXPORTS again, statically, for type checkers and the API reference (``X as X`` marks a
+# re-export); tests/bytes/test_bytes_packaging.py keeps the two equal.
 if _TYPE_CHECKING:
-    from genlm.bytes._beam import BeamState, GeneratedBytes, UnreachableByteError
-    from genlm.bytes._bytelm import ByteLM
-    from genlm.bytes._dist import EOS, EOT, NextByteLogprobs
-    from genlm.bytes._model import ByteLMClosedError
-    from genlm.bytes._types import Candidate, NextTokens
-    from genlm.bytes.byte_lm.beam import BeamParams, ByteBeamState
-    from genlm.bytes.byte_lm.lm_state import StatefulTokenizedLM
-    from genlm.bytes.byte_lm.trie_state import LazyTrieState, TrieMode
-    from genlm.bytes.trie import AsyncEosModeTrie, AsyncTokenByteTrie, EosModeTrie, TokenByteTrie
+    from genlm.bytes._beam import BeamState as BeamState
+    from genlm.bytes._beam import GeneratedBytes as GeneratedBytes
+    from genlm.bytes._beam import UnreachableByteError as UnreachableByteError
+    from genlm.bytes._bytelm import ByteLM as ByteLM
+    from genlm.bytes._dist import EOS as EOS
+    from genlm.bytes._dist import EOT as EOT
+    from genlm.bytes._dist import NextByteLogprobs as NextByteLogprobs
+    from genlm.bytes._model import ByteLMClosedError as ByteLMClosedError
+    from genlm.bytes._types import Candidate as Candidate
+    from genlm.bytes._types import NextTokens as NextTokens
+    from genlm.bytes.byte_lm.beam import BeamParams as BeamParams
+    from genlm.bytes.byte_lm.beam import ByteBeamState as ByteBeamState
+    from genlm.bytes.byte_lm.lm_state import StatefulTokenizedLM as StatefulTokenizedLM
+    from genlm.bytes.byte_lm.trie_state import LazyTrieState as LazyTrieState
+    from genlm.bytes.byte_lm.trie_state import TrieMode as TrieMode
+    from genlm.bytes.trie import AsyncEosModeTrie as AsyncEosModeTrie
+    from genlm.bytes.trie import AsyncTokenByteTrie as AsyncTokenByteTrie
+    from genlm.bytes.trie import EosModeTrie as EosModeTrie
+    from genlm.bytes.trie import TokenByteTrie as TokenByteTrie

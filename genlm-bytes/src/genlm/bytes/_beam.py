@@ -75,8 +75,8 @@ class BeamState(AsyncClosing):
     of its own class (:meth:`_derive`), so a subclass's states stay of that class.
 
     The methods that ask the token LM for rows raise its errors (e.g.
-    ``InvalidContextError`` for a token id outside the vocabulary) inside an
-    ``ExceptionGroup``, as :meth:`ByteLM.next_tokens` does; once the model is closed, a
+    ``InvalidContextError`` for a token id outside the vocabulary) as they are; once the
+    model is closed, a
     method that needs masses it has not computed yet raises :class:`ByteLMClosedError`.
     A byte that is not an int in 0..255 raises ``ValueError``; one that no candidate (nor
     healing, when on) can produce raises :class:`UnreachableByteError`. Every method

@@ -94,11 +94,11 @@ class NextByteLogprobs:
     def sample(self, rng: np.random.Generator, temperature: float = 1.0) -> int:
         """Draw the next symbol with ``rng`` (see the class)."""
         check_temperature(temperature)
-        if temperature == 0:
-            return self.argmax()
         best = float(np.max(self.logprobs))
         if not np.isfinite(best):
             raise ValueError("no byte and no EOS has positive probability here")
+        if temperature == 0:
+            return self.argmax()
         # Shift to a maximum of 0 before dividing, as core's sampler does: a tiny temperature
         # then sends only the others to -inf (probability below float64's range), never all.
         with np.errstate(over="ignore"):

@@ -11,8 +11,9 @@ their entries in one, so all three follow the same rules:
   counted (its budget is the backend's KV).
 * **Too large.** An entry larger than the whole budget is not stored.
 * **Duplicates.** Adding a key already held keeps the held entry, marks it most recently
-  used and returns it: two concurrent misses computed the same result, so every caller
-  ends up with the one object the cache holds, counted once.
+  used and returns it: two concurrent misses computed the same result, which the cache
+  holds and counts once (a caller may use what ``add`` returns to share that object; the
+  scheduler delivers each computed row as it is).
 * **Eviction.** Least recently used first, until the sum fits; pinned entries count
   towards the budget but are never evicted.
 * **Locking.** Every method holds the map's reentrant :attr:`ByteLRU.lock`, so one map

@@ -153,7 +153,7 @@ class BatchedLM(abc.ABC):
         max_batch_size: most distinct contexts per forward pass.
         max_wait_s: how long a partial batch waits for company after its oldest request;
             0 (the default) fires it once the requests made together have all arrived and
-            the worker has room (see ``genlm.core._scheduler``).
+            the worker has room (see :class:`~genlm.core.backend.AutoBatcher`).
         cache_bytes: byte budget of the output cache (0 disables it).
         name: names the worker thread and log messages.
         max_context_length: the longest context the model accepts (its maximum

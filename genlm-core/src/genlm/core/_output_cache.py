@@ -16,7 +16,7 @@ import numpy as np
 
 from genlm.core._lru import ByteLRU, key_nbytes
 
-__all__ = ["OutputCache", "key_nbytes"]
+__all__ = ["OutputCache"]
 
 
 class OutputCache(ByteLRU[Hashable, np.ndarray]):
@@ -41,7 +41,7 @@ class OutputCache(ByteLRU[Hashable, np.ndarray]):
         Args:
             key: what identifies the result (context and variant).
             value: the array; its ``writeable`` flag is cleared in place. A torch row (see
-                ``genlm.core._rows``) is stored as it is: torch has no read-only flag.
+                ``output="torch"``) is stored as it is: torch has no read-only flag.
 
         Returns:
             The array now held for ``key``: the one already held if any (a second put of a

@@ -146,8 +146,9 @@ class PrefixCache(Generic[V]):
         """Store ``value`` (of size ``nbytes``) for prefix ``tokens``; evict to fit.
 
         An entry already stored for ``tokens`` is kept (and marked most recently used):
-        ``value`` is dropped, as for every GenLM cache (see ``genlm.core._lru``). Least
-        recently used unpinned entries are evicted until the total fits ``max_bytes``.
+        ``value`` is dropped, as for every GenLM cache (see
+        :class:`~genlm.core.backend.ByteLRU`). Least recently used unpinned entries are
+        evicted until the total fits ``max_bytes``.
 
         Args:
             tokens: the prefix (non-empty).

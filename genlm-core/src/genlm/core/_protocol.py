@@ -73,9 +73,9 @@ class AsyncLM(Protocol):
     ) -> list[int]:
         """Ancestral sampling: the generated ids (an EOS included), without the prompt.
 
-        ``eos_token_ids=None`` always generates ``max_tokens`` tokens; temperature 0 is
-        greedy; ``seed=None`` draws from fresh entropy. A bad ``max_tokens`` or
-        ``temperature`` raises ``ValueError``.
+        ``eos_token_ids`` end the continuation (``None``: the vocabulary's EOS tokens);
+        temperature 0 is greedy; ``seed=None`` draws from fresh entropy. A ``max_tokens`` or
+        ``temperature`` of the wrong type raises ``TypeError``, out of range ``ValueError``.
         """
 
     async def batch_sample(

@@ -46,7 +46,7 @@ def genlm_register_backends(register: Callable[[BackendSpec], None]) -> None:
 
     Called once per discovery, right after the plugin module is imported and validated,
     before any model is loaded. Call ``register(BackendSpec(...))`` once per backend
-    (:class:`~genlm.core.BackendSpec` only: anything else raises ``TypeError``).
+    (:class:`~genlm.core.backend.BackendSpec` only: anything else raises ``TypeError``).
 
     A plugin may: register any number of backends, decide a spec's fields from cheap
     facts (``auto_select=cuda_gpu_present()``, say). It must not: import heavy libraries
