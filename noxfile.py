@@ -237,9 +237,18 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def backend(session: nox.Session) -> None:
-    """genlm.backend, the documented genlm-backend 0.3 API as a facade over core and hf."""
+    """genlm.backend, the documented genlm-backend 0.3 API as a facade over core and hf
+    (genlm-bytes too: a facade model is an AsyncLM that genlm-bytes' 0.2 API takes)."""
     install_torch(session)
-    install_core(session, TRANSFORMERS, "peft", "graphviz", "./genlm-backend-hf", "./genlm-backend")
+    install_core(
+        session,
+        TRANSFORMERS,
+        "peft",
+        "graphviz",
+        "./genlm-backend-hf",
+        "./genlm-bytes",
+        "./genlm-backend",
+    )
     pytest(session, "tests/backend")
 
 
