@@ -1,0 +1,31 @@
+"""genlm-backend-compat's wheel: the 0.3 API's rows equal the hf backend's."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+from _smoke import assert_installed, start
+
+
+async def check() -> None:
+    import genlm.backend
+    from genlm.backend import load_model_by_name as load_03
+    from genlm.core import load_model_by_name
+
+    assert_installed(genlm.backend)
+    context = [1, 403, 407]
+    llm = load_03("stories260K", backend="hf")
+    old = (await llm.next_token_logprobs(context)).cpu().numpy()
+    lm = load_model_by_name("stories260K", backend="hf")
+    np.testing.assert_allclose(old, await lm.next_token_logprobs(context), atol=1e-5)
+    lm.close()
+
+
+def main() -> None:
+    start("genlm-backend-compat")
+    asyncio.run(check())
+
+
+if __name__ == "__main__":
+    main()
