@@ -55,7 +55,7 @@ def _state_has_idx() -> bool:
 def _stop(cache: BatchKVCache) -> int:
     """Where the batch's rows end in the cache's buffers (its write position)."""
     state = cache.state
-    return state[4] if len(state) == 5 else state[0].shape[2]
+    return state[4] if _state_has_idx() else state[0].shape[2]
 
 
 def merge(
