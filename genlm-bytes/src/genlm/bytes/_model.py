@@ -74,6 +74,11 @@ def check_beam_options(
             raise ValueError(f"{name} must be >= 0 or None, got {value}")
 
 
+def log_threshold(prune_threshold: float) -> float:
+    """``log(prune_threshold)``, -inf for 0 (no pruning by share), without a log(0) warning."""
+    return float(np.log(prune_threshold)) if prune_threshold else -np.inf
+
+
 class AsyncClosing:
     """``async with`` support: leaving the block awaits :meth:`aclose`."""
 
@@ -123,7 +128,7 @@ class ByteModel(AsyncClosing):
         self.lm = lm
         self.K = K
         self.prune_threshold = prune_threshold
-        self.log_prune_threshold = float(np.log(prune_threshold)) if prune_threshold else -np.inf
+        self.log_prune_threshold = log_threshold(prune_threshold)
         self.heal = heal
         self.heal_max_backoff = heal_max_backoff
         self.heal_max_splits = heal_max_splits

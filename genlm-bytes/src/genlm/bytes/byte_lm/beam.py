@@ -13,11 +13,10 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import attrs
-import numpy as np
 
 from genlm.bytes._beam import BeamState
 from genlm.bytes._dist import NextByteLogprobs
-from genlm.bytes._model import ByteModel, check_beam_options
+from genlm.bytes._model import ByteModel, check_beam_options, log_threshold
 from genlm.bytes._types import Candidate
 from genlm.bytes.byte_lm.trie_state import LazyTrieState, TrieMode
 
@@ -84,7 +83,7 @@ class BeamParams:
     @property
     def log_prune_threshold(self) -> float:
         """``log(prune_threshold)``, -inf for 0."""
-        return float(np.log(self.prune_threshold)) if self.prune_threshold else -np.inf
+        return log_threshold(self.prune_threshold)
 
     def byte_lm_options(self) -> dict[str, Any]:
         """The keyword options of :class:`genlm.bytes.ByteLM` these parameters mean."""
