@@ -128,7 +128,9 @@ class ByteLRU(Generic[K, V]):
         Returns:
             The value now held for ``key``: the one already held if any (kept, marked most
             recently used), else ``value``. ``value`` is also returned, held by nothing,
-            when it alone exceeds ``max_bytes`` or pinned entries leave it no room.
+            when it alone exceeds ``max_bytes``, or when pinned entries leave it no room and
+            ``pin`` is false (a pinned entry is held even over the budget: pins are never
+            evicted).
         """
         with self.lock:
             pinned = self._pinned.get(key) if self._pinned else None
