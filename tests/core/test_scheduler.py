@@ -672,3 +672,91 @@ class TestBackpressure:
 
         assert run(main()) == [("r", 0), ("r", 1)]
         assert gate.batches == [[0], [1]]
+
+
+class TestBatchCalls:
+    """``batch_next_token_logprobs`` awaits the scheduler's futures itself (no task per
+    context) and keeps what a gather of single calls guaranteed."""
+
+    def test_rows_come_in_order_from_cache_and_one_batch_without_tasks(self):
+        """Cached rows, duplicates and new contexts answer in order; the new distinct ones
+        form one batch, and the call creates no task."""
+        lm = MockLM(VOCAB)
+        contexts = [[1, 2], [3], [1, 2], [4, 4], [3], [5]]
+        tasks = []
+
+        async def main():
+            await lm.next_token_logprobs([3])  # cached before the batch call
+            loop = asyncio.get_running_loop()
+            create_task = loop.create_task
+
+            def spy(coro, **kwargs):
+                tasks.append(coro)
+                return create_task(coro, **kwargs)
+
+            loop.create_task = spy
+            try:
+                return await lm.batch_next_token_logprobs(contexts)
+            finally:
+                del loop.create_task
+
+        rows = run(main())
+        assert tasks == []
+        assert lm.batches == [[(3,)], [(1, 2), (4, 4), (5,)]]
+        assert rows.shape == (6, 32)
+        for row, context in zip(rows, contexts):
+            np.testing.assert_allclose(row, mock_logprobs(tuple(context), 32), atol=1e-6)
+        lm.close()
+
+    def test_cancelling_a_batch_call_withdraws_its_queued_rows(self):
+        """A cancelled batch call leaves nothing to compute: its queued contexts are dropped
+        and a request made alongside it still runs."""
+        lm = MockLM(VOCAB, cache_bytes=0, max_wait_s=0.05)
+
+        async def main():
+            doomed = asyncio.ensure_future(lm.batch_next_token_logprobs([[7], [8, 8], [9]]))
+            kept = asyncio.ensure_future(lm.next_token_logprobs([6]))
+            await asyncio.sleep(0)
+            doomed.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await doomed
+            return await kept
+
+        row = run(main())
+        np.testing.assert_allclose(row, mock_logprobs((6,), 32), atol=1e-6)
+        assert lm.batches == [[(6,)]]
+        lm.close()
+
+    def test_a_failed_batch_fails_the_call_and_the_model_recovers(self):
+        """The backend's error reaches the batch call; the same contexts then compute."""
+        lm = MockLM(VOCAB, cache_bytes=0, max_batch_size=2)
+        original = lm._logprobs_batch
+
+        def flaky(contexts, variant):
+            if len(lm.batches) == 0 and (0,) in contexts:
+                lm.batches.append([])  # counts the failed call
+                raise RuntimeError("device fell over")
+            return original(contexts, variant)
+
+        lm._logprobs_batch = flaky
+        contexts = [[i] for i in range(5)]
+        with pytest.raises(RuntimeError, match="fell over"):
+            run(lm.batch_next_token_logprobs(contexts))
+        rows = run(lm.batch_next_token_logprobs(contexts))
+        for row, context in zip(rows, contexts):
+            np.testing.assert_allclose(row, mock_logprobs(tuple(context), 32), atol=1e-6)
+        lm.close()
+
+    def test_submit_many_batches_like_gathered_submits(self, gated):
+        """Items submitted together are deduplicated and cut into full batches in order;
+        each item gets its own future."""
+        gate, batcher = gated(max_batch_size=2, key=lambda item: item)
+        gate.open()
+
+        async def main():
+            futures = batcher.submit_many([0, 1, 0, 2, 3, 4])
+            assert len({id(f) for f in futures}) == 6
+            return await asyncio.wait_for(asyncio.gather(*futures), 5)
+
+        assert run(main()) == [("r", i) for i in (0, 1, 0, 2, 3, 4)]
+        assert gate.batches == [[0, 1], [2, 3], [4]]

@@ -34,7 +34,11 @@ V = TypeVar("V")
 
 #: What one token id costs in a key: a CPython int below 2**30.
 _ITEM_BYTES = sys.getsizeof(2**20)
-_getsizeof = sys.getsizeof  # a global, not an attribute lookup: key_nbytes runs every put
+#: ``sys.getsizeof`` of a tuple of n items is ``_TUPLE_BYTES + _SLOT_BYTES * n``; computed
+#: so, a key's size costs no ``__sizeof__`` call per tuple (key_nbytes runs every put).
+_TUPLE_BYTES = sys.getsizeof(())
+_SLOT_BYTES = sys.getsizeof((None,)) - _TUPLE_BYTES
+_getsizeof = sys.getsizeof
 
 
 def key_nbytes(key: Hashable) -> int:
@@ -47,12 +51,14 @@ def key_nbytes(key: Hashable) -> int:
     300-token context is about 10.9 KB of Python objects, more than a float32 row of a
     2,000-token vocabulary, so it belongs in the budget.
     """
-    size = _getsizeof(key)
-    if type(key) is tuple:
-        for part in key:
+    if type(key) is not tuple:
+        return _getsizeof(key)
+    size = _TUPLE_BYTES + _SLOT_BYTES * len(key)
+    for part in key:
+        if type(part) is tuple:
+            size += _TUPLE_BYTES + (_SLOT_BYTES + _ITEM_BYTES) * len(part)
+        else:
             size += _getsizeof(part)
-            if type(part) is tuple:
-                size += _ITEM_BYTES * len(part)
     return size
 
 

@@ -332,7 +332,20 @@ class BatchedLM(abc.ABC):
         when there."""
         check_output(output)
         requests = [self.validate_request(c, variant) for c in contexts]  # validate all first
-        rows = await asyncio.gather(*(self._row(r) for r in requests))
+        # Cached rows, and the scheduler's own futures for the rest: awaited in turn, they
+        # cost no task per context (the whole batch resolves together).
+        get = self.output_cache.get
+        rows: list[Any] = [get(r) for r in requests]
+        missing = [i for i, row in enumerate(rows) if row is None]
+        futures = self.batcher.submit_many([requests[i] for i in missing])
+        pending = list(zip(missing, futures))
+        try:
+            for i, future in pending:
+                rows[i] = await future
+        except BaseException:  # failed or cancelled: withdraw interest in the rest
+            for _, future in pending:
+                future.cancel()
+            raise
         return stack_output(rows, len(self._vocab), output)
 
     def batch_next_token_logprobs_sync(
@@ -347,10 +360,6 @@ class BatchedLM(abc.ABC):
         check_output(output)
         rows = self._rows_sync([self.validate_request(c, variant) for c in contexts])
         return stack_output(rows, len(self._vocab), output)
-
-    async def _row(self, request: Request) -> Any:
-        row = self.output_cache.get(request)
-        return row if row is not None else await self.batcher.submit(request)
 
     def _rows_sync(self, requests: list[Request], cached: bool = True) -> list[Any]:
         """Rows of validated requests, in their stored form, computed on the worker thread
