@@ -53,34 +53,74 @@ class PrecomputedLM(BatchedLM):
         return self.rows[: len(contexts)]
 
 
-async def smc_steps(lm: BatchedLM, n_particles: int, steps: int) -> float:
-    """Seconds per step of ``steps`` SMC-like steps of ``n_particles`` distinct contexts."""
+async def smc_steps(lm: BatchedLM, n_particles: int, steps: int, batch: bool = False) -> float:
+    """Seconds per step of ``steps`` SMC-like steps of ``n_particles`` distinct contexts:
+    a gather of one ``next_token_logprobs`` task per particle (as llamppl's particles ask),
+    or with ``batch`` one ``batch_next_token_logprobs`` call (as ``genlm.core.smc`` asks)."""
     prompt = list(range(1, PROMPT_TOKENS + 1))
     particles: list[list[int]] = [[] for _ in range(n_particles)]
     start = time.perf_counter()
     for _ in range(steps):
-        await asyncio.gather(*(lm.next_token_logprobs(prompt + p) for p in particles))
+        if batch:
+            await lm.batch_next_token_logprobs([prompt + p for p in particles])
+        else:
+            await asyncio.gather(*(lm.next_token_logprobs(prompt + p) for p in particles))
         for i, particle in enumerate(particles):
             particle.append(i % len(lm.vocab))
     return (time.perf_counter() - start) / steps
 
 
-def step_overhead(repeats: int = 5) -> dict[tuple[int, int], float]:
-    """Best milliseconds per step for each (vocabulary size, particles)."""
+#: The two ways a step asks, as the tables name them.
+CALLS = {"gather": False, "batch": True}
+
+
+def step_overhead(repeats: int = 5) -> dict[tuple[int, str, int], float]:
+    """Best milliseconds per step for each (vocabulary size, call, particles)."""
     results = {}
     for vocab_size in VOCAB_SIZES:
         lm = PrecomputedLM(vocab_size, max(PARTICLES))
-        for n_particles in PARTICLES:
-            steps = max(4, min(64, 2048 // n_particles))
-            if vocab_size > 4096:
-                steps = max(2, steps // 8)
-            runs = []
-            for _ in range(repeats + 1):  # the first run warms up
-                lm.output_cache.clear()  # every run's contexts are new to the cache
-                runs.append(asyncio.run(smc_steps(lm, n_particles, steps)))
-            results[vocab_size, n_particles] = min(runs[1:]) * 1000
+        for call, batch in CALLS.items():
+            for n_particles in PARTICLES:
+                steps = max(4, min(64, 2048 // n_particles))
+                if vocab_size > 4096:
+                    steps = max(2, steps // 8)
+                runs = []
+                for _ in range(repeats + 1):  # the first run warms up
+                    lm.output_cache.clear()  # every run's contexts are new to the cache
+                    runs.append(asyncio.run(smc_steps(lm, n_particles, steps, batch)))
+                results[vocab_size, call, n_particles] = min(runs[1:]) * 1000
         lm.close()
     return results
+
+
+async def asyncio_floor(n_particles: int, steps: int) -> float:
+    """Seconds per step of asyncio's own part of a gathered step: one task per particle
+    awaiting a future, all resolved together (what any per-call API costs at least)."""
+    loop = asyncio.get_running_loop()
+
+    async def one(futures: list[asyncio.Future]) -> None:
+        if not futures:  # the first task: resolve after every task's first step, as the
+            loop.call_soon(resolve, futures)  # scheduler's flush runs
+        futures.append(loop.create_future())
+        await futures[-1]
+
+    def resolve(futures: list[asyncio.Future]) -> None:
+        for future in futures:
+            future.set_result(None)
+
+    start = time.perf_counter()
+    for _ in range(steps):
+        futures: list[asyncio.Future] = []
+        await asyncio.gather(*(one(futures) for _ in range(n_particles)))
+    return (time.perf_counter() - start) / steps
+
+
+def floor_overhead(repeats: int = 5) -> dict[int, float]:
+    """Best milliseconds per step of :func:`asyncio_floor` for each particle count."""
+    return {
+        p: min(asyncio.run(asyncio_floor(p, max(8, 2048 // p))) for _ in range(repeats + 1)) * 1000
+        for p in PARTICLES
+    }
 
 
 class TimedMock(MockLM):
@@ -137,6 +177,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="runs per step measure")
     args = parser.parse_args()
     steps = step_overhead(args.repeats)
+    floor = floor_overhead(args.repeats)
     overhead = scheduler_overhead()
     baseline = wall_time([sys.executable, "-c", "pass"])
     import_ms = wall_time([sys.executable, "-c", "import genlm.core"])
@@ -151,15 +192,23 @@ def main() -> None:
         f"SMC-like step, {PROMPT_TOKENS}-token prompt, default options, backend returning "
         f"precomputed rows; best of {args.repeats} runs, ms per step:",
         "",
-        "| vocabulary | " + " | ".join(f"P={p}" for p in PARTICLES) + " |",
-        "| --- |" + " --- |" * len(PARTICLES),
+        "| vocabulary | call | " + " | ".join(f"P={p}" for p in PARTICLES) + " |",
+        "| --- | --- |" + " --- |" * len(PARTICLES),
         *(
-            f"| {v:,} | " + " | ".join(f"{steps[v, p]:.3f}" for p in PARTICLES) + " |"
+            f"| {v:,} | {call} | "
+            + " | ".join(f"{steps[v, call, p]:.3f}" for p in PARTICLES)
+            + " |"
             for v in VOCAB_SIZES
+            for call in CALLS
         ),
+        "| | asyncio's floor | " + " | ".join(f"{floor[p]:.3f}" for p in PARTICLES) + " |",
         "",
-        "Targets at the 512-token vocabulary, with nothing else running: P=16 <= 0.3 ms, "
-        "P=64 <= 0.6 ms. At 128k the row copies and checks on the worker thread dominate.",
+        "`gather`: one `next_token_logprobs` task per particle; `batch`: one "
+        "`batch_next_token_logprobs` call (what `genlm.core.smc` makes); asyncio's floor: "
+        "a gather of one task per particle, each awaiting a future resolved together, "
+        "with no model at all (the least any per-call step costs). Targets at the "
+        "512-token vocabulary, with nothing else running: P=16 <= 0.3 ms, P=64 <= 0.6 ms. "
+        "At 128k the row copies and checks on the worker thread dominate.",
         "",
         "| measure | result | target |",
         "| --- | --- | --- |",

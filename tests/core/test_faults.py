@@ -2,7 +2,9 @@
 items 3, 5, 7, 8, 18)."""
 
 import asyncio
+import os
 import threading
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -10,9 +12,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from support.faulty import Fault, FaultyLM, within
 
-from genlm.core import BackendError, InvalidContextError, ModelClosedError
-from genlm.core._model import validate_context
+from genlm.core import BackendError, InvalidContextError, ModelClosedError, _validation
 from genlm.core._sampling import sample_token
+from genlm.core.backend import validate_context
 
 BAD_ROWS = ["nan", "posinf", "neginf", "logits", "shifted", "wide", "short", "int"]
 
@@ -342,12 +344,45 @@ class TestInputValidation:
                 expected = None
                 break
             expected.append(int(t))
-        if expected is None:
-            with pytest.raises(InvalidContextError, match="must be integers|out of range"):
-                validate_context(ids, vocab_size)
-        else:
-            got = validate_context(ids, vocab_size)
-            assert got == tuple(expected) and all(type(t) is int for t in got)
+        for first_doubt in {_validation._first_doubt, None}:  # the C pass, then Python alone
+            with mock.patch.object(_validation, "_first_doubt", first_doubt):
+                if expected is None:
+                    with pytest.raises(InvalidContextError, match="must be integers|out of range"):
+                        validate_context(ids, vocab_size)
+                else:
+                    got = validate_context(ids, vocab_size)
+                    assert got == tuple(expected) and all(type(t) is int for t in got)
+
+    @given(
+        ids=st.lists(
+            st.one_of(
+                st.integers(-(2**70), 2**70),
+                st.integers(-2, 12),
+                st.booleans(),
+                st.floats(0, 10),
+                st.integers(0, 9).map(np.int64),
+                st.none(),
+            ),
+            max_size=12,
+        ),
+        vocab_size=st.sampled_from([0, 1, 10, 2**40]),
+    )
+    def test_the_c_pass_finds_the_first_doubtful_id(self, ids, vocab_size):
+        """``first_doubt`` is the position of the first id that is not an exact int in
+        range (or -1), as a plain loop finds it."""
+        if _validation._first_doubt is None:
+            pytest.skip("genlm.core._ids was not built here")
+        expected = next(
+            (i for i, t in enumerate(ids) if type(t) is not int or not 0 <= t < vocab_size), -1
+        )
+        assert _validation._first_doubt(tuple(ids), vocab_size) == expected
+
+    def test_the_c_pass_is_built_where_nox_runs(self):
+        """The nox sessions build genlm-core with a C compiler: the C pass must be there
+        (else every request silently takes the slower Python checks)."""
+        if not os.environ.get("GENLM_REQUIRE_TRIE_KERNEL"):
+            pytest.skip("GENLM_REQUIRE_TRIE_KERNEL unset (the nox sessions set it)")
+        assert _validation._first_doubt is not None
 
     @pytest.mark.parametrize(
         "context",

@@ -1,4 +1,4 @@
-"""genlm-core's sdist carries what its wheel is built from: the C kernel and stories260K.
+"""genlm-core's sdist carries what its wheel is built from: the C sources and stories260K.
 
 Usage: ``python check_sdist.py genlm_core-VERSION.tar.gz``. Also checks that nothing
 compiled slipped in (a kernel built in a developer's tree must never ship as source).
@@ -11,6 +11,7 @@ import tarfile
 
 REQUIRED = [
     "src/genlm/core/_trie_kernel.c",
+    "src/genlm/core/_ids.c",
     *(
         f"src/genlm/core/models/stories260K/{name}"
         for name in (
@@ -33,7 +34,7 @@ def main(sdist: str) -> None:
     compiled = sorted(m for m in members if m.endswith((".so", ".pyd", ".dylib", ".o")))
     if missing or compiled:
         sys.exit(f"{sdist}: missing {missing}, compiled files {compiled}")
-    print(f"{sdist}: carries the C kernel source and stories260K ({len(members)} files)")
+    print(f"{sdist}: carries the C sources and stories260K ({len(members)} files)")
 
 
 if __name__ == "__main__":

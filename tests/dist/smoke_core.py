@@ -30,6 +30,9 @@ def main(kernel: str) -> None:
     tokens = list(lm.vocab.tokens)
     trie = TokenByteTrie(tokens)
     assert trie.kernel == kernel, f"expected the {kernel} kernel, got {trie.kernel}"
+    from genlm.core import _validation  # built with the trie's kernel, or not at all
+
+    assert (_validation._first_doubt is not None) == (kernel == "c"), _validation._first_doubt
     weights = np.random.default_rng(0).random(len(tokens))
     masses = trie.weight_sum(weights)
     for node in range(trie.num_nodes):  # brute force: every node's mass from the tokens

@@ -13,12 +13,10 @@ import abc
 import asyncio
 import concurrent.futures
 import enum
-import functools
 import logging
 import threading
 import weakref
-from collections.abc import Hashable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,6 +34,7 @@ from genlm.core._rows import (
 )
 from genlm.core._sampling import check_sampling_args, sample_token
 from genlm.core._scheduler import AutoBatcher
+from genlm.core._validation import validate_context
 from genlm.core._vocab import Vocabulary
 from genlm.core._worker import ModelWorker
 
@@ -52,80 +51,6 @@ class _Current(enum.Enum):
 #: ``variant=`` default: the variant the model's state selects (:meth:`BatchedLM._variant`,
 #: e.g. hf's ``set_lora``). Any other value names the variant of this one request.
 CURRENT_VARIANT = _Current.VARIANT
-
-
-#: Vocabularies up to this size check ids against a set of the valid ones (one C-level
-#: pass, a third of ``min`` plus ``max``; 2**18 ids cost about 16 MiB, once per size).
-_ID_SET_MAX = 2**18
-
-
-@functools.lru_cache(maxsize=4)
-def _valid_ids(vocab_size: int) -> frozenset[int]:
-    return frozenset(range(vocab_size))
-
-
-def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
-    """Return ``token_ids`` as a tuple of ints, or raise a clear ``InvalidContextError``.
-
-    Accepted: any ordered iterable of integers (list, tuple, range, a 1-D numpy integer
-    array, a generator). Rejected: raw text and bytes (``str``, ``bytes``, ``bytearray``,
-    ``memoryview``: tokenize them first), unordered collections (``set``, ``dict``: their
-    iteration order is not a context), booleans and non-integer ids. Public so that code
-    taking contexts for any ``AsyncLM`` (genlm-bytes) checks them the same way.
-
-    Args:
-        token_ids: the context to check.
-        vocab_size: ids must lie in ``[0, vocab_size)``.
-
-    Returns:
-        The ids as a tuple of Python ints.
-
-    Raises:
-        InvalidContextError: the context is empty, not an ordered sequence of integers, or
-            holds an id outside the vocabulary.
-    """
-    if type(token_ids) not in (list, tuple):  # the common case skips the slower checks
-        if isinstance(token_ids, (str, bytes, bytearray, memoryview)):
-            raise InvalidContextError(
-                f"expected a sequence of token ids, got {type(token_ids).__name__}; "
-                "tokenize text first (e.g. lm.tokenizer.encode(text))"
-            )
-        if isinstance(token_ids, (AbstractSet, Mapping)):
-            raise InvalidContextError(
-                f"expected an ordered sequence of token ids, got a {type(token_ids).__name__}, "
-                "whose order is not a context; pass a list or tuple"
-            )
-    try:
-        ids = tuple(token_ids)
-    except TypeError:
-        raise InvalidContextError(
-            f"expected a sequence of token ids, got {type(token_ids).__name__}"
-        ) from None
-    if not ids:
-        raise InvalidContextError(
-            "empty context: a next-token distribution needs at least one token "
-            "(start from the BOS token, lm.vocab.bos_token_id, if the model has one)"
-        )
-    if list(map(type, ids)).count(int) != len(ids):  # C-level passes; the rare rest below
-        converted = []
-        for pos, t in enumerate(ids):
-            if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
-                raise InvalidContextError(
-                    f"token id at position {pos} is {t!r} ({type(t).__name__}); "
-                    "token ids must be integers"
-                )
-            converted.append(int(t))
-        ids = tuple(converted)
-    if vocab_size <= _ID_SET_MAX and _valid_ids(vocab_size).issuperset(ids):
-        return ids
-    lo, hi = min(ids), max(ids)
-    if lo < 0 or hi >= vocab_size:
-        bad = lo if lo < 0 else hi
-        raise InvalidContextError(
-            f"token id {bad} at position {ids.index(bad)} is out of range "
-            f"for a vocabulary of {vocab_size} tokens"
-        )
-    return ids
 
 
 class BatchedLM(abc.ABC):

@@ -45,7 +45,7 @@ _EXPORTS = {
     "plan_rows": "genlm.core._row_plan",
     "resolve_model_path": "genlm.core._embedded",
     "sample_token": "genlm.core._sampling",
-    "validate_context": "genlm.core._model",
+    "validate_context": "genlm.core._validation",
 }
 
 __all__ = list(_EXPORTS)
@@ -62,7 +62,6 @@ if _TYPE_CHECKING:
     from genlm.core._lru import ByteLRU as ByteLRU
     from genlm.core._lru import key_nbytes as key_nbytes
     from genlm.core._model import BatchedLM as BatchedLM
-    from genlm.core._model import validate_context as validate_context
     from genlm.core._output_cache import OutputCache as OutputCache
     from genlm.core._plugin_api import PLUGIN_API as PLUGIN_API
     from genlm.core._prefix_cache import PrefixCache as PrefixCache
@@ -79,4 +78,5 @@ if _TYPE_CHECKING:
     from genlm.core._sampling import check_temperature as check_temperature
     from genlm.core._sampling import sample_token as sample_token
     from genlm.core._scheduler import AutoBatcher as AutoBatcher
+    from genlm.core._validation import validate_context as validate_context
     from genlm.core._worker import ModelWorker as ModelWorker
