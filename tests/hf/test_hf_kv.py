@@ -231,3 +231,21 @@ def test_failed_forward_never_leaves_stale_resident_rows(loaded, check, monkeypa
     for context, row in zip(extended, gather(lm, extended)):
         check(model, context, row)
     lm.close()
+
+
+def test_forward_passes_use_the_transformers_cache_argument_without_warnings(loaded, check):
+    """The KV cache goes to the forward under the name its signature takes (``cache`` where
+    transformers deprecates ``past_key_values``), so no FutureWarning is raised, and rows
+    with reused KV still equal a full forward."""
+    import warnings
+
+    model, tok = loaded("stories260K-fp32")
+    lm = HFLM(model, tok, cache_bytes=0)
+    contexts = [[1, 5, 9], [1, 5, 9, 13], [1, 5, 9, 13, 7]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        rows = [lm.next_token_logprobs_sync(c) for c in contexts]
+    assert lm.kv_stats["reused_tokens"] > 0
+    for context, row in zip(contexts, rows):
+        check(model, context, row)
+    lm.close()

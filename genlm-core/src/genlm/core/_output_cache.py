@@ -48,6 +48,6 @@ class OutputCache(ByteLRU[Hashable, np.ndarray]):
             key keeps the first, counted once), else ``value``, which is also returned
             unheld when it and its key exceed the whole budget.
         """
-        if isinstance(value, np.ndarray) and value.flags.writeable:
-            value.setflags(write=False)
+        if isinstance(value, np.ndarray):
+            value.setflags(write=False)  # a no-op when it already is
         return self.add(key, value, value.nbytes + key_nbytes(key))

@@ -121,6 +121,7 @@ class HFLM(BatchedLM):
         }
         self._pad_id = _pad_id(tokenizer)
         self._keeps_last_logits = _accepts_logits_to_keep(model)
+        self._cache_argument = _cache_argument(model)
         #: ``[layers, 2, rows, kv_heads, columns, head_dim]``, kept between batches: a batch
         #: uses a view of its first rows and columns, and rows that extend the same row of the
         #: previous batch find their past already in place (see ``_resident_rows``).
@@ -208,7 +209,7 @@ class HFLM(BatchedLM):
         ids = torch.tensor([[self._pad_id]], device=device)
         with torch.inference_mode():
             out = self.model(input_ids=ids, use_cache=True)
-        layers = layer_tensors(out.past_key_values)
+        layers = layer_tensors(getattr(out, self._cache_argument))
         shapes = {tuple(k.shape[1:2]) + tuple(k.shape[3:]) for k, _ in layers}
         shapes |= {tuple(v.shape[1:2]) + tuple(v.shape[3:]) for _, v in layers}
         if len(shapes) != 1:
@@ -366,7 +367,7 @@ class HFLM(BatchedLM):
             with self._attention_kernels():
                 output = self.model(
                     **batch.model_inputs(start, end, columns),
-                    past_key_values=BufferedCache(buffer, past + start, columns),
+                    **{self._cache_argument: BufferedCache(buffer, past + start, columns)},
                     use_cache=True,
                     **kwargs,
                 )
@@ -492,6 +493,14 @@ def _logit_width(model: Any) -> int | None:
 def _accepts_logits_to_keep(model: Any) -> bool:
     """Whether the forward can compute the last position's logits alone (transformers >= 4.50)."""
     return "logits_to_keep" in inspect.signature(_base_model(model).forward).parameters
+
+
+def _cache_argument(model: Any) -> str:
+    """The forward's name for the KV cache, also its output's: ``cache`` where the forward
+    takes it (transformers 5.2x deprecate ``past_key_values``, to be removed in 5.40), else
+    ``past_key_values``."""
+    parameters = inspect.signature(_base_model(model).forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def _check_full_attention(config: Any) -> None:
