@@ -32,9 +32,9 @@ def test_import_is_light(module):
 
 @pytest.mark.parametrize("name", ["genlm.core", "genlm.core.backend"])
 def test_all_lists_exactly_the_public_names(name):
-    """``__all__`` is made from ``_EXPORTS``; every name resolves to the module the map names,
-    no other public name exists, and the static ``TYPE_CHECKING`` mirror (what type checkers
-    and the API reference read) names the same objects from the same modules."""
+    """``_EXPORTS`` is read from the static ``TYPE_CHECKING`` imports (what type checkers and
+    the API reference read) and ``__all__`` made from it; every name resolves to the object
+    its line names, and no other public name exists."""
     module = importlib.import_module(name)
     assert module.__all__ == list(module._EXPORTS)
     public = {
