@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from support.imports import modules_loaded_by, type_checking_imports
 
-from genlm.core.backend import resolve_model_path
+from genlm.core.backend import resolve_model_path, type_checking_exports
 
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "vllm", "mlx", "mlx_lm", "scipy", "numpy", "asyncio")
@@ -65,3 +65,24 @@ def test_embedded_model_resolves_offline():
     assert digest == "407a7c581bdd66972383ce9ad24857713fb98786d06ea564a2fe9b34ebe77dfd"
     assert (path / "NOTICE.md").read_text().count("MIT") >= 1
     assert resolve_model_path("org/some-model") == "org/some-model"
+
+
+def test_type_checking_exports_reads_the_static_imports(tmp_path):
+    """A lazy package's export list: each name maps to its module, in the lines' order; a
+    file without the block is refused."""
+    source = tmp_path / "pkg.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING as _TYPE_CHECKING\n"
+        "import os\n"
+        "if _TYPE_CHECKING:\n"
+        "    from b.mod import Z as Z, y as y\n"
+        "    from a import X as X\n"
+    )
+    assert list(type_checking_exports(str(source)).items()) == [
+        ("Z", "b.mod"),
+        ("y", "b.mod"),
+        ("X", "a"),
+    ]
+    source.write_text("import os\n")
+    with pytest.raises(ValueError, match="no top-level `if TYPE_CHECKING:`"):
+        type_checking_exports(str(source))
