@@ -208,38 +208,24 @@ class TestAvailability:
     ):
         """The best backend's module exists but raises ImportError: warn, load the next one."""
         broken = make_module("raise ImportError('libcuda.so.1: cannot open shared object file')\n")
-        reg = _registry_of(
-            BackendSpec(
-                name="top", loader=f"{broken}:load", distribution="d", plugin_api=1, priority=9
-            ),
-            BackendSpec(name="m", loader=MOCK_LOADER, distribution="d", plugin_api=1, priority=1),
-        )
-        monkeypatch.setattr(_registry, "_registry", reg)
+        _serve_top_over_mock(monkeypatch, broken)
         with pytest.warns(RuntimeWarning, match="'top' was chosen but importing .*libcuda"):
             lm = load_model_by_name("stories260K")
         assert isinstance(lm, MockLM)
         lm.close()
 
     def test_no_fallback_when_the_backend_is_named(self, make_module, monkeypatch):
-        """backend='top' whose module fails to import raises that error; nothing else loads."""
+        """backend='top' whose module fails to import raises that error; the mock backend
+        below it is not loaded instead."""
         broken = make_module("raise ImportError('no libcuda here')\n")
-        reg = _registry_of(
-            BackendSpec(name="top", loader=f"{broken}:load", distribution="d", plugin_api=1),
-        )
-        monkeypatch.setattr(_registry, "_registry", reg)
+        _serve_top_over_mock(monkeypatch, broken)
         with pytest.raises(ImportError, match="no libcuda here"):
             load_model_by_name("stories260K", backend="top")
 
     def test_loader_errors_are_not_masked_by_fallback(self, make_module, monkeypatch):
         """A loader that imports fine but rejects the model raises; no other backend is tried."""
         picky = make_module("def load(model, **opts):\n    raise ValueError(f'no model {model}')\n")
-        reg = _registry_of(
-            BackendSpec(
-                name="top", loader=f"{picky}:load", distribution="d", plugin_api=1, priority=9
-            ),
-            BackendSpec(name="m", loader=MOCK_LOADER, distribution="d", plugin_api=1, priority=1),
-        )
-        monkeypatch.setattr(_registry, "_registry", reg)
+        _serve_top_over_mock(monkeypatch, picky)
         with pytest.raises(ValueError, match="no model nope"):
             load_model_by_name("nope")
 
@@ -322,6 +308,18 @@ class TestIsolation:
         assert main(["backends"]) == 0
         out = capsys.readouterr().out
         assert "mock" in out and "broken plugin bye (genlm-backend-bye)" in out
+
+
+def _serve_top_over_mock(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
+    """Make ``load_model_by_name`` see backend ``top`` (loader ``module:load``, priority 9)
+    ranked over the mock backend ``m`` (priority 1)."""
+    reg = _registry_of(
+        BackendSpec(
+            name="top", loader=f"{module}:load", distribution="d", plugin_api=1, priority=9
+        ),
+        BackendSpec(name="m", loader=MOCK_LOADER, distribution="d", plugin_api=1, priority=1),
+    )
+    monkeypatch.setattr(_registry, "_registry", reg)
 
 
 def _registry_of(*specs: BackendSpec) -> Registry:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from support.imports import modules_loaded_by, type_checking_imports
 
-from genlm.core.backend import resolve_model_path
+from genlm.core.backend import resolve_model_path, type_checking_exports
 
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "vllm", "mlx", "mlx_lm", "scipy", "numpy", "asyncio")
@@ -32,9 +32,9 @@ def test_import_is_light(module):
 
 @pytest.mark.parametrize("name", ["genlm.core", "genlm.core.backend"])
 def test_all_lists_exactly_the_public_names(name):
-    """``__all__`` is made from ``_EXPORTS``; every name resolves to the module the map names,
-    no other public name exists, and the static ``TYPE_CHECKING`` mirror (what type checkers
-    and the API reference read) names the same objects from the same modules."""
+    """``_EXPORTS`` is read from the static ``TYPE_CHECKING`` imports (what type checkers and
+    the API reference read) and ``__all__`` made from it; every name resolves to the object
+    its line names, and no other public name exists."""
     module = importlib.import_module(name)
     assert module.__all__ == list(module._EXPORTS)
     public = {
@@ -65,3 +65,24 @@ def test_embedded_model_resolves_offline():
     assert digest == "407a7c581bdd66972383ce9ad24857713fb98786d06ea564a2fe9b34ebe77dfd"
     assert (path / "NOTICE.md").read_text().count("MIT") >= 1
     assert resolve_model_path("org/some-model") == "org/some-model"
+
+
+def test_type_checking_exports_reads_the_static_imports(tmp_path):
+    """A lazy package's export list: each name maps to its module, in the lines' order; a
+    file without the block is refused."""
+    source = tmp_path / "pkg.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING as _TYPE_CHECKING\n"
+        "import os\n"
+        "if _TYPE_CHECKING:\n"
+        "    from b.mod import Z as Z, y as y\n"
+        "    from a import X as X\n"
+    )
+    assert list(type_checking_exports(str(source)).items()) == [
+        ("Z", "b.mod"),
+        ("y", "b.mod"),
+        ("X", "a"),
+    ]
+    source.write_text("import os\n")
+    with pytest.raises(ValueError, match="no top-level `if TYPE_CHECKING:`"):
+        type_checking_exports(str(source))

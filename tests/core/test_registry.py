@@ -12,7 +12,13 @@ import pytest
 from support.plugins import plugin_module as plugin
 
 from genlm.core import BackendNotFoundError, BackendUnavailableError, load_model_by_name
-from genlm.core.backend import PLUGIN_API, BackendSpec, Registry
+from genlm.core.backend import (
+    PLUGIN_API,
+    BackendSpec,
+    Registry,
+    backend_hook,
+)
+from genlm.core.cli import Command, command_hook
 from genlm.core.hookspecs import hookimpl
 from genlm.core.mock import MockLM
 
@@ -281,3 +287,43 @@ class TestInstalledFuturePlugin:
         with pytest.raises(BackendUnavailableError) as info:
             load_model_by_name("7", backend="future")
         assert line == f"incompatible {info.value}"
+
+
+# backend_hook and command_hook: a plugin's hook made from its specs, as pluggy sees it.
+
+
+def test_backend_hook_registers_each_spec_through_pluggy():
+    """The hook passes pluggy's validation and registers every spec it was given, in order."""
+    made, other = spec("made"), spec("other")
+    hook = backend_hook(made, lambda: other)
+    registered: list[BackendSpec] = []
+    hook(registered.append)
+    assert registered == [made, other]
+    module = types.ModuleType("made")
+    module.genlm_register_backends = backend_hook(made)
+    reg = registry(module)
+    assert reg.errors == [] and reg.backends == {"made": made}
+
+
+def test_a_spec_function_is_called_at_each_registration():
+    """A function given for a spec decides its fields when the hook runs, not at import."""
+    platform = {"gpu": False}
+    hook = backend_hook(lambda: spec("made", auto_select=platform["gpu"]))
+    registered: list[BackendSpec] = []
+    hook(registered.append)
+    platform["gpu"] = True
+    hook(registered.append)
+    assert [s.auto_select for s in registered] == [False, True]
+
+
+def test_command_hook_adds_the_command():
+    command = Command(name="made", help="h", configure=lambda parser: None, run=lambda args: 0)
+    module = types.ModuleType("made")
+    module.genlm_register_commands = command_hook(command)
+    reg = registry(module)
+    assert reg.errors == [] and reg.commands == {"made": command}
+
+
+def test_anything_else_is_refused_when_the_hook_is_made():
+    with pytest.raises(TypeError, match="genlm_register_backends takes BackendSpecs"):
+        backend_hook("hf")

@@ -12,38 +12,10 @@ package's plugin module without loading numpy or the beam machinery.
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from genlm.core.backend import lazy_exports as _lazy_exports
+from genlm.core.backend import type_checking_exports as _type_checking_exports
 
-#: Public name -> the module defining it; the one list ``__all__`` is made from.
-_EXPORTS = {
-    "AsyncEosModeTrie": "trie",
-    "AsyncTokenByteTrie": "trie",
-    "BeamParams": "genlm.bytes.byte_lm.beam",
-    "BeamState": "_beam",
-    "ByteBeamState": "genlm.bytes.byte_lm.beam",
-    "ByteLM": "_bytelm",
-    "ByteLMClosedError": "_model",
-    "Candidate": "_types",
-    "EOS": "_dist",
-    "EOT": "_dist",
-    "EosModeTrie": "trie",
-    "GeneratedBytes": "_beam",
-    "LazyTrieState": "genlm.bytes.byte_lm.trie_state",
-    "NextByteLogprobs": "_dist",
-    "NextTokens": "_types",
-    "StatefulTokenizedLM": "genlm.bytes.byte_lm.lm_state",
-    "TokenByteTrie": "trie",
-    "TrieMode": "genlm.bytes.byte_lm.trie_state",
-    "UnreachableByteError": "_beam",
-}
-
-__all__ = list(_EXPORTS)
-
-
-__getattr__, __dir__ = _lazy_exports(__name__, "genlm-bytes", _EXPORTS)
-
-
-# _EXPORTS again, statically, for type checkers and the API reference (``X as X`` marks a
-# re-export); tests/bytes/test_bytes_packaging.py keeps the two equal.
+# The public names, stated once (``X as X`` marks a re-export): read statically by type
+# checkers and the API reference, and at import for the lazy ``__getattr__``.
 if _TYPE_CHECKING:
     from genlm.bytes._beam import BeamState as BeamState
     from genlm.bytes._beam import GeneratedBytes as GeneratedBytes
@@ -64,3 +36,9 @@ if _TYPE_CHECKING:
     from genlm.bytes.trie import AsyncTokenByteTrie as AsyncTokenByteTrie
     from genlm.bytes.trie import EosModeTrie as EosModeTrie
     from genlm.bytes.trie import TokenByteTrie as TokenByteTrie
+
+_EXPORTS = _type_checking_exports(__file__)
+
+__all__ = list(_EXPORTS)
+
+__getattr__, __dir__ = _lazy_exports(__name__, "genlm-bytes", _EXPORTS)

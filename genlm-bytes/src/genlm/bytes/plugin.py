@@ -7,10 +7,8 @@ the package (numpy, the beam, the trie) is imported only when the command runs.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 
-from genlm.core.cli import Command
-from genlm.core.hookspecs import hookimpl
+from genlm.core.cli import Command, command_hook
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -32,13 +30,11 @@ def run(args: argparse.Namespace) -> int:
     return _cli.run(args)
 
 
-@hookimpl
-def genlm_register_commands(register: Callable[[Command], None]) -> None:
-    register(
-        Command(
-            name="bytes",
-            help="show the next-byte distribution after a prompt, or sample byte by byte",
-            configure=configure,
-            run=run,
-        )
+genlm_register_commands = command_hook(
+    Command(
+        name="bytes",
+        help="show the next-byte distribution after a prompt, or sample byte by byte",
+        configure=configure,
+        run=run,
     )
+)

@@ -12,34 +12,10 @@ Public names load lazily (module ``__getattr__``), so ``import genlm.core`` and 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from genlm.core._lazy import lazy_exports as _lazy_exports
+from genlm.core._lazy import type_checking_exports as _type_checking_exports
 
-#: Public name -> the private module defining it; the one list ``__all__`` is made from.
-_EXPORTS = {
-    "DEFAULT_MODEL": "_embedded",
-    "EOS_EDGE": "_trie",
-    "AsyncLM": "_protocol",
-    "AsyncTokenByteTrie": "_async_trie",
-    "BackendError": "_errors",
-    "BackendNotFoundError": "_errors",
-    "BackendUnavailableError": "_errors",
-    "GenLMError": "_errors",
-    "InvalidContextError": "_errors",
-    "ModelClosedError": "_errors",
-    "PluginLoadError": "_errors",
-    "TokenByteTrie": "_trie",
-    "Vocabulary": "_vocab",
-    "VocabularyMismatchError": "_errors",
-    "load_model_by_name": "_registry",
-    "set_trie_pool_limit": "_trie",
-}
-
-__all__ = list(_EXPORTS)
-
-__getattr__, __dir__ = _lazy_exports(__name__, "genlm-core", _EXPORTS)
-
-
-# _EXPORTS again, statically, for type checkers and the API reference (``X as X`` marks a
-# re-export); tests/core/test_packaging.py keeps the two equal.
+# The public names, stated once (``X as X`` marks a re-export): read statically by type
+# checkers and the API reference, and at import for the lazy ``__getattr__``.
 if _TYPE_CHECKING:
     from genlm.core._async_trie import AsyncTokenByteTrie as AsyncTokenByteTrie
     from genlm.core._embedded import DEFAULT_MODEL as DEFAULT_MODEL
@@ -57,3 +33,9 @@ if _TYPE_CHECKING:
     from genlm.core._trie import TokenByteTrie as TokenByteTrie
     from genlm.core._trie import set_trie_pool_limit as set_trie_pool_limit
     from genlm.core._vocab import Vocabulary as Vocabulary
+
+_EXPORTS = _type_checking_exports(__file__)
+
+__all__ = list(_EXPORTS)
+
+__getattr__, __dir__ = _lazy_exports(__name__, "genlm-core", _EXPORTS)

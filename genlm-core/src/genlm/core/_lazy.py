@@ -3,10 +3,15 @@
 Plugin discovery imports every GenLM package's plugin module, and importing a module
 runs its package's ``__init__``; a facade that imported numpy or torch there would slow
 every ``genlm`` command. Packages build their ``__getattr__`` and ``__dir__`` here.
+
+A package states its public names once, as ``from M import X as X`` lines under
+``if TYPE_CHECKING:``: type checkers and the API reference (griffe) read those lines
+statically, and :func:`type_checking_exports` reads them for the lazy ``__getattr__``.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -45,3 +50,24 @@ def lazy_exports(
         return sorted(set(namespace) | set(exports) | {"__version__"})
 
     return __getattr__, __dir__
+
+
+def type_checking_exports(path: str) -> dict[str, str]:
+    """``name -> module`` of the ``from M import X as X`` lines under the top-level
+    ``if TYPE_CHECKING:`` of the module at ``path`` (pass ``__file__``), in their order.
+
+    Use at the package's top level, before :func:`lazy_exports`:
+    ``_EXPORTS = type_checking_exports(__file__)``.
+    """
+    with open(path, encoding="utf-8") as source:
+        tree = ast.parse(source.read(), path)
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name):
+            if node.test.id.lstrip("_") == "TYPE_CHECKING":
+                return {
+                    alias.asname or alias.name: statement.module
+                    for statement in node.body
+                    if isinstance(statement, ast.ImportFrom) and statement.module
+                    for alias in statement.names
+                }
+    raise ValueError(f"{path} has no top-level `if TYPE_CHECKING:` block of exports")

@@ -6,11 +6,13 @@ besides: the base class :class:`BatchedLM` and its hooks (``_logprobs_batch``,
 ``_variant``, ``_check_variant``, ``_clear_backend_cache``, ``_close_backend``), the
 request check :meth:`BatchedLM.validate_request`, the worker thread, the scheduler, the
 caches and the byte-bounded LRU under them, the row planner for KV reuse, the plugin
-registry, ``BackendSpec`` and the plugin API version it declares (``PLUGIN_API``), and
-small helpers (``is_torch``, ``resolve_model_path``, the sampler and its argument checks,
-``lazy_exports``). Command plugins use :mod:`genlm.core.cli` and
-:mod:`genlm.core.hookspecs`. A distribution other than genlm-core uses only these public
-modules, never a ``genlm.core._private`` one (``tests/test_private_access.py`` checks).
+registry, ``BackendSpec``, the plugin API version it declares (``PLUGIN_API``) and
+``backend_hook`` (a plugin's registration hook made from its specs), and small helpers
+(``is_torch``, ``resolve_model_path``, the sampler and its argument checks,
+``lazy_exports`` and ``type_checking_exports``). Command plugins use :mod:`genlm.core.cli`
+(``Command``, ``command_hook``) and :mod:`genlm.core.hookspecs`. A distribution other
+than genlm-core uses only these public modules, never a ``genlm.core._private`` one
+(``tests/test_private_access.py`` checks).
 
 Names load lazily, as in :mod:`genlm.core`: a backend's plugin module imports
 ``BackendSpec`` from here without loading numpy, and nothing here imports torch.
@@ -19,51 +21,21 @@ Names load lazily, as in :mod:`genlm.core`: a backend's plugin module imports
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from genlm.core._lazy import lazy_exports as _lazy_exports
+from genlm.core._lazy import type_checking_exports as _type_checking_exports
 
-#: Public name -> the module defining it; the one list ``__all__`` is made from.
-_EXPORTS = {
-    "AutoBatcher": "genlm.core._scheduler",
-    "BackendSpec": "genlm.core._backend_spec",
-    "BatchedLM": "genlm.core._model",
-    "ByteLRU": "genlm.core._lru",
-    "ModelWorker": "genlm.core._worker",
-    "PLUGIN_API": "genlm.core._plugin_api",
-    "OutputCache": "genlm.core._output_cache",
-    "PrefixCache": "genlm.core._prefix_cache",
-    "PrefixHit": "genlm.core._prefix_cache",
-    "Registry": "genlm.core._registry",
-    "ResidentRows": "genlm.core._row_plan",
-    "RowPlan": "genlm.core._row_plan",
-    "check_sampling_args": "genlm.core._sampling",
-    "check_temperature": "genlm.core._sampling",
-    "get_registry": "genlm.core._registry",
-    "group_equal": "genlm.core._row_plan",
-    "group_padded": "genlm.core._row_plan",
-    "is_torch": "genlm.core._rows",
-    "key_nbytes": "genlm.core._lru",
-    "lazy_exports": "genlm.core._lazy",
-    "plan_rows": "genlm.core._row_plan",
-    "resolve_model_path": "genlm.core._embedded",
-    "sample_token": "genlm.core._sampling",
-    "validate_context": "genlm.core._validation",
-}
-
-__all__ = list(_EXPORTS)
-
-__getattr__, __dir__ = _lazy_exports(__name__, "genlm-core", _EXPORTS)
-
-
-# _EXPORTS again, statically, for type checkers and the API reference (``X as X`` marks a
-# re-export); tests/core/test_packaging.py keeps the two equal.
+# The public names, stated once (``X as X`` marks a re-export): read statically by type
+# checkers and the API reference, and at import for the lazy ``__getattr__``.
 if _TYPE_CHECKING:
     from genlm.core._backend_spec import BackendSpec as BackendSpec
     from genlm.core._embedded import resolve_model_path as resolve_model_path
     from genlm.core._lazy import lazy_exports as lazy_exports
+    from genlm.core._lazy import type_checking_exports as type_checking_exports
     from genlm.core._lru import ByteLRU as ByteLRU
     from genlm.core._lru import key_nbytes as key_nbytes
     from genlm.core._model import BatchedLM as BatchedLM
     from genlm.core._output_cache import OutputCache as OutputCache
     from genlm.core._plugin_api import PLUGIN_API as PLUGIN_API
+    from genlm.core._plugin_hooks import backend_hook as backend_hook
     from genlm.core._prefix_cache import PrefixCache as PrefixCache
     from genlm.core._prefix_cache import PrefixHit as PrefixHit
     from genlm.core._registry import Registry as Registry
@@ -80,3 +52,9 @@ if _TYPE_CHECKING:
     from genlm.core._scheduler import AutoBatcher as AutoBatcher
     from genlm.core._validation import validate_context as validate_context
     from genlm.core._worker import ModelWorker as ModelWorker
+
+_EXPORTS = _type_checking_exports(__file__)
+
+__all__ = list(_EXPORTS)
+
+__getattr__, __dir__ = _lazy_exports(__name__, "genlm-core", _EXPORTS)

@@ -46,7 +46,8 @@ def genlm_register_backends(register: Callable[[BackendSpec], None]) -> None:
 
     Called once per discovery, right after the plugin module is imported and validated,
     before any model is loaded. Call ``register(BackendSpec(...))`` once per backend
-    (:class:`~genlm.core.backend.BackendSpec` only: anything else raises ``TypeError``).
+    (:class:`~genlm.core.backend.BackendSpec` only: anything else raises ``TypeError``);
+    :func:`~genlm.core.backend.backend_hook` writes this implementation from the specs.
 
     A plugin may: register any number of backends, decide a spec's fields from cheap
     facts (``auto_select=cuda_gpu_present()``, say). It must not: import heavy libraries
@@ -64,7 +65,8 @@ def genlm_register_commands(register: Callable[[Command], None]) -> None:
 
     Called once per discovery, like :func:`genlm_register_backends`; the ``genlm`` script
     discovers plugins before parsing its arguments. Call ``register(Command(...))`` per
-    subcommand (a ``genlm.core.cli.Command``). The command's ``configure`` and ``run`` are
+    subcommand (a ``genlm.core.cli.Command``; ``genlm.core.cli.command_hook`` writes this
+    implementation from the commands). The command's ``configure`` and ``run`` are
     called only when the user runs it, so import heavy modules inside them, not here. A
     command name that core
     (``backends``, ``smc``) or an earlier plugin already uses is reported and ignored.

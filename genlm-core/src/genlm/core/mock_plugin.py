@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from genlm.core._backend_spec import BackendSpec
-from genlm.core.hookspecs import hookimpl
+from genlm.core._plugin_hooks import backend_hook
 
-
-@hookimpl
-def genlm_register_backends(register: Callable[[BackendSpec], None]) -> None:
-    register(
-        BackendSpec(
-            name="mock",
-            loader="genlm.core.mock:MockLM.from_name",
-            distribution="genlm-core",
-            plugin_api=1,
-            priority=-100,
-            auto_select=False,
-            description="deterministic fake model over any tokenizer's vocabulary (for tests)",
-        )
+genlm_register_backends = backend_hook(
+    BackendSpec(
+        name="mock",
+        loader="genlm.core.mock:MockLM.from_name",
+        distribution="genlm-core",
+        plugin_api=1,
+        priority=-100,
+        auto_select=False,
+        description="deterministic fake model over any tokenizer's vocabulary (for tests)",
     )
+)

@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
 
-from genlm.core.backend import BackendSpec
-from genlm.core.hookspecs import hookimpl
+from genlm.core.backend import BackendSpec, backend_hook
 
-
-@hookimpl
-def genlm_register_backends(register: Callable[[BackendSpec], None]) -> None:
-    register(
-        BackendSpec(
-            name="hf",
-            loader="genlm.backends.hf._model:HFLM.from_name",
-            distribution="genlm-backend-hf",
-            plugin_api=1,
-            probe="genlm.backends.hf.plugin:unavailable_reason",
-            priority=10,
-            description="Hugging Face transformers (CPU or CUDA) with automatic KV reuse and LoRA",
-        )
+genlm_register_backends = backend_hook(
+    BackendSpec(
+        name="hf",
+        loader="genlm.backends.hf._model:HFLM.from_name",
+        distribution="genlm-backend-hf",
+        plugin_api=1,
+        probe="genlm.backends.hf.plugin:unavailable_reason",
+        priority=10,
+        description="Hugging Face transformers (CPU or CUDA) with automatic KV reuse and LoRA",
     )
+)
 
 
 def unavailable_reason() -> str | None:

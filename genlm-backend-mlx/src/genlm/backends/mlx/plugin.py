@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import platform
-from collections.abc import Callable
 
-from genlm.core.backend import BackendSpec
-from genlm.core.hookspecs import hookimpl
+from genlm.core.backend import BackendSpec, backend_hook
 
 
 def is_apple_silicon() -> bool:
@@ -28,17 +26,18 @@ def unavailable_reason() -> str | None:
     return None
 
 
-@hookimpl
-def genlm_register_backends(register: Callable[[BackendSpec], None]) -> None:
-    register(
-        BackendSpec(
-            name="mlx",
-            loader="genlm.backends.mlx._model:MLXLM.from_name",
-            distribution="genlm-backend-mlx",
-            plugin_api=1,
-            probe="genlm.backends.mlx.plugin:unavailable_reason",
-            priority=20,
-            auto_select=is_apple_silicon(),
-            description="Apple MLX via mlx-lm (auto-selected on Apple silicon; CPU elsewhere)",
-        )
+def spec() -> BackendSpec:
+    """The mlx backend's spec; made at each registration, when the platform is read."""
+    return BackendSpec(
+        name="mlx",
+        loader="genlm.backends.mlx._model:MLXLM.from_name",
+        distribution="genlm-backend-mlx",
+        plugin_api=1,
+        probe="genlm.backends.mlx.plugin:unavailable_reason",
+        priority=20,
+        auto_select=is_apple_silicon(),
+        description="Apple MLX via mlx-lm (auto-selected on Apple silicon; CPU elsewhere)",
     )
+
+
+genlm_register_backends = backend_hook(spec)

@@ -13,10 +13,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-from collections.abc import Callable
 
-from genlm.core.backend import BackendSpec
-from genlm.core.hookspecs import hookimpl
+from genlm.core.backend import BackendSpec, backend_hook
 
 
 def cuda_gpu_present() -> bool:
@@ -38,20 +36,21 @@ def unavailable_reason() -> str | None:
     return None
 
 
-@hookimpl
-def genlm_register_backends(register: Callable[[BackendSpec], None]) -> None:
+def spec() -> BackendSpec:
+    """The vllm backend's spec; made at each registration, when the GPU is looked for."""
     gpu = cuda_gpu_present()
-    register(
-        BackendSpec(
-            name="vllm",
-            loader="genlm.backends.vllm._model:VLLMLM.from_name",
-            distribution="genlm-backend-vllm",
-            plugin_api=1,
-            probe="genlm.backends.vllm.plugin:unavailable_reason",
-            priority=30,
-            auto_select=gpu,
-            description="vLLM V1 engine: full-vocabulary logprobs, native sampling, LoRA, "
-            "tensor/pipeline parallel"
-            + ("" if gpu else " (no CUDA GPU here: only chosen with backend='vllm')"),
-        )
+    return BackendSpec(
+        name="vllm",
+        loader="genlm.backends.vllm._model:VLLMLM.from_name",
+        distribution="genlm-backend-vllm",
+        plugin_api=1,
+        probe="genlm.backends.vllm.plugin:unavailable_reason",
+        priority=30,
+        auto_select=gpu,
+        description="vLLM V1 engine: full-vocabulary logprobs, native sampling, LoRA, "
+        "tensor/pipeline parallel"
+        + ("" if gpu else " (no CUDA GPU here: only chosen with backend='vllm')"),
     )
+
+
+genlm_register_backends = backend_hook(spec)

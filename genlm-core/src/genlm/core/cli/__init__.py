@@ -19,10 +19,11 @@ import traceback
 from collections.abc import Sequence
 
 from genlm.core._command import Command
+from genlm.core._plugin_hooks import command_hook
 from genlm.core.cli._errors import CLIError, one_line
 from genlm.core.cli._load import load_model
 
-__all__ = ["CLIError", "Command", "load_model", "main", "one_line"]
+__all__ = ["CLIError", "Command", "command_hook", "load_model", "main", "one_line"]
 
 
 class _HelpFormatter(argparse.HelpFormatter):
