@@ -57,7 +57,9 @@ def type_checking_exports(path: str) -> dict[str, str]:
     ``if TYPE_CHECKING:`` of the module at ``path`` (pass ``__file__``), in their order.
 
     Use at the package's top level, before :func:`lazy_exports`:
-    ``_EXPORTS = type_checking_exports(__file__)``.
+    ``_EXPORTS = type_checking_exports(__file__)``. Like scientific Python's
+    ``lazy_loader.attach_stub``, it reads the package's own source, which wheels and
+    sdists ship (about 0.5 ms a package, ``ast`` included).
     """
     with open(path, encoding="utf-8") as source:
         tree = ast.parse(source.read(), path)
