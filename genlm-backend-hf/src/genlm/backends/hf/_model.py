@@ -120,8 +120,12 @@ class HFLM(BatchedLM):
             "resident_rows": 0,
         }
         self._pad_id = _pad_id(tokenizer)
-        self._keeps_last_logits = _accepts_logits_to_keep(model)
-        self._cache_argument = _cache_argument(model)
+        forward = inspect.signature(_base_model(model).forward).parameters
+        #: Whether the forward computes the last position's logits alone (transformers >= 4.50).
+        self._keeps_last_logits = "logits_to_keep" in forward
+        #: The forward's name for the KV cache, also its output's: ``cache`` where the forward
+        #: takes it (transformers 5.2x deprecate ``past_key_values``, to be removed in 5.40).
+        self._cache_argument = "cache" if "cache" in forward else "past_key_values"
         #: ``[layers, 2, rows, kv_heads, columns, head_dim]``, kept between batches: a batch
         #: uses a view of its first rows and columns, and rows that extend the same row of the
         #: previous batch find their past already in place (see ``_resident_rows``).
@@ -488,19 +492,6 @@ def _base_model(model: Any) -> Any:
 def _logit_width(model: Any) -> int | None:
     head = _base_model(model).get_output_embeddings()
     return None if head is None else int(head.weight.shape[0])
-
-
-def _accepts_logits_to_keep(model: Any) -> bool:
-    """Whether the forward can compute the last position's logits alone (transformers >= 4.50)."""
-    return "logits_to_keep" in inspect.signature(_base_model(model).forward).parameters
-
-
-def _cache_argument(model: Any) -> str:
-    """The forward's name for the KV cache, also its output's: ``cache`` where the forward
-    takes it (transformers 5.2x deprecate ``past_key_values``, to be removed in 5.40), else
-    ``past_key_values``."""
-    parameters = inspect.signature(_base_model(model).forward).parameters
-    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def _check_full_attention(config: Any) -> None:
