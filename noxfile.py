@@ -98,13 +98,14 @@ def session(name: str | None = None):
 
     def register(func):
         @functools.wraps(func)
-        def run(session: nox.Session, **params) -> None:
+        def run(nox_session: nox.Session, **params) -> None:
             try:
-                func(session, **params)
+                func(nox_session, **params)
             finally:
                 if os.environ.get("GENLM_NOX_PRUNE") == "1":
-                    session.log(f"GENLM_NOX_PRUNE=1: removing {session.virtualenv.location}")
-                    shutil.rmtree(session.virtualenv.location, ignore_errors=True)
+                    venv = nox_session.virtualenv.location
+                    nox_session.log(f"GENLM_NOX_PRUNE=1: removing {venv}")
+                    shutil.rmtree(venv, ignore_errors=True)
 
         return nox.session(python=PYTHON, name=name)(run)
 
