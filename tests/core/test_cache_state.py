@@ -68,6 +68,17 @@ class OutputCacheMachine(RuleBasedStateMachine):
             thread.join()
         self._model_put(key, 4 * floats + real_key_bytes(key))
 
+    @rule(
+        batch=st.lists(st.tuples(keys, st.integers(0, 200)), max_size=4, unique_by=lambda e: e[0])
+    )
+    def put_many(self, batch):
+        """A batch's rows: as if put one by one."""
+        rows = [np.zeros(floats, dtype=np.float32) for _, floats in batch]
+        held = self.cache.put_many([key for key, _ in batch], rows)
+        assert len(held) == len(batch) and all(not row.flags.writeable for row in rows)
+        for key, floats in batch:
+            self._model_put(key, 4 * floats + real_key_bytes(key))
+
     @rule(key=keys)
     def get(self, key):
         row = self.cache.get(key)
@@ -261,6 +272,35 @@ class ByteLRUMachine(PinModel, RuleBasedStateMachine):
         if self.pins[key]:
             self.lru.pop(key, None)
         self._evict()
+
+    @rule(batch=st.lists(st.tuples(lru_keys, st.integers(0, 40)), max_size=4))
+    def add_many(self, batch):
+        """Under one lock, what adding each in turn holds and returns."""
+        expected, entries = [], []
+        for key, size in batch:
+            self.serial += 1
+            value = ("value", self.serial)
+            entries.append((key, value, size))
+            if key in self.entries:
+                expected.append(self.entries[key][0])
+                if key in self.lru:
+                    self.lru.move_to_end(key)
+            else:
+                expected.append(value)
+                if size <= self.cache.max_bytes:
+                    self.entries[key], self.pins[key] = (value, size), 0
+                    self.lru[key] = None
+            self._evict()
+        assert self.cache.add_many(entries) == expected
+
+    @rule(keys=st.lists(lru_keys, max_size=4))
+    def get_many(self, keys):
+        assert self.cache.get_many(keys) == [
+            self.entries[key][0] if key in self.entries else None for key in keys
+        ]
+        for key in keys:
+            if key in self.lru:
+                self.lru.move_to_end(key)
 
     @rule(key=lru_keys, touch=st.booleans())
     def get(self, key, touch):

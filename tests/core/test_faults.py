@@ -354,6 +354,29 @@ class TestInputValidation:
                     assert got == tuple(expected) and all(type(t) is int for t in got)
 
     @given(
+        contexts=st.lists(
+            st.lists(st.one_of(st.integers(-1, 9), st.just(1.5)), max_size=5), max_size=4
+        ),
+        variant=st.sampled_from([None, "adapter"]),
+    )
+    def test_a_batch_is_validated_as_each_context_would_be(self, contexts, variant):
+        """``validate_requests`` gives what ``validate_request`` gives each context, or
+        raises what the first refused one raises (a variant the model lacks: its
+        ValueError, even for no contexts)."""
+        lm = FaultyLM(max_context_length=4)
+        try:
+            lm.validate_request([1], variant)  # the variant is checked first
+            expected = [lm.validate_request(c, variant) for c in contexts]
+        except (InvalidContextError, ValueError) as error:
+            with pytest.raises(type(error)) as raised:
+                lm.validate_requests(contexts, variant)
+            assert str(raised.value) == str(error)
+        else:
+            assert lm.validate_requests(contexts, variant) == expected
+        finally:
+            lm.close()
+
+    @given(
         ids=st.lists(
             st.one_of(
                 st.integers(-(2**70), 2**70),

@@ -582,14 +582,15 @@ class TestRunSync:
             max_batch_size=2,
             key=lambda item: item,
             group=lambda item: item[0],
-            on_result=lambda item, result: seen.append(item),
+            on_results=lambda items, results: seen.append((items, list(results))),
         )
         items = [("B", 0), ("A", 0), ("B", 1), ("B", 0), ("B", 2), ("A", 1)]
         assert batcher.run_sync(items) == [("r", item) for item in items]
         assert gate.batches == [[("B", 0), ("B", 1)], [("A", 0), ("A", 1)], [("B", 2)]]
-        assert sorted(seen) == sorted(set(items))
+        # on_results sees each computed batch once, with its items' results
+        assert seen == [(batch, [("r", item) for item in batch]) for batch in gate.batches]
         assert batcher.run_sync([("A", 2)], notify=False) == [("r", ("A", 2))]
-        assert len(seen) == 5  # notify=False leaves on_result out
+        assert len(seen) == 3  # notify=False leaves on_results out
         worker.close()
 
     def test_the_first_failing_batch_raises_and_stops_the_rest(self):
@@ -746,6 +747,56 @@ class TestBatchCalls:
         for row, context in zip(rows, contexts):
             np.testing.assert_allclose(row, mock_logprobs(tuple(context), 32), atol=1e-6)
         lm.close()
+
+    def test_submit_many_hands_full_batches_over_once_every_item_is_queued(self, gated):
+        """Full batches of one submit_many call reach the worker after its last item is
+        queued (the worker wakes once for them), as many as max_in_flight allows."""
+        keyed: list = []
+        gate, batcher = gated(max_batch_size=2, key=lambda item: keyed.append(item) or item)
+        fired_after: list[int] = []
+        run_async = batcher.worker.run_async
+
+        def recording(fn, *args):
+            fired_after.append(len(keyed))
+            return run_async(fn, *args)
+
+        batcher.worker.run_async = recording
+
+        async def main():
+            futures = batcher.submit_many(list(range(7)))
+            assert fired_after == [7, 7]  # both in-flight slots, once all 7 were keyed
+            gate.open()
+            return await asyncio.wait_for(asyncio.gather(*futures), 5)
+
+        assert run(main()) == [("r", i) for i in range(7)]
+        assert gate.batches == [[0, 1], [2, 3], [4, 5], [6]]
+
+    def test_a_failing_on_results_fails_its_batch_only(self, gated):
+        """on_results runs once per computed batch, before its waiters resume; when it
+        raises, that batch's waiters get the error and the other batches their results."""
+        seen: list = []
+
+        def on_results(items, results):
+            seen.append((list(items), list(results)))
+            if 0 in items:
+                raise OSError("cache full")
+
+        gate, batcher = gated(max_batch_size=2, key=lambda item: item, on_results=on_results)
+        gate.open()
+
+        async def main():
+            futures = batcher.submit_many([0, 1, 2, 3])
+            return await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 5)
+
+        outcomes = run(main())
+        assert [type(o) for o in outcomes[:2]] == [OSError, OSError]
+        assert outcomes[2:] == [("r", 2), ("r", 3)]
+        assert seen == [([0, 1], [("r", 0), ("r", 1)]), ([2, 3], [("r", 2), ("r", 3)])]
+
+        async def again():  # the failed entries were forgotten: 1 is computed afresh
+            return await asyncio.wait_for(batcher.submit(1), 5)
+
+        assert run(again()) == ("r", 1) and seen[-1] == ([1], [("r", 1)])
 
     def test_submit_many_batches_like_gathered_submits(self, gated):
         """Items submitted together are deduplicated and cut into full batches in order;

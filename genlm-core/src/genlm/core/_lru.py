@@ -26,7 +26,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -108,19 +108,28 @@ class ByteLRU(Generic[K, V]):
     def get(self, key: K, *, touch: bool = True) -> V | None:
         """The value held for ``key``, or None; ``touch`` marks it most recently used."""
         with self.lock:
-            entry = self._lru.get(key)
-            if entry is not None:
-                if touch:
-                    self._lru.move_to_end(key)
-                self.hits += 1
-                return entry[0]
-            # Each lookup hashes the whole key (tuples do not cache their hash): skip the
-            # pinned map while it is empty, as it always is in the output cache.
-            if self._pinned and key in self._pinned:
-                self.hits += 1
-                return self._pinned[key][0][0]
-            self.misses += 1
-            return None
+            return self._lookup(key, touch)
+
+    def get_many(self, keys: Iterable[K]) -> list[V | None]:
+        """:meth:`get` each key, in order, under one hold of the lock (a batch of requests)."""
+        with self.lock:
+            return [self._lookup(key, True) for key in keys]
+
+    def _lookup(self, key: K, touch: bool) -> V | None:
+        """:meth:`get`'s body (lock held)."""
+        entry = self._lru.get(key)
+        if entry is not None:
+            if touch:
+                self._lru.move_to_end(key)
+            self.hits += 1
+            return entry[0]
+        # Each lookup hashes the whole key (tuples do not cache their hash): skip the
+        # pinned map while it is empty, as it always is in the output cache.
+        if self._pinned and key in self._pinned:
+            self.hits += 1
+            return self._pinned[key][0][0]
+        self.misses += 1
+        return None
 
     def add(self, key: K, value: V, nbytes: int, *, pin: bool = False) -> V:
         """Hold ``value`` for ``key`` at a cost of ``nbytes`` and evict to fit.
@@ -144,22 +153,42 @@ class ByteLRU(Generic[K, V]):
                 if pin:
                     self._pin(key)
                 return pinned[0][0]
-            new = (value, nbytes)
-            if nbytes <= self.max_bytes:
-                entry = self._lru.setdefault(key, new)  # one hash of the key, held or not
-            else:
-                entry = self._lru.get(key, new)
-                if entry is new:
-                    return value
-            if entry is new:
-                self._bytes += nbytes
-            else:
-                self._lru.move_to_end(key)
-            if pin:
+            held = self._hold(key, value, nbytes)
+            if pin and key in self._lru:
                 self._pin(key)
             if self._bytes > self.max_bytes:
                 self._evict()
-            return entry[0]
+            return held
+
+    def add_many(self, entries: Iterable[tuple[K, V, int]]) -> list[V]:
+        """:meth:`add` each ``(key, value, nbytes)`` in order, under one hold of the lock
+        (a batch of results costs one lock, not one per row); what each ``add`` returns."""
+        held = []
+        with self.lock:
+            pinned = self._pinned
+            for key, value, nbytes in entries:
+                if pinned and key in pinned:
+                    held.append(pinned[key][0][0])
+                    continue
+                held.append(self._hold(key, value, nbytes))
+                if self._bytes > self.max_bytes:
+                    self._evict()
+        return held
+
+    def _hold(self, key: K, value: V, nbytes: int) -> V:
+        """Hold an unpinned entry, or keep and touch the one held; no eviction (lock held)."""
+        new = (value, nbytes)
+        if nbytes <= self.max_bytes:
+            entry = self._lru.setdefault(key, new)  # one hash of the key, held or not
+        else:
+            entry = self._lru.get(key, new)
+            if entry is new:
+                return value
+        if entry is new:
+            self._bytes += nbytes
+        else:
+            self._lru.move_to_end(key)
+        return entry[0]
 
     def resize(self, max_bytes: int) -> None:
         """Set the budget and evict to fit now (for a budget known only once a model is

@@ -119,7 +119,7 @@ class BatchedLM(abc.ABC):
             max_wait_s=max_wait_s,
             key=lambda request: request,
             group=lambda request: request[0],
-            on_result=self.output_cache.put,
+            on_results=self.output_cache.put_many,
         )
         self._closed = False
         self._close_lock = threading.Lock()
@@ -187,18 +187,33 @@ class BatchedLM(abc.ABC):
         entry points (hf's ``cache_kv``, vllm's ``sample``) call it so that bad input fails
         the same way. The result, with the variant resolved (:meth:`_variant` by default,
         else what :meth:`_check_variant` accepts), is the key of the scheduler and cache.
+        The variant is checked first, then the ids.
         """
         if self._closed:
             raise ModelClosedError(f"{self.name} is closed")
-        ids = validate_context(token_ids, len(self._vocab))
+        variant = self._variant() if variant is CURRENT_VARIANT else self._check_variant(variant)
+        return (variant, self._validate_ids(token_ids, len(self._vocab)))
+
+    def validate_requests(
+        self, contexts: Sequence[Sequence[int]], variant: Hashable = CURRENT_VARIANT
+    ) -> list[Request]:
+        """:meth:`validate_request` for each context, with the variant resolved once (what
+        a batch call costs per context is its ids' check alone)."""
+        if self._closed:
+            raise ModelClosedError(f"{self.name} is closed")
+        variant = self._variant() if variant is CURRENT_VARIANT else self._check_variant(variant)
+        size, check = len(self._vocab), self._validate_ids
+        return [(variant, check(c, size)) for c in contexts]
+
+    def _validate_ids(self, token_ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
+        """One context's ids as a tuple, checked against the vocabulary and the length limit."""
+        ids = validate_context(token_ids, vocab_size)
         if self.max_context_length is not None and len(ids) > self.max_context_length:
             raise InvalidContextError(
                 f"context of {len(ids)} tokens is longer than {self.name}'s maximum of "
                 f"{self.max_context_length} tokens (max_context_length)"
             )
-        if variant is CURRENT_VARIANT:
-            return (self._variant(), ids)
-        return (self._check_variant(variant), ids)
+        return ids
 
     async def next_token_logprobs(
         self,
@@ -256,11 +271,10 @@ class BatchedLM(abc.ABC):
         computed concurrently, batched with other requests, each served from the cache
         when there."""
         check_output(output)
-        requests = [self.validate_request(c, variant) for c in contexts]  # validate all first
+        requests = self.validate_requests(contexts, variant)  # validate all first
         # Cached rows, and the scheduler's own futures for the rest: awaited in turn, they
         # cost no task per context (the whole batch resolves together).
-        get = self.output_cache.get
-        rows: list[Any] = [get(r) for r in requests]
+        rows: list[Any] = self.output_cache.get_many(requests)
         missing = [i for i, row in enumerate(rows) if row is None]
         futures = self.batcher.submit_many([requests[i] for i in missing])
         pending = list(zip(missing, futures))
@@ -283,7 +297,7 @@ class BatchedLM(abc.ABC):
         """The blocking twin of :meth:`batch_next_token_logprobs` (batches of at most
         ``max_batch_size`` on the worker thread)."""
         check_output(output)
-        rows = self._rows_sync([self.validate_request(c, variant) for c in contexts])
+        rows = self._rows_sync(self.validate_requests(contexts, variant))
         return stack_output(rows, len(self._vocab), output)
 
     def _rows_sync(self, requests: list[Request], cached: bool = True) -> list[Any]:
@@ -292,7 +306,7 @@ class BatchedLM(abc.ABC):
         output cache."""
         if not cached:
             return self.batcher.run_sync(requests, notify=False)
-        rows: list[Any] = [self.output_cache.get(r) for r in requests]
+        rows: list[Any] = self.output_cache.get_many(requests)
         missing = [r for r, row in zip(requests, rows) if row is None]
         if not missing:
             return rows

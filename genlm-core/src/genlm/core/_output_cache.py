@@ -10,7 +10,7 @@ each entry counts its array's bytes plus its key's :func:`~genlm.core.backend.ke
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
@@ -51,3 +51,13 @@ class OutputCache(ByteLRU[Hashable, np.ndarray]):
         if isinstance(value, np.ndarray):
             value.setflags(write=False)  # a no-op when it already is
         return self.add(key, value, value.nbytes + key_nbytes(key))
+
+    def put_many(self, keys: Sequence[Hashable], values: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """:meth:`put` each ``values[i]`` for ``keys[i]`` under one hold of the lock (a
+        batch's rows); what each ``put`` returns."""
+        for value in values:
+            if isinstance(value, np.ndarray):
+                value.setflags(write=False)
+        return self.add_many(
+            (key, value, value.nbytes + key_nbytes(key)) for key, value in zip(keys, values)
+        )

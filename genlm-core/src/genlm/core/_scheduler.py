@@ -147,8 +147,9 @@ class AutoBatcher(Generic[I, R]):
         key: the dedup key of an item (items with equal keys are computed once);
             ``None`` disables dedup.
         group: the group of an item; a batch holds items of one group.
-        on_result: called on the event loop with ``(item, result)`` once per computed
-            item, before waiters resume (the output cache uses it).
+        on_results: called on the event loop with ``(items, results)`` once per batch
+            computed, before its waiters resume (the output cache stores the rows); if it
+            raises, that batch's waiters get the exception.
         max_in_flight: most batches per event loop handed to the worker at once.
 
     Raises:
@@ -165,7 +166,7 @@ class AutoBatcher(Generic[I, R]):
         max_wait_s: float = 0.0,
         key: Callable[[I], Hashable] | None = None,
         group: Callable[[I], Hashable] | None = None,
-        on_result: Callable[[I, R], Any] | None = None,
+        on_results: Callable[[list[I], Sequence[R]], Any] | None = None,
         max_in_flight: int = 2,
     ):
         if max_batch_size < 1:
@@ -181,7 +182,7 @@ class AutoBatcher(Generic[I, R]):
         self.max_in_flight = max_in_flight
         self._key = key
         self._group = group
-        self._on_result = on_result
+        self._on_results = on_results
         # Keyed by id(loop): a value that is alive keeps the loop alive through its
         # futures, so the batcher holds neither strongly (see _LoopState.loop).
         self._states: weakref.WeakValueDictionary[int, _LoopState] = weakref.WeakValueDictionary()
@@ -234,7 +235,22 @@ class AutoBatcher(Generic[I, R]):
         lookup of the loop's state, one arrival time); a future per item."""
         loop = asyncio.get_running_loop()
         state, deadline = self._loop_state(loop), loop.time() + self.max_wait_s
-        return [self._submit(state, loop, item, deadline) for item in items]
+        create_future, enqueue = loop.create_future, self._enqueue
+        waiters = []
+        full = queued = False
+        for item in items:
+            waiters.append(waiter := create_future())
+            queue = enqueue(state, item, waiter, deadline)
+            if queue is not None:
+                queued = True
+                full = full or len(queue) >= self.max_batch_size
+        # Full batches fire once every item is queued, back to back: the worker wakes
+        # once for all of them instead of contending with this loop mid-way.
+        if full and len(state.running) < self.max_in_flight:
+            self._flush(state, float("-inf"))
+        if queued and state.queues and state.soon is None:
+            state.soon = loop.call_soon(self._on_soon, state)
+        return waiters
 
     def _loop_state(self, loop: asyncio.AbstractEventLoop) -> _LoopState:
         """The state of ``loop``: the last registered one when it is that loop's (a weakref
@@ -265,15 +281,15 @@ class AutoBatcher(Generic[I, R]):
         """Join ``item``'s pending entry, or queue a new one; return its group's queue
         if a new entry was queued, None if it joined."""
         key = self._key(item) if self._key is not None else object()
-        entry = queues.entries.get(key)
-        if entry is not None:
-            with self._lock:
-                if not entry.dropped:
-                    entry.waiters.append(waiter)
-                    return None
         group = self._group(item) if self._group is not None else None
         entry = _Entry(item, key, group, deadline, [waiter])
-        queues.entries[key] = entry
+        pending = queues.entries.setdefault(key, entry)  # one hash of the key, new or not
+        if pending is not entry:
+            with self._lock:
+                if not pending.dropped:
+                    pending.waiters.append(waiter)
+                    return None
+            queues.entries[key] = entry  # the pending one was dropped: start afresh
         queue = queues.queues.get(group)
         if queue is None:
             queue = queues.queues[group] = {}
@@ -392,7 +408,7 @@ class AutoBatcher(Generic[I, R]):
         else:
             exc = future.exception()
             outcome = None if exc is not None else future.result()
-        self._deliver_batch(state, batch, outcome, exc, self._on_result)
+        self._deliver_batch(state, batch, outcome, exc, self._on_results)
         if state.soon is None:  # else requests are still arriving: the flush comes soon
             self._flush(state, asyncio.get_running_loop().time())
 
@@ -402,9 +418,9 @@ class AutoBatcher(Generic[I, R]):
         batch: list[_Entry],
         outcome: tuple[list[_Entry], Sequence[R]] | None,
         exc: BaseException | None,
-        on_result: Callable[[I, R], Any] | None,
+        on_results: Callable[[list[I], Sequence[R]], Any] | None,
     ) -> None:
-        """Resolve the waiters of a batch, calling ``on_result`` first for each result."""
+        """Resolve the waiters of a batch, calling ``on_results`` first."""
         for entry in batch:
             _forget(queues, entry)
         if exc is not None:
@@ -416,13 +432,14 @@ class AutoBatcher(Generic[I, R]):
         if live:
             self.stats["batches"] += 1
             self.stats["items"] += len(live)
-        for entry, result in zip(live, results):
-            if on_result is not None:
-                try:
-                    on_result(entry.item, result)
-                except Exception as error:  # noqa: BLE001 - fail this entry, not the batch
+        if on_results is not None and live:
+            try:
+                on_results([entry.item for entry in live], results)
+            except Exception as error:  # noqa: BLE001 - fail this batch's waiters, not the loop
+                for entry in live:
                     _deliver(entry, exc=error)
-                    continue
+                return
+        for entry, result in zip(live, results):
             _deliver(entry, result)
 
     def run_sync(self, items: Sequence[I], *, notify: bool = True) -> list[R]:
@@ -435,7 +452,7 @@ class AutoBatcher(Generic[I, R]):
 
         Args:
             items: the inputs to compute.
-            notify: call ``on_result`` for each computed item, as ``submit`` does; False
+            notify: call ``on_results`` for each computed batch, as ``submit`` does; False
                 keeps the results to this caller (the uncached path).
 
         Returns:
@@ -452,10 +469,10 @@ class AutoBatcher(Generic[I, R]):
         for order, item in enumerate(items):
             waiters.append(concurrent.futures.Future())
             self._enqueue(queues, item, waiters[-1], float(order))
-        on_result = self._on_result if notify else None
+        on_results = self._on_results if notify else None
         while (batch := self._take(queues, float("inf"))) is not None:
             outcome = self.worker.call(self._pick_up_and_run, batch)
-            self._deliver_batch(queues, batch, outcome, None, on_result)
+            self._deliver_batch(queues, batch, outcome, None, on_results)
         return [waiter.result() for waiter in waiters]
 
     def _fail_queued(self, state: _LoopState, exc: BaseException) -> None:

@@ -449,7 +449,7 @@ class VLLMLM(BatchedLM):
         """
         # Core's checks: NaN or inf temperatures and max_tokens=2.5 must not reach vLLM.
         check_sampling_args(max_tokens, temperature)
-        requests = [self.validate_request(p) for p in prompts]
+        requests = self.validate_requests(prompts)
         if max_tokens == 0 or not requests:
             return [[] for _ in requests]
         from vllm import SamplingParams
