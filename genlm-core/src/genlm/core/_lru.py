@@ -39,6 +39,7 @@ _ITEM_BYTES = sys.getsizeof(2**20)
 _TUPLE_BYTES = sys.getsizeof(())
 _SLOT_BYTES = sys.getsizeof((None,)) - _TUPLE_BYTES
 _getsizeof = sys.getsizeof
+_NONE_BYTES = sys.getsizeof(None)
 
 
 def key_nbytes(key: Hashable) -> int:
@@ -57,6 +58,8 @@ def key_nbytes(key: Hashable) -> int:
     for part in key:
         if type(part) is tuple:
             size += _TUPLE_BYTES + (_SLOT_BYTES + _ITEM_BYTES) * len(part)
+        elif part is None:  # the usual variant; getsizeof costs a method lookup
+            size += _NONE_BYTES
         else:
             size += _getsizeof(part)
     return size
