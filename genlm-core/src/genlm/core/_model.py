@@ -337,7 +337,7 @@ class BatchedLM(abc.ABC):
             )
         out = out.astype(np.float32, copy=False)
         check_rows(*row_summary(out), expected[1], contexts, self._label())
-        return [np.array(row) for row in out]  # own memory: cache accounting stays exact
+        return [row.copy() for row in out]  # own memory: cache accounting stays exact
 
     def _label(self) -> str:
         """Names the backend in error messages: class and model name."""
