@@ -12,7 +12,13 @@ backend; the backend's own compute time (measured inside the worker) is subtract
 so what remains is what GenLM adds per request: validation, cache lookups, batching,
 dedup, the thread hop and result fan-out (and asyncio's own task cost).
 
-Usage: python benchmarks/core_bench.py [--repeats 5] [--out benchmarks/results/core.md]
+Instructions (``--instructions``, needs valgrind): the CPU instructions of one step at the
+512-token vocabulary, counted by callgrind (a 30-step run less a 10-step run, so start-up
+cancels out). Unlike wall time it does not move with the load on a shared VM, so it shows
+what a change to the per-request path saves; it leaves out the threads' wake-up latency.
+
+Usage: python benchmarks/core_bench.py [--repeats 5] [--instructions]
+[--out benchmarks/results/core.md]
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import asyncio
 import importlib.metadata
 import os
 import platform
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -162,6 +170,40 @@ def scheduler_overhead(repeats: int = 5) -> dict[str, float]:
     return {"uncached_us": results[0], "cached_us": results[1]}
 
 
+#: The steps ``--instructions`` counts: (label, call, particles); ``floor`` is asyncio's.
+COUNTED = [(c, p) for c in ("gather", "batch", "floor") for p in (16, 64)]
+
+
+def one_run(call: str, n_particles: int, steps: int) -> None:
+    """What callgrind runs: a warm-up, then ``steps`` steps of ``call`` (512 tokens)."""
+    lm = PrecomputedLM(512, n_particles)
+    for n in (4, steps):
+        lm.output_cache.clear()
+        if call == "floor":
+            asyncio.run(asyncio_floor(n_particles, n))
+        else:
+            asyncio.run(smc_steps(lm, n_particles, n, CALLS[call]))
+    lm.close()
+
+
+def instructions_per_step() -> dict[tuple[str, int], float] | None:
+    """CPU instructions of one step for each of :data:`COUNTED`; None without valgrind."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return None
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")  # idle BLAS threads would spin in it
+    results = {}
+    for call, n_particles in COUNTED:
+        counts = []
+        for steps in (10, 30):
+            cmd = [valgrind, "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+            cmd += [sys.executable, __file__, "--one-run", call, str(n_particles), str(steps)]
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+            counts.append(int(re.search(r"Collected : (\d+)", out.stderr).group(1)))
+        results[call, n_particles] = (counts[1] - counts[0]) / 20
+    return results
+
+
 def wall_time(cmd: list[str], repeats: int = 7) -> float:
     times = []
     for _ in range(repeats):
@@ -175,7 +217,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "core.md")
     parser.add_argument("--repeats", type=int, default=5, help="runs per step measure")
+    parser.add_argument(
+        "--instructions", action="store_true", help="also count instructions per step (valgrind)"
+    )
+    parser.add_argument(  # what --instructions runs under valgrind
+        "--one-run", nargs=3, metavar=("CALL", "P", "STEPS"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
+    if args.one_run:
+        call, n_particles, n_steps = args.one_run
+        one_run(call, int(n_particles), int(n_steps))
+        return
+    counted = instructions_per_step() if args.instructions else None
     steps = step_overhead(args.repeats)
     floor = floor_overhead(args.repeats)
     overhead = scheduler_overhead()
@@ -210,6 +263,17 @@ def main() -> None:
         "512-token vocabulary, with nothing else running: P=16 <= 0.3 ms, P=64 <= 0.6 ms. "
         "At 128k the row copies and checks on the worker thread dominate.",
         "",
+        *(
+            [
+                "CPU instructions per step at the 512-token vocabulary (callgrind; "
+                "`--instructions`): "
+                + "; ".join(f"{call} P={p}: {counted[call, p] / 1e6:.2f} M" for call, p in COUNTED)
+                + ". They do not vary with the load; the threads' wake-ups are not in them.",
+                "",
+            ]
+            if counted
+            else []
+        ),
         "| measure | result | target |",
         "| --- | --- | --- |",
         f"| overhead per request, {N_REQUESTS:,} concurrent requests over {N_CONTEXTS} contexts, "
