@@ -29,6 +29,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, TypeVar
 
+from genlm.core._request import Request
+
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
@@ -40,29 +42,37 @@ _TUPLE_BYTES = sys.getsizeof(())
 _SLOT_BYTES = sys.getsizeof((None,)) - _TUPLE_BYTES
 _getsizeof = sys.getsizeof
 _NONE_BYTES = sys.getsizeof(None)
+#: What a :class:`Request` itself holds (its three slots and hash; its parts come on top).
+_REQUEST_BYTES = sys.getsizeof(Request(None, ()))
 
 
 def key_nbytes(key: Hashable) -> int:
     """Estimated bytes held by a cache key: the one rule for keys that hold token contexts.
 
-    ``sys.getsizeof`` of the key; for a tuple, plus that of each part; for a tuple part
-    (a context's token ids), plus 28 bytes (one int) per item. This is exact for a
-    ``(variant, token ids)`` key whose ids are distinct objects and an upper bound when
-    keys share int objects (small ints are shared), and it costs no walk over the ids. A
-    300-token context is about 10.9 KB of Python objects, more than a float32 row of a
-    2,000-token vocabulary, so it belongs in the budget.
+    ``sys.getsizeof`` of the key; for a tuple or a :class:`~genlm.core.backend.Request`,
+    plus that of each part; for a tuple part (a context's token ids), plus 28 bytes (one
+    int) per item. This is exact for a ``(variant, token ids)`` key whose ids are distinct
+    objects and an upper bound when keys share int objects (small ints are shared), and it
+    costs no walk over the ids. A 300-token context is about 10.9 KB of Python objects,
+    more than a float32 row of a 2,000-token vocabulary, so it belongs in the budget.
     """
+    if type(key) is Request:
+        return _REQUEST_BYTES + _part_nbytes(key.variant) + _part_nbytes(key.ids)
     if type(key) is not tuple:
         return _getsizeof(key)
     size = _TUPLE_BYTES + _SLOT_BYTES * len(key)
     for part in key:
-        if type(part) is tuple:
-            size += _TUPLE_BYTES + (_SLOT_BYTES + _ITEM_BYTES) * len(part)
-        elif part is None:  # the usual variant; getsizeof costs a method lookup
-            size += _NONE_BYTES
-        else:
-            size += _getsizeof(part)
+        size += _part_nbytes(part)
     return size
+
+
+def _part_nbytes(part: object) -> int:
+    """Bytes of one part of a key: a tuple of ids by the formula, None without a call."""
+    if type(part) is tuple:
+        return _TUPLE_BYTES + (_SLOT_BYTES + _ITEM_BYTES) * len(part)
+    if part is None:  # the usual variant; getsizeof costs a method lookup
+        return _NONE_BYTES
+    return _getsizeof(part)
 
 
 class ByteLRU(Generic[K, V]):

@@ -23,6 +23,7 @@ import numpy as np
 
 from genlm.core._errors import BackendError, InvalidContextError, ModelClosedError
 from genlm.core._output_cache import OutputCache
+from genlm.core._request import Request
 from genlm.core._rows import (
     Output,
     as_output,
@@ -39,9 +40,6 @@ from genlm.core._vocab import Vocabulary
 from genlm.core._worker import ModelWorker
 
 logger = logging.getLogger(__name__)
-
-#: A request as the scheduler sees it: (variant, token ids).
-Request = tuple[Hashable, tuple[int, ...]]
 
 
 class _Current(enum.Enum):
@@ -118,7 +116,7 @@ class BatchedLM(abc.ABC):
             max_batch_size=max_batch_size,
             max_wait_s=max_wait_s,
             key=lambda request: request,
-            group=lambda request: request[0],
+            group=lambda request: request.variant,
             on_results=self.output_cache.put_many,
         )
         self._closed = False
@@ -181,7 +179,8 @@ class BatchedLM(abc.ABC):
     def validate_request(
         self, token_ids: Sequence[int], variant: Hashable = CURRENT_VARIANT
     ) -> Request:
-        """Check a request as every call does and return it as ``(variant, ids)``.
+        """Check a request as every call does and return it as a :class:`Request`, which
+        stands for the tuple ``(variant, ids)`` (unpacking, indexing, equality, hash).
 
         Every public method validates here, before anything is queued; a backend's own
         entry points (hf's ``cache_kv``, vllm's ``sample``) call it so that bad input fails
@@ -192,7 +191,7 @@ class BatchedLM(abc.ABC):
         if self._closed:
             raise ModelClosedError(f"{self.name} is closed")
         variant = self._variant() if variant is CURRENT_VARIANT else self._check_variant(variant)
-        return (variant, self._validate_ids(token_ids, len(self._vocab)))
+        return Request(variant, self._validate_ids(token_ids, len(self._vocab)))
 
     def validate_requests(
         self, contexts: Sequence[Sequence[int]], variant: Hashable = CURRENT_VARIANT
@@ -203,7 +202,7 @@ class BatchedLM(abc.ABC):
             raise ModelClosedError(f"{self.name} is closed")
         variant = self._variant() if variant is CURRENT_VARIANT else self._check_variant(variant)
         size, check = len(self._vocab), self._validate_ids
-        return [(variant, check(c, size)) for c in contexts]
+        return [Request(variant, check(c, size)) for c in contexts]
 
     def _validate_ids(self, token_ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
         """One context's ids as a tuple, checked against the vocabulary and the length limit."""
@@ -321,8 +320,8 @@ class BatchedLM(abc.ABC):
                 log-probabilities (see :func:`check_rows`). The whole batch fails and
                 nothing of it is cached: a backend that produced one bad row is suspect.
         """
-        variant = requests[0][0]
-        contexts = [r[1] for r in requests]
+        variant = requests[0].variant
+        contexts = [r.ids for r in requests]
         out = self._logprobs_batch(contexts, variant)
         expected = (len(requests), len(self._vocab))
         if is_torch(out):  # rows stay on the backend's device
@@ -366,7 +365,7 @@ class BatchedLM(abc.ABC):
         )
 
     async def _sample(self, prompt, max_tokens, eos_token_ids, temperature, rng) -> list[int]:
-        context = list(self.validate_request(prompt)[1])  # validated before the first await
+        context = list(self.validate_request(prompt).ids)  # validated before the first await
         eos = set(self._vocab.eos_token_ids if eos_token_ids is None else eos_token_ids)
         generated: list[int] = []
         limit = self.max_context_length

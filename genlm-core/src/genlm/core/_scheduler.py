@@ -17,8 +17,9 @@ Policy, in order:
   runs after them, so every task of an ``asyncio.gather`` has submitted), and the worker
   has room under ``max_in_flight``. A full batch (``max_batch_size`` live requests) fires
   at once when there is room (those of one :meth:`AutoBatcher.submit_many` call once all
-  its items are queued, so the worker wakes once for them). While the worker has no room, requests keep queueing,
-  deduplicating and growing the next batch, which fires when a running batch finishes.
+  its items are queued, so the worker wakes once for them). While the worker has no
+  room, requests keep queueing, deduplicating and growing the next batch, which fires
+  when a running batch finishes.
   With ``max_wait_s > 0`` (for callers that trickle in), a partial batch also waits
   until ``max_wait_s`` after its group's *oldest* request arrived (arrivals never push
   that back; one timer per event loop, armed for the oldest request while there is

@@ -4,7 +4,8 @@
 the error types). This module holds what a backend and the packages built on core use
 besides: the base class :class:`BatchedLM` and its hooks (``_logprobs_batch``,
 ``_variant``, ``_check_variant``, ``_clear_backend_cache``, ``_close_backend``), the
-request check :meth:`BatchedLM.validate_request`, the worker thread, the scheduler, the
+request check :meth:`BatchedLM.validate_request` and the ``Request`` it returns, the
+worker thread, the scheduler, the
 caches and the byte-bounded LRU under them, the row planner for KV reuse, the plugin
 registry, ``BackendSpec``, the plugin API version it declares (``PLUGIN_API``) and
 ``backend_hook`` (a plugin's registration hook made from its specs), and small helpers
@@ -40,6 +41,7 @@ if _TYPE_CHECKING:
     from genlm.core._prefix_cache import PrefixHit as PrefixHit
     from genlm.core._registry import Registry as Registry
     from genlm.core._registry import get_registry as get_registry
+    from genlm.core._request import Request as Request
     from genlm.core._row_plan import ResidentRows as ResidentRows
     from genlm.core._row_plan import RowPlan as RowPlan
     from genlm.core._row_plan import group_equal as group_equal

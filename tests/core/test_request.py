@@ -1,0 +1,68 @@
+"""``Request`` stands for the tuple ``(variant, ids)`` and hashes its ids once."""
+
+import pickle
+import sys
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from genlm.core.backend import OutputCache, Request, key_nbytes
+from genlm.core.mock import MockLM
+
+variants = st.sampled_from([None, "adapter", ("tuple", "variant")])
+# Ids from 1000 up are distinct int objects: summed getsizeof is the memory a key holds.
+ids = st.lists(st.integers(1000, 10**6), min_size=1, max_size=40).map(tuple)
+
+
+@given(variant=variants, ids=ids)
+def test_a_request_behaves_as_its_tuple(variant, ids):
+    """Unpacking, indexing, slicing, len, equality both ways, hash, dict lookups both ways,
+    pickling: what the tuple ``(variant, ids)`` gives."""
+    request, pair = Request(variant, ids), (variant, ids)
+    assert tuple(request) == pair and len(request) == 2
+    assert (request[0], request[1], request[-1], request[:1]) == (variant, ids, ids, (variant,))
+    assert request == pair and pair == request and not request != pair
+    assert request == Request(variant, ids) and hash(request) == hash(pair)
+    assert {pair: 1}[request] == 1 and {request: 2}[pair] == 2
+    assert request != (variant, ids + (1,)) and request != Request("other", ids)
+    assert pickle.loads(pickle.dumps(request)) == request
+    assert repr(request) == f"Request(variant={variant!r}, ids={ids!r})"
+
+
+@given(variant=st.sampled_from([None, "adapter"]), ids=ids)
+def test_key_bytes_count_what_a_request_holds(variant, ids):
+    """key_nbytes of a request is the memory of its objects, summed independently, and
+    the tuple's count with the tuple's own size swapped for the request's."""
+    request = Request(variant, ids)
+    assert key_nbytes(request) == sum(map(sys.getsizeof, [request, variant, ids, *ids]))
+    pair = (variant, ids)
+    assert key_nbytes(request) == key_nbytes(pair) - sys.getsizeof(pair) + sys.getsizeof(request)
+
+
+class CountedIds(tuple):
+    """Token ids that count how often they are hashed."""
+
+    hashes = 0
+
+    def __hash__(self):
+        CountedIds.hashes += 1
+        return tuple.__hash__(self)
+
+
+def test_the_ids_are_hashed_once_through_cache_and_scheduler():
+    """A request's ids are hashed when it is made, never again: not by the cache's lookup
+    and store, nor by the scheduler's dedup map."""
+    CountedIds.hashes = 0
+    request = Request(None, CountedIds((1, 2, 3)))
+    assert CountedIds.hashes == 1
+    cache = OutputCache()
+    assert cache.get(request) is None
+    cache.put_many([request], [np.zeros(4, dtype=np.float32)])
+    assert cache.get_many([request])[0] is not None
+    lm = MockLM([bytes([b]) for b in range(8)])
+    try:
+        assert lm.batcher.run_sync([request, request])[0].shape == (8,)
+    finally:
+        lm.close()
+    assert CountedIds.hashes == 1
