@@ -161,13 +161,8 @@ class ByteLRU(Generic[K, V]):
             evicted).
         """
         with self.lock:
-            pinned = self._pinned.get(key) if self._pinned else None
-            if pinned is not None:
-                if pin:
-                    self._pin(key)
-                return pinned[0][0]
             held = self._hold(key, value, nbytes)
-            if pin and key in self._lru:
+            if pin and key in self:
                 self._pin(key)
             if self._bytes > self.max_bytes:
                 self._evict()
@@ -178,18 +173,19 @@ class ByteLRU(Generic[K, V]):
         (a batch of results costs one lock, not one per row); what each ``add`` returns."""
         held = []
         with self.lock:
-            pinned = self._pinned
             for key, value, nbytes in entries:
-                if pinned and key in pinned:
-                    held.append(pinned[key][0][0])
-                    continue
                 held.append(self._hold(key, value, nbytes))
                 if self._bytes > self.max_bytes:
                     self._evict()
         return held
 
     def _hold(self, key: K, value: V, nbytes: int) -> V:
-        """Hold an unpinned entry, or keep and touch the one held; no eviction (lock held)."""
+        """Hold ``value`` for ``key`` unpinned, or keep (and touch, if unpinned) the entry
+        already held; no pin, no eviction (lock held). Returns what ``add`` returns."""
+        if self._pinned:
+            pinned = self._pinned.get(key)
+            if pinned is not None:
+                return pinned[0][0]
         new = (value, nbytes)
         if nbytes <= self.max_bytes:
             entry = self._lru.setdefault(key, new)  # one hash of the key, held or not

@@ -188,9 +188,7 @@ class BatchedLM(abc.ABC):
         else what :meth:`_check_variant` accepts), is the key of the scheduler and cache.
         The variant is checked first, then the ids.
         """
-        if self._closed:
-            raise ModelClosedError(f"{self.name} is closed")
-        variant = self._variant() if variant is CURRENT_VARIANT else self._check_variant(variant)
+        variant = self._request_variant(variant)
         return Request(variant, self._validate_ids(token_ids, len(self._vocab)))
 
     def validate_requests(
@@ -198,11 +196,15 @@ class BatchedLM(abc.ABC):
     ) -> list[Request]:
         """:meth:`validate_request` for each context, with the variant resolved once (what
         a batch call costs per context is its ids' check alone)."""
-        if self._closed:
-            raise ModelClosedError(f"{self.name} is closed")
-        variant = self._variant() if variant is CURRENT_VARIANT else self._check_variant(variant)
+        variant = self._request_variant(variant)
         size, check = len(self._vocab), self._validate_ids
         return [Request(variant, check(c, size)) for c in contexts]
+
+    def _request_variant(self, variant: Hashable) -> Hashable:
+        """The variant a request is made for, checked first (the model must be open)."""
+        if self._closed:
+            raise ModelClosedError(f"{self.name} is closed")
+        return self._variant() if variant is CURRENT_VARIANT else self._check_variant(variant)
 
     def _validate_ids(self, token_ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
         """One context's ids as a tuple, checked against the vocabulary and the length limit."""

@@ -48,16 +48,14 @@ class OutputCache(ByteLRU[Hashable, np.ndarray]):
             key keeps the first, counted once), else ``value``, which is also returned
             unheld when it and its key exceed the whole budget.
         """
-        if isinstance(value, np.ndarray):
-            value.setflags(write=False)  # a no-op when it already is
-        return self.add(key, value, value.nbytes + key_nbytes(key))
+        return self.put_many((key,), (value,))[0]
 
     def put_many(self, keys: Sequence[Hashable], values: Sequence[np.ndarray]) -> list[np.ndarray]:
         """:meth:`put` each ``values[i]`` for ``keys[i]`` under one hold of the lock (a
         batch's rows); what each ``put`` returns."""
         for value in values:
             if isinstance(value, np.ndarray):
-                value.setflags(write=False)
+                value.setflags(write=False)  # a no-op when it already is
         return self.add_many(
             (key, value, value.nbytes + key_nbytes(key)) for key, value in zip(keys, values)
         )

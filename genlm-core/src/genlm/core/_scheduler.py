@@ -248,10 +248,8 @@ class AutoBatcher(Generic[I, R]):
                 full = full or len(queue) >= self.max_batch_size
         # Full batches fire once every item is queued, back to back: the worker wakes
         # once for all of them instead of contending with this loop mid-way.
-        if full and len(state.running) < self.max_in_flight:
-            self._flush(state, float("-inf"))
-        if queued and state.queues and state.soon is None:
-            state.soon = loop.call_soon(self._on_soon, state)
+        if queued:
+            self._arrived(state, loop, full)
         return waiters
 
     def _loop_state(self, loop: asyncio.AbstractEventLoop) -> _LoopState:
@@ -268,14 +266,18 @@ class AutoBatcher(Generic[I, R]):
     ) -> asyncio.Future[R]:
         waiter: asyncio.Future[R] = loop.create_future()
         queue = self._enqueue(state, item, waiter, deadline)
-        if queue is None:  # joined a pending entry
-            return waiter
-        if len(queue) >= self.max_batch_size:
-            if len(state.running) < self.max_in_flight:
-                self._flush(state, float("-inf"))  # full batches only: the rest may grow
-        elif state.soon is None:
-            state.soon = loop.call_soon(self._on_soon, state)
+        if queue is not None:  # else it joined a pending entry
+            self._arrived(state, loop, full=len(queue) >= self.max_batch_size)
         return waiter
+
+    def _arrived(self, state: _LoopState, loop: asyncio.AbstractEventLoop, full: bool) -> None:
+        """Apply the firing rule after new entries were queued: full batches fire now if
+        the worker has room (the rest may grow); the flush of partial batches is scheduled
+        with ``call_soon``, after every callback ready now, unless already scheduled."""
+        if full and len(state.running) < self.max_in_flight:
+            self._flush(state, float("-inf"))
+        if state.queues and state.soon is None:
+            state.soon = loop.call_soon(self._on_soon, state)
 
     def _enqueue(
         self, queues: _Queues, item: I, waiter: Waiter, deadline: float
