@@ -2,6 +2,7 @@
 items 3, 5, 7, 8, 18)."""
 
 import asyncio
+import gc
 import os
 import threading
 from unittest import mock
@@ -398,7 +399,21 @@ class TestInputValidation:
         expected = next(
             (i for i, t in enumerate(ids) if type(t) is not int or not 0 <= t < vocab_size), -1
         )
-        assert _validation._first_doubt(tuple(ids), vocab_size) == expected
+        ids = tuple(ids)  # new, so tracked by the collector (but for the empty singleton)
+        assert _validation._first_doubt(ids, vocab_size) == expected
+        if ids:  # a valid context is untracked, as the collector would; a doubtful one is left
+            assert gc.is_tracked(ids) == (expected >= 0)
+
+    def test_the_c_pass_leaves_tuple_subclasses_tracked(self):
+        """A subclass's instance may hold references besides its items: never untracked."""
+        if _validation._first_doubt is None:
+            pytest.skip("genlm.core._ids was not built here")
+
+        class Ids(tuple):
+            pass
+
+        ids = Ids([1, 2])
+        assert _validation._first_doubt(ids, 10) == -1 and gc.is_tracked(ids)
 
     def test_the_c_pass_is_built_where_nox_runs(self):
         """The nox sessions build genlm-core with a C compiler: the C pass must be there

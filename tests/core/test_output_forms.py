@@ -88,9 +88,9 @@ def test_backend_torch_rows_are_cached_as_torch_and_converted_for_numpy_callers(
     np.testing.assert_array_equal(tbatch.numpy(), batch)
     # each cached row owns its memory (a (V,) float32 row, not a view of the batch); the
     # cache also counts each entry's key
-    from genlm.core.backend import key_nbytes
+    from genlm.core.backend import Request, key_nbytes
 
-    keys = sum(key_nbytes((None, tuple(c))) for c in CONTEXTS)
+    keys = sum(key_nbytes(Request(None, tuple(c))) for c in CONTEXTS)
     assert lm.output_cache.nbytes == 3 * 5 * 4 + keys
     assert asyncio.run(lm.sample(CONTEXTS[0], max_tokens=3, seed=1))  # sampling reads numpy
     lm.close()

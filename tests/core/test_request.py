@@ -1,24 +1,38 @@
-"""``Request`` stands for the tuple ``(variant, ids)`` and hashes its ids once."""
+"""``Request`` stands for the tuple ``(variant, ids)`` and hashes its ids once.
 
+The behaviour tests run on both implementations: the C type (used where the extension
+was built) and the Python class it replaces.
+"""
+
+import gc
 import pickle
 import sys
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from genlm.core import _request, _validation
 from genlm.core.backend import OutputCache, Request, key_nbytes
 from genlm.core.mock import MockLM
+
+IMPLEMENTATIONS = [_request._PyRequest] + [Request] * (Request is not _request._PyRequest)
+implementations = pytest.mark.parametrize(
+    "impl", IMPLEMENTATIONS, ids=lambda impl: "python" if impl is _request._PyRequest else "c"
+)
 
 variants = st.sampled_from([None, "adapter", ("tuple", "variant")])
 # Ids from 1000 up are distinct int objects: summed getsizeof is the memory a key holds.
 ids = st.lists(st.integers(1000, 10**6), min_size=1, max_size=40).map(tuple)
 
 
+@implementations
 @given(variant=variants, ids=ids)
-def test_a_request_behaves_as_its_tuple(variant, ids):
+def test_a_request_behaves_as_its_tuple(impl, variant, ids):
     """Unpacking, indexing, slicing, len, equality both ways, hash, dict lookups both ways,
     pickling: what the tuple ``(variant, ids)`` gives."""
+    Request = impl  # noqa: N806 - the implementation under test
     request, pair = Request(variant, ids), (variant, ids)
     assert tuple(request) == pair and len(request) == 2
     assert (request[0], request[1], request[-1], request[:1]) == (variant, ids, ids, (variant,))
@@ -28,6 +42,31 @@ def test_a_request_behaves_as_its_tuple(variant, ids):
     assert request != (variant, ids + (1,)) and request != Request("other", ids)
     assert pickle.loads(pickle.dumps(request)) == request
     assert repr(request) == f"Request(variant={variant!r}, ids={ids!r})"
+
+
+def test_request_is_the_c_type_where_the_extension_was_built():
+    """``_ids`` holds both the C validation pass and the C ``Request``: with one, the other."""
+    assert (Request is not _request._PyRequest) == (_validation._first_doubt is not None)
+
+
+@implementations
+def test_bad_arguments_fail_as_in_python(impl):
+    """Both implementations refuse a missing part and an unhashable variant alike."""
+    with pytest.raises(TypeError):
+        impl(None)
+    with pytest.raises(TypeError, match="unhashable"):
+        impl(["a", "list"], (1, 2))
+    assert impl(ids=(1,), variant="v") == ("v", (1,))
+
+
+def test_the_c_request_is_not_tracked_by_the_garbage_collector():
+    """The output cache holds one request per row; the collector must not walk them."""
+    if Request is _request._PyRequest:
+        pytest.skip("genlm.core._ids not compiled")
+    request = Request(None, (1, 2))
+    assert not gc.is_tracked(request)
+    with pytest.raises(AttributeError):
+        request.ids = (3,)  # a key's parts never change under its hash
 
 
 @given(variant=st.sampled_from([None, "adapter"]), ids=ids)
@@ -50,11 +89,12 @@ class CountedIds(tuple):
         return tuple.__hash__(self)
 
 
-def test_the_ids_are_hashed_once_through_cache_and_scheduler():
+@implementations
+def test_the_ids_are_hashed_once_through_cache_and_scheduler(impl):
     """A request's ids are hashed when it is made, never again: not by the cache's lookup
     and store, nor by the scheduler's dedup map."""
     CountedIds.hashes = 0
-    request = Request(None, CountedIds((1, 2, 3)))
+    request = impl(None, CountedIds((1, 2, 3)))
     assert CountedIds.hashes == 1
     cache = OutputCache()
     assert cache.get(request) is None

@@ -73,9 +73,9 @@ def test_torch_rows_are_not_copied(loaded):
             assert a.data_ptr() == b.data_ptr()
             assert a.untyped_storage().nbytes() == width * 4
         # one row of memory per cached entry (plus its key, which the cache also counts)
-        from genlm.core.backend import key_nbytes
+        from genlm.core.backend import Request, key_nbytes
 
-        keys = sum(key_nbytes((lm._variant(), tuple(c))) for c in CONTEXTS)
+        keys = sum(key_nbytes(Request(lm._variant(), tuple(c))) for c in CONTEXTS)
         assert lm.output_cache.nbytes == len(CONTEXTS) * width * 4 + keys
         for t, n in zip(first, rows_of(lm, CONTEXTS, "numpy")):
             assert n.__array_interface__["data"][0] == t.data_ptr()
