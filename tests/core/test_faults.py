@@ -13,9 +13,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from support.faulty import Fault, FaultyLM, within
 
-from genlm.core import BackendError, InvalidContextError, ModelClosedError, _validation
+from genlm.core import BackendError, InvalidContextError, ModelClosedError, _model, _validation
 from genlm.core._sampling import sample_token
-from genlm.core.backend import validate_context
+from genlm.core.backend import Request, validate_context
 
 BAD_ROWS = ["nan", "posinf", "neginf", "logits", "shifted", "wide", "short", "int"]
 
@@ -403,6 +403,76 @@ class TestInputValidation:
         assert _validation._first_doubt(ids, vocab_size) == expected
         if ids:  # a valid context is untracked, as the collector would; a doubtful one is left
             assert gc.is_tracked(ids) == (expected >= 0)
+
+    @given(
+        ids=st.lists(
+            st.one_of(
+                st.integers(-3, 12),
+                st.integers(2**61 - 4, 2**61 + 2),
+                st.integers(2**63 - 1, 2**64),
+                st.booleans(),
+                st.floats(0, 10),
+                st.integers(0, 9).map(np.int64),
+            ),
+            max_size=6,
+        ),
+        as_tuple=st.booleans(),
+        vocab_size=st.sampled_from([1, 10, 2**61 - 2, 2**61, 2**63 - 1]),
+        variant=st.sampled_from([None, "adapter", ("lora", 2), -1]),
+        max_length=st.sampled_from([1, 3, 100]),
+    )
+    @example(ids=[1, 2], as_tuple=False, vocab_size=10, variant=None, max_length=3)
+    @example(ids=[2**61 - 3], as_tuple=True, vocab_size=2**61 - 2, variant=-1, max_length=1)
+    @example(ids=[2**61 - 3, 5], as_tuple=False, vocab_size=2**61, variant="adapter", max_length=3)
+    def test_the_c_request_is_what_validation_makes(
+        self, ids, as_tuple, vocab_size, variant, max_length
+    ):
+        """``make_request`` makes, for every valid list or tuple it is given, the request
+        Python validation makes, with the hash of the tuple ``(variant, ids)``; it gives
+        None (the Python path decides) exactly when the ids are not all exact ints in range,
+        or not 1 to ``max_length`` of them."""
+        if _model._make_request is None:
+            pytest.skip("genlm.core._ids was not built here")
+        context = tuple(ids) if as_tuple else list(ids)
+        request = _model._make_request(variant, context, vocab_size, max_length)
+        plain = all(type(t) is int and 0 <= t < vocab_size for t in ids)
+        if not (plain and 1 <= len(ids) <= max_length):
+            assert request is None
+            return
+        expected = Request(variant, validate_context(context, vocab_size))
+        assert request == expected and request.ids == tuple(ids)
+        assert hash(request) == hash(expected) == hash((variant, tuple(ids)))
+        assert type(request.ids) is tuple and not gc.is_tracked(request.ids)
+
+    def test_the_c_hash_is_cpythons_where_nox_runs(self):
+        """The one-pass hash must agree with this CPython's tuple hash (checked when the
+        module loads); else every request hashes through Python again, silently."""
+        if not os.environ.get("GENLM_REQUIRE_TRIE_KERNEL"):
+            pytest.skip("GENLM_REQUIRE_TRIE_KERNEL unset (the nox sessions set it)")
+        from genlm.core import _ids
+
+        assert _ids.FAST_HASH == 1
+
+    def test_a_model_validates_alike_with_and_without_the_c_path(self):
+        """The same requests, and the same errors, with ``make_request`` and without."""
+        lm = FaultyLM(max_context_length=3)
+        contexts = [[1, 2], (3,), [np.int64(2)], [1, 2, 3, 4], [], [True], "ab", [1.0], [99]]
+        try:
+            outcomes = []
+            for make in (_model._make_request, None):
+                with mock.patch.object(_model, "_make_request", make):
+                    got = []
+                    for context in contexts:
+                        try:
+                            got.append(lm.validate_request(context))
+                        except InvalidContextError as error:
+                            got.append(str(error))
+                    got.append(lm.validate_requests(contexts[:3]))
+                    outcomes.append(got)
+            assert outcomes[0] == outcomes[1]
+            assert sum(isinstance(o, str) for o in outcomes[0]) == 6  # the six bad contexts
+        finally:
+            lm.close()
 
     def test_the_c_pass_leaves_tuple_subclasses_tracked(self):
         """A subclass's instance may hold references besides its items: never untracked."""

@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import enum
 import logging
+import sys
 import threading
 import weakref
 from collections.abc import Hashable, Sequence
@@ -38,6 +39,11 @@ from genlm.core._scheduler import AutoBatcher
 from genlm.core._validation import validate_context
 from genlm.core._vocab import Vocabulary
 from genlm.core._worker import ModelWorker
+
+try:
+    from genlm.core._ids import make_request as _make_request
+except ImportError:  # built without a C compiler: validate_context checks in Python
+    _make_request = None
 
 logger = logging.getLogger(__name__)
 
@@ -186,19 +192,38 @@ class BatchedLM(abc.ABC):
         entry points (hf's ``cache_kv``, vllm's ``sample``) call it so that bad input fails
         the same way. The result, with the variant resolved (:meth:`_variant` by default,
         else what :meth:`_check_variant` accepts), is the key of the scheduler and cache.
-        The variant is checked first, then the ids.
+        The variant is checked first, then the ids (see :meth:`validate_requests`).
         """
         variant = self._request_variant(variant)
-        return Request(variant, self._validate_ids(token_ids, len(self._vocab)))
+        size = len(self._vocab)
+        if _make_request is not None:  # every single call: no list made around it
+            longest = self.max_context_length or sys.maxsize
+            request = _make_request(variant, token_ids, size, longest)
+            if request is not None:
+                return request
+        return Request(variant, self._validate_ids(token_ids, size))
 
     def validate_requests(
         self, contexts: Sequence[Sequence[int]], variant: Hashable = CURRENT_VARIANT
     ) -> list[Request]:
         """:meth:`validate_request` for each context, with the variant resolved once (what
-        a batch call costs per context is its ids' check alone)."""
+        a batch call costs per context is its ids' check alone).
+
+        Where the C extension was built, ``make_request`` checks a list or tuple of valid
+        ids, copies and hashes them in one pass; whatever it does not accept (numpy ints,
+        bad input) is checked in Python, which converts it or names the problem.
+        """
         variant = self._request_variant(variant)
         size, check = len(self._vocab), self._validate_ids
-        return [Request(variant, check(c, size)) for c in contexts]
+        if _make_request is None:
+            return [Request(variant, check(c, size)) for c in contexts]
+        longest = self.max_context_length or sys.maxsize
+        return [
+            request
+            if (request := _make_request(variant, c, size, longest)) is not None
+            else Request(variant, check(c, size))
+            for c in contexts
+        ]
 
     def _request_variant(self, variant: Hashable) -> Hashable:
         """The variant a request is made for, checked first (the model must be open)."""
