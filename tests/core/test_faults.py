@@ -419,7 +419,7 @@ class TestInputValidation:
         as_tuple=st.booleans(),
         vocab_size=st.sampled_from([1, 10, 2**61 - 2, 2**61, 2**63 - 1]),
         variant=st.sampled_from([None, "adapter", ("lora", 2), -1]),
-        max_length=st.sampled_from([1, 3, 100]),
+        max_length=st.sampled_from([1, 3, 100, 2**70]),
     )
     @example(ids=[1, 2], as_tuple=False, vocab_size=10, variant=None, max_length=3)
     @example(ids=[2**61 - 3], as_tuple=True, vocab_size=2**61 - 2, variant=-1, max_length=1)

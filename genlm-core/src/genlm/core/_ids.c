@@ -343,11 +343,12 @@ static PyObject *make_request(PyObject *self, PyObject *const *args, Py_ssize_t 
     long long vocab_size = PyLong_AsLongLong(args[2]);
     if (vocab_size == -1 && PyErr_Occurred())
         return NULL;
-    Py_ssize_t max_length = PyLong_AsSsize_t(args[3]);
+    int overflow;
+    long long max_length = PyLong_AsLongLongAndOverflow(args[3], &overflow);
     if (max_length == -1 && PyErr_Occurred())
         return NULL;
     Py_ssize_t n = is_tuple ? PyTuple_Size(ids) : PyList_Size(ids);
-    if (n < 1 || n > max_length)
+    if (n < 1 || overflow < 0 || (!overflow && n > max_length)) /* overflow > 0: no limit */
         Py_RETURN_NONE;
 #if FAST_HASH_POSSIBLE
     Py_uhash_t acc = XXPRIME_5;
@@ -357,7 +358,6 @@ static PyObject *make_request(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyObject *item = is_tuple ? PyTuple_GetItem(ids, i) : PyList_GetItem(ids, i);
         if (!PyLong_CheckExact(item))
             Py_RETURN_NONE;
-        int overflow;
         long long id = PyLong_AsLongLongAndOverflow(item, &overflow);
         if (overflow || id < 0 || id >= vocab_size)
             Py_RETURN_NONE;
