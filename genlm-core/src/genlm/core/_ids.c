@@ -245,7 +245,7 @@ static PyType_Slot request_slots[] = {
 };
 
 static PyType_Spec request_spec = {
-    "genlm.core._request.Request", /* where pickle finds it: _request.py exports it */
+    "genlm.core._ids.Request", /* pickled by this name: the module holds it */
     sizeof(Request),
     0,
     Py_TPFLAGS_DEFAULT, /* no Py_TPFLAGS_HAVE_GC: never tracked by the collector */

@@ -7,11 +7,12 @@ hash): about 2.7 k instructions for 65 ids, 12 k for 300, which made hashing a f
 request's cost at 65 ids and most of it for long contexts. A ``Request`` hashes once, when
 it is made.
 
-``Request`` is a C type (in ``_ids.c``) where the optional extension was compiled, and
-:class:`_PyRequest` below otherwise; the tests hold both to the same behaviour. The C type
-is made in a tenth of the time, hashes without a Python call and is not tracked by the
-garbage collector: the output cache holds a request per row, and as Python objects they
-made each full collection walk the whole cache.
+``Request`` is the C type of ``_ids.c`` where that optional extension was compiled, and
+the Python class below otherwise (``_PyRequest`` keeps it for the tests, which hold both
+to the same behaviour). The C type is made in a tenth of the time, hashes without a
+Python call and is not tracked by the garbage collector: the output cache holds a request
+per row, and as Python objects they made each full collection walk the whole cache.
+Static readers (type checkers, the API reference) see the Python class.
 
 It stands for the tuple ``(variant, ids)`` wherever callers use one: unpacking, indexing,
 ``len``, equality (with another request or with that tuple) and hashing (the tuple's own
@@ -26,7 +27,7 @@ from typing import Any
 __all__ = ["Request"]
 
 
-class _PyRequest:
+class Request:
     """A validated request: the variant it was made for and its context's token ids.
 
     Args:
@@ -45,7 +46,7 @@ class _PyRequest:
         return self._hash
 
     def __eq__(self, other: object) -> bool:
-        if type(other) is _PyRequest:
+        if type(other) is type(self):
             same = self._hash == other._hash and self.ids == other.ids
             return same and self.variant == other.variant
         if type(other) is tuple:
@@ -61,14 +62,28 @@ class _PyRequest:
     def __len__(self) -> int:
         return 2
 
-    def __reduce__(self) -> tuple[type[_PyRequest], tuple[Hashable, tuple[int, ...]]]:
-        return (_PyRequest, (self.variant, self.ids))
+    def __reduce__(self) -> tuple[type[Request], tuple[Hashable, tuple[int, ...]]]:
+        return (type(self), (self.variant, self.ids))
 
     def __repr__(self) -> str:
         return f"Request(variant={self.variant!r}, ids={self.ids!r})"
 
 
-try:
-    from genlm.core._ids import Request
-except ImportError:  # built without a C compiler: the same behaviour in Python
-    Request = _PyRequest  # type: ignore[misc,assignment]
+_PyRequest = Request
+
+
+def _use_the_c_type() -> None:
+    """Bind ``Request`` to the C type where ``_ids.c`` was built; else keep the class.
+
+    At run time only (static readers see the class), and it keeps the class's behaviour.
+    """
+    global Request
+    try:
+        from genlm.core._ids import Request
+    except ImportError:  # built without a C compiler
+        return
+    # Pickle finds a class by its qualified name: the Python class's must stay its own.
+    _PyRequest.__qualname__ = "_PyRequest"
+
+
+_use_the_c_type()
