@@ -31,6 +31,70 @@
 #define Py_LIMITED_API 0x030B0000 /* the stable ABI of CPython 3.11+: one build for all */
 #include <Python.h>
 
+#if SIZEOF_VOID_P == 8
+#define XXPRIME_1 ((Py_uhash_t)11400714785074694791ULL)
+#define XXPRIME_2 ((Py_uhash_t)14029467366897019727ULL)
+#define XXPRIME_5 ((Py_uhash_t)2870177450012600261ULL)
+#define XXROTATE(x) ((x << 31) | (x >> 33))
+#define HASH_MODULUS (((long long)1 << 61) - 1) /* an int in [0, HASH_MODULUS) hashes to itself */
+#define FAST_HASH_POSSIBLE 1
+#else
+#define FAST_HASH_POSSIBLE 0
+#endif
+
+/* Whether tuple_hash_step below gives CPython's own tuple hash (checked at import). */
+static int fast_hash_ok = 0;
+
+#if FAST_HASH_POSSIBLE
+static inline Py_uhash_t tuple_hash_step(Py_uhash_t acc, Py_uhash_t lane)
+{
+    acc += lane * XXPRIME_2;
+    acc = XXROTATE(acc);
+    return acc * XXPRIME_1;
+}
+
+static inline Py_hash_t tuple_hash_end(Py_uhash_t acc, Py_ssize_t len)
+{
+    acc += (Py_uhash_t)len ^ (XXPRIME_5 ^ 3527539UL);
+    return acc == (Py_uhash_t)-1 ? 1546275796 : (Py_hash_t)acc;
+}
+#endif
+
+/* The position of the first of the n items of `ids` (a tuple, or with is_tuple 0 a list)
+ * that is not an exact int in [0, vocab_size), or -1 when there is none. With `acc`, it
+ * also folds each id into a tuple hash as it is read (an id below HASH_MODULUS hashes to
+ * itself; make_request uses it only then). */
+static Py_ssize_t scan_ids(PyObject *ids, int is_tuple, Py_ssize_t n, long long vocab_size,
+                           Py_uhash_t *acc)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* borrowed; i is in range */
+        PyObject *item = is_tuple ? PyTuple_GetItem(ids, i) : PyList_GetItem(ids, i);
+        if (!PyLong_CheckExact(item))
+            return i;
+        int overflow;
+        long long id = PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (overflow || id < 0 || id >= vocab_size)
+            return i;
+#if FAST_HASH_POSSIBLE
+        if (acc != NULL)
+            *acc = tuple_hash_step(*acc, (Py_uhash_t)id);
+#else
+        (void)acc;
+#endif
+    }
+    return -1;
+}
+
+/* Untrack a tuple of ints from the collector. It cannot close a reference cycle: the
+ * collector would untrack it itself, but only after walking all its items in a collection
+ * while it is young. (Not a subclass: its instances may hold other references.) */
+static void untrack_ints(PyObject *ids)
+{
+    if (PyTuple_CheckExact(ids) && PyObject_GC_IsTracked(ids))
+        PyObject_GC_UnTrack(ids);
+}
+
 PyDoc_STRVAR(first_doubt_doc,
              "first_doubt(ids: tuple, vocab_size: int) -> int\n\n"
              "The position of the first item of ``ids`` that is not an exact int in\n"
@@ -49,21 +113,10 @@ static PyObject *first_doubt(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (vocab_size == -1 && PyErr_Occurred())
         return NULL;
     PyObject *ids = args[0];
-    Py_ssize_t n = PyTuple_Size(ids);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyTuple_GetItem(ids, i); /* borrowed; i is in range */
-        if (!PyLong_CheckExact(item))
-            return PyLong_FromSsize_t(i);
-        int overflow;
-        long long id = PyLong_AsLongLongAndOverflow(item, &overflow);
-        if (overflow || id < 0 || id >= vocab_size)
-            return PyLong_FromSsize_t(i);
-    }
-    /* A tuple of ints cannot close a reference cycle: the collector would untrack it
-     * itself, but only after walking all its items in a collection while it is young.
-     * (Not a subclass: its instances may hold other references.) */
-    if (PyTuple_CheckExact(ids) && PyObject_GC_IsTracked(ids))
-        PyObject_GC_UnTrack(ids);
+    Py_ssize_t doubt = scan_ids(ids, 1, PyTuple_Size(ids), vocab_size, NULL);
+    if (doubt >= 0)
+        return PyLong_FromSsize_t(doubt);
+    untrack_ints(ids);
     return PyLong_FromLong(-1);
 }
 
@@ -79,19 +132,21 @@ typedef struct {
 
 static PyTypeObject *request_type; /* set once by PyInit__ids; the module is never unloaded */
 
-static PyObject *request_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+/* Python's hash of the tuple (variant, ids), which a lookup by tuple needs; -1 on error. */
+static Py_hash_t pair_hash(PyObject *variant, PyObject *ids)
 {
-    static char *names[] = {"variant", "ids", NULL};
-    PyObject *variant, *ids;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:Request", names, &variant, &ids))
-        return NULL;
     PyObject *pair = PyTuple_Pack(2, variant, ids);
     if (pair == NULL)
-        return NULL;
-    Py_hash_t hash = PyObject_Hash(pair); /* the tuple's own hash: lookups by tuple find it */
+        return -1;
+    Py_hash_t hash = PyObject_Hash(pair);
     Py_DECREF(pair);
-    if (hash == -1)
-        return NULL;
+    return hash;
+}
+
+/* A new Request of `type` holding new references to `variant` and `ids`. */
+static PyObject *request_alloc(PyTypeObject *type, PyObject *variant, PyObject *ids,
+                               Py_hash_t hash)
+{
     allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
     Request *self = (Request *)alloc(type, 0);
     if (self == NULL)
@@ -102,6 +157,16 @@ static PyObject *request_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->ids = ids;
     self->hash = hash;
     return (PyObject *)self;
+}
+
+static PyObject *request_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"variant", "ids", NULL};
+    PyObject *variant, *ids;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:Request", names, &variant, &ids))
+        return NULL;
+    Py_hash_t hash = pair_hash(variant, ids);
+    return hash == -1 ? NULL : request_alloc(type, variant, ids, hash);
 }
 
 static void request_dealloc(PyObject *obj)
@@ -255,34 +320,7 @@ static PyType_Spec request_spec = {
 
 /* ---- make_request: validation, tuple and hash in one pass -------------------------- */
 
-#if SIZEOF_VOID_P == 8
-#define XXPRIME_1 ((Py_uhash_t)11400714785074694791ULL)
-#define XXPRIME_2 ((Py_uhash_t)14029467366897019727ULL)
-#define XXPRIME_5 ((Py_uhash_t)2870177450012600261ULL)
-#define XXROTATE(x) ((x << 31) | (x >> 33))
-#define HASH_MODULUS (((long long)1 << 61) - 1) /* an int in [0, HASH_MODULUS) hashes to itself */
-#define FAST_HASH_POSSIBLE 1
-#else
-#define FAST_HASH_POSSIBLE 0
-#endif
-
-/* Whether tuple_hash_step below gives CPython's own tuple hash (checked at import). */
-static int fast_hash_ok = 0;
-
 #if FAST_HASH_POSSIBLE
-static inline Py_uhash_t tuple_hash_step(Py_uhash_t acc, Py_uhash_t lane)
-{
-    acc += lane * XXPRIME_2;
-    acc = XXROTATE(acc);
-    return acc * XXPRIME_1;
-}
-
-static inline Py_hash_t tuple_hash_end(Py_uhash_t acc, Py_ssize_t len)
-{
-    acc += (Py_uhash_t)len ^ (XXPRIME_5 ^ 3527539UL);
-    return acc == (Py_uhash_t)-1 ? 1546275796 : (Py_hash_t)acc;
-}
-
 /* The tuple hash of `items` computed from the items' hashes as above, or -1 on error. */
 static Py_hash_t tuple_hash_of(PyObject *tuple)
 {
@@ -350,21 +388,13 @@ static PyObject *make_request(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_ssize_t n = is_tuple ? PyTuple_Size(ids) : PyList_Size(ids);
     if (n < 1 || overflow < 0 || (!overflow && n > max_length)) /* overflow > 0: no limit */
         Py_RETURN_NONE;
+    Py_uhash_t acc = 0;
 #if FAST_HASH_POSSIBLE
-    Py_uhash_t acc = XXPRIME_5;
+    acc = XXPRIME_5;
     int fast = fast_hash_ok && vocab_size <= HASH_MODULUS;
 #endif
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = is_tuple ? PyTuple_GetItem(ids, i) : PyList_GetItem(ids, i);
-        if (!PyLong_CheckExact(item))
-            Py_RETURN_NONE;
-        long long id = PyLong_AsLongLongAndOverflow(item, &overflow);
-        if (overflow || id < 0 || id >= vocab_size)
-            Py_RETURN_NONE;
-#if FAST_HASH_POSSIBLE
-        acc = tuple_hash_step(acc, (Py_uhash_t)id);
-#endif
-    }
+    if (scan_ids(ids, is_tuple, n, vocab_size, &acc) >= 0)
+        Py_RETURN_NONE;
     PyObject *tuple;
     if (is_tuple) {
         tuple = ids;
@@ -372,42 +402,21 @@ static PyObject *make_request(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     else if ((tuple = PyList_AsTuple(ids)) == NULL)
         return NULL;
-    if (PyObject_GC_IsTracked(tuple)) /* ints only: see first_doubt */
-        PyObject_GC_UnTrack(tuple);
+    untrack_ints(tuple);
     Py_hash_t hash;
 #if FAST_HASH_POSSIBLE
     if (fast) {
         Py_hash_t variant_hash = PyObject_Hash(variant);
-        if (variant_hash == -1) {
-            Py_DECREF(tuple);
-            return NULL;
-        }
         Py_uhash_t pair = tuple_hash_step(XXPRIME_5, (Py_uhash_t)variant_hash);
         pair = tuple_hash_step(pair, (Py_uhash_t)tuple_hash_end(acc, n));
-        hash = tuple_hash_end(pair, 2);
+        hash = variant_hash == -1 ? -1 : tuple_hash_end(pair, 2);
     }
     else
 #endif
-    {
-        PyObject *pair = PyTuple_Pack(2, variant, tuple);
-        hash = pair == NULL ? -1 : PyObject_Hash(pair);
-        Py_XDECREF(pair);
-        if (hash == -1) {
-            Py_DECREF(tuple);
-            return NULL;
-        }
-    }
-    allocfunc alloc = (allocfunc)PyType_GetSlot(request_type, Py_tp_alloc);
-    Request *request = (Request *)alloc(request_type, 0);
-    if (request == NULL) {
-        Py_DECREF(tuple);
-        return NULL;
-    }
-    Py_INCREF(variant);
-    request->variant = variant;
-    request->ids = tuple; /* the reference made above */
-    request->hash = hash;
-    return (PyObject *)request;
+        hash = pair_hash(variant, tuple);
+    PyObject *request = hash == -1 ? NULL : request_alloc(request_type, variant, tuple, hash);
+    Py_DECREF(tuple);
+    return request;
 }
 
 static PyMethodDef methods[] = {
