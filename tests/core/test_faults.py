@@ -125,6 +125,50 @@ class TestBadRows:
         np.testing.assert_allclose(np.exp(row[[2, 5]]), [0.25, 0.75], rtol=1e-6)
         lm.close()
 
+    @settings(max_examples=60, deadline=None)
+    @given(
+        logits=st.lists(
+            st.lists(
+                st.one_of(st.floats(-120, 30, width=32), st.just(-np.inf)), min_size=1, max_size=40
+            ),
+            min_size=1,
+            max_size=4,
+        ).filter(lambda rows: len({len(r) for r in rows}) == 1),
+        shift=st.sampled_from([0.0, 5e-4, -5e-4, 3e-3, -3e-3]),
+    )
+    def test_the_row_checks_agree_with_a_float64_reference(self, logits, shift):
+        """row_summary's maxima and first-row logsumexp equal a float64 computation in plain
+        Python; check_rows accepts rows normalized within the tolerance and names the total
+        of a first row off by more."""
+        from genlm.core._rows import row_summary
+
+        rows = []
+        for raw in logits:
+            finite = [x for x in raw if x != -np.inf] or [0.0]
+            top = max(finite)
+            total = top + np.log(sum(np.exp(np.float64(x) - top) for x in finite))
+            rows.append([x - total + shift if x != -np.inf else x for x in raw])
+        if all(x == -np.inf for x in rows[0]):
+            rows[0][0] = shift
+        out = np.array(rows, dtype=np.float32)
+        row_max, first = row_summary(out)
+        assert row_max.tolist() == [max(row) for row in out.tolist()]
+        values = out[0].astype(np.float64)
+        top = values.max()
+        expected = top + np.log(sum(np.exp(x - top) for x in values.tolist()))
+        assert abs(first - expected) < 1e-6
+        contexts = [(i,) for i in range(len(rows))]
+        width = out.shape[1]
+        in_range = all(-np.log(width) - 1e-3 <= m <= 1e-3 for m in row_max.tolist())
+        if in_range and abs(expected) <= 1e-3 - 1e-6:
+            _model.check_rows(row_max, first, width, contexts, "x")
+        elif in_range and abs(expected) > 1e-3 + 1e-6:
+            with pytest.raises(BackendError, match="row 0 .* total probability"):
+                _model.check_rows(row_max, first, width, contexts, "x")
+        elif not in_range:
+            with pytest.raises(BackendError, match="row \\d+ of a batch"):
+                _model.check_rows(row_max, first, width, contexts, "x")
+
     @settings(max_examples=40, deadline=None)
     @given(
         faulty=st.sets(st.integers(0, 11), max_size=4),

@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import enum
 import logging
+import math
 import sys
 import threading
 import weakref
@@ -511,8 +512,8 @@ def check_rows(
     """Check a ``(B, V)`` batch of backend rows from its summary; raise :class:`BackendError`.
 
     The summary (:func:`genlm.core._rows.row_summary`: each row's maximum and the first
-    row's float64 ``logsumexp``) is computed where the rows are, so rows on a GPU cost one
-    ``max`` there and a copy of ``B + 1`` numbers to the host.
+    row's ``logsumexp``, summed in float64) is computed where the rows are, so rows on a GPU
+    cost one ``max`` there and a copy of ``B + 1`` numbers to the host.
 
     Every row: no NaN, no ``+inf``, not every entry ``-inf`` (``-inf`` alone is the
     legitimate log-probability of an impossible token), and a maximum within
@@ -533,11 +534,12 @@ def check_rows(
         BackendError: a row breaks one of the rules above.
     """
     tol = NORMALIZATION_TOLERANCE
-    ok = (row_max <= tol) & (row_max >= -np.log(width) - tol)  # False for NaN
-    if not ok.all():
-        bad = np.flatnonzero(~ok)
-        i, top = int(bad[0]), float(row_max[bad[0]])
-        if np.isnan(top):
+    low = -math.log(width) - tol
+    maxima = row_max.tolist()  # Python floats: a batch's few rows cost less than numpy calls
+    bad = [i for i, top in enumerate(maxima) if not low <= top <= tol]  # NaN fails both
+    if bad:
+        i, top = bad[0], maxima[bad[0]]
+        if math.isnan(top):
             problem = "holds NaN"
         elif top == np.inf:
             problem = "holds +inf"
