@@ -265,6 +265,30 @@ class TestAutoBatcherDirectly:
         assert seen == [[1, 1, 2, 3]]
         worker.close()
 
+    def test_aclose_waits_for_every_running_batch_and_a_cancelled_one_leaves_the_rest(self, gated):
+        """Two aclose() calls wait for both in-flight batches; cancelling one of them does
+        not wake the other before the batches finish, and a later aclose() returns at once."""
+        gate, batcher = gated(max_batch_size=1, key=lambda item: item)
+
+        async def main():
+            waiters = batcher.submit_many([1, 2])
+            await until(lambda: gate.started == 1)
+            first = asyncio.ensure_future(batcher.aclose())
+            second = asyncio.ensure_future(batcher.aclose())
+            await asyncio.sleep(0.05)
+            first.cancel()
+            await asyncio.sleep(0.05)
+            assert not second.done()  # the batches still run
+            gate.open()
+            await asyncio.wait_for(second, 5)
+            assert all(waiter.done() for waiter in waiters)  # resolved before aclose returned
+            assert first.cancelled()
+            await asyncio.wait_for(batcher.aclose(), 5)
+            return [waiter.result() for waiter in waiters]
+
+        assert run(main()) == [("r", 1), ("r", 2)]
+        assert gate.batches == [[1], [2]]
+
     def test_bad_arguments_are_rejected(self):
         """A non-positive batch size or negative wait is a clear ValueError."""
         worker = ModelWorker("test")
@@ -754,13 +778,13 @@ class TestBatchCalls:
         keyed: list = []
         gate, batcher = gated(max_batch_size=2, key=lambda item: keyed.append(item) or item)
         fired_after: list[int] = []
-        run_async = batcher.worker.run_async
+        run_then = batcher.worker.run_then
 
-        def recording(fn, *args):
+        def recording(*args):
             fired_after.append(len(keyed))
-            return run_async(fn, *args)
+            return run_then(*args)
 
-        batcher.worker.run_async = recording
+        batcher.worker.run_then = recording
 
         async def main():
             futures = batcher.submit_many(list(range(7)))

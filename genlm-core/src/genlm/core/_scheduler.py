@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import threading
 import weakref
@@ -109,8 +110,10 @@ class _LoopState(_Queues):
     """Scheduler state that belongs to one event loop (held weakly by the batcher)."""
 
     loop: weakref.ref[asyncio.AbstractEventLoop] = attrs.field(kw_only=True)
-    #: Worker futures of the batches handed over and not finished.
-    running: set[asyncio.Future] = attrs.field(factory=set)
+    #: Batches handed to the worker and not finished.
+    running: int = 0
+    #: Resolved when ``running`` falls to 0, for :meth:`AutoBatcher.aclose` (made by it).
+    idle: asyncio.Future[None] | None = None
     #: The flush scheduled with ``call_soon`` by the first request queued since the last.
     soon: asyncio.Handle | None = None
     #: The ``max_wait_s`` timer, armed for the oldest queued request.
@@ -274,7 +277,7 @@ class AutoBatcher(Generic[I, R]):
         """Apply the firing rule after new entries were queued: full batches fire now if
         the worker has room (the rest may grow); the flush of partial batches is scheduled
         with ``call_soon``, after every callback ready now, unless already scheduled."""
-        if full and len(state.running) < self.max_in_flight:
+        if full and state.running < self.max_in_flight:
             self._flush(state, float("-inf"))
         if state.queues and state.soon is None:
             state.soon = loop.call_soon(self._on_soon, state)
@@ -353,12 +356,12 @@ class AutoBatcher(Generic[I, R]):
         """
         if self._closed:
             return
-        while len(state.running) < self.max_in_flight:
+        while state.running < self.max_in_flight:
             batch = self._take(state, now)
             if batch is None:
                 break
             self._fire(state, batch)
-        if self.max_wait_s and state.queues and len(state.running) < self.max_in_flight:
+        if self.max_wait_s and state.queues and state.running < self.max_in_flight:
             self._arm(state)  # partial batches not yet due are left
         elif state.timer is not None:
             state.timer.cancel()
@@ -380,12 +383,16 @@ class AutoBatcher(Generic[I, R]):
 
     def _fire(self, state: _LoopState, batch: list[_Entry]) -> None:
         try:
-            future = self.worker.run_async(self._pick_up_and_run, batch)
+            self.worker.run_then(
+                asyncio.get_running_loop(),
+                self._pick_up_and_run,
+                (batch,),
+                functools.partial(self._finish, state, batch),
+            )
         except BaseException as exc:  # worker closed: fail this batch, keep the loop sane
             self._deliver_batch(state, batch, None, exc, None)
             return
-        state.running.add(future)
-        future.add_done_callback(lambda f: self._finish(state, batch, f))
+        state.running += 1
 
     def _pick_up_and_run(self, batch: list[_Entry]) -> tuple[list[_Entry], Sequence[R]]:
         """Worker-thread side: skip entries nobody waits for any more, run the rest."""
@@ -405,13 +412,20 @@ class AutoBatcher(Generic[I, R]):
             )
         return live, results
 
-    def _finish(self, state: _LoopState, batch: list[_Entry], future: asyncio.Future) -> None:
-        state.running.discard(future)
-        if future.cancelled():
-            outcome, exc = None, asyncio.CancelledError()
-        else:
-            exc = future.exception()
-            outcome = None if exc is not None else future.result()
+    def _finish(
+        self,
+        state: _LoopState,
+        batch: list[_Entry],
+        outcome: tuple[list[_Entry], Sequence[R]] | None,
+        exc: BaseException | None,
+    ) -> None:
+        """Loop side of a batch's end (the worker's ``then``): resolve its waiters, then fire
+        what the freed slot allows."""
+        state.running -= 1
+        if not state.running and state.idle is not None:
+            if not state.idle.done():
+                state.idle.set_result(None)
+            state.idle = None
         self._deliver_batch(state, batch, outcome, exc, self._on_results)
         if state.soon is None:  # else requests are still arriving: the flush comes soon
             self._flush(state, asyncio.get_running_loop().time())
@@ -525,4 +539,6 @@ class AutoBatcher(Generic[I, R]):
         loop = asyncio.get_running_loop()
         state = self._states.get(id(loop))
         if state is not None and state.loop() is loop and state.running:
-            await asyncio.wait(list(state.running))
+            if state.idle is None:
+                state.idle = loop.create_future()
+            await asyncio.shield(state.idle)  # a cancelled aclose leaves others waiting

@@ -211,14 +211,30 @@ class ModelWorker:
             else:
                 future.set_exception(exc)
 
+        self.run_then(loop, fn, args, resolve)
+        return future
+
+    def run_then(
+        self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], args: tuple, then: Deliver
+    ) -> None:
+        """Queue ``fn(*args)``; then call ``then(result, None)`` or ``then(None, exception)``
+        on ``loop``'s thread (through ``call_soon_threadsafe``).
+
+        The hand-back with no future: the scheduler resolves a whole batch's futures from
+        ``then``, one loop callback after the outcome arrives instead of two. If ``loop`` has
+        closed by then, the outcome is dropped (nobody can be waiting on that loop).
+
+        Raises:
+            ModelClosedError: the worker is closed (``then`` is never called).
+        """
+
         def deliver(result: Any, exc: BaseException | None) -> None:
             try:
-                loop.call_soon_threadsafe(resolve, result, exc)
+                loop.call_soon_threadsafe(then, result, exc)
             except RuntimeError:  # the loop closed while we worked: nobody is waiting
                 logger.debug("%s: result dropped, event loop closed", self.name)
 
         self._put(fn, args, _always, deliver)
-        return future
 
     def _put(
         self, fn: Callable[..., Any], args: tuple, start: Callable[[], bool], deliver: Deliver
