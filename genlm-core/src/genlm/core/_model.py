@@ -15,6 +15,7 @@ import concurrent.futures
 import enum
 import logging
 import math
+import operator
 import sys
 import threading
 import weakref
@@ -123,7 +124,7 @@ class BatchedLM(abc.ABC):
             max_batch_size=max_batch_size,
             max_wait_s=max_wait_s,
             key=lambda request: request,
-            group=lambda request: request.variant,
+            group=operator.attrgetter("variant"),  # no Python frame per request
             on_results=self.output_cache.put_many,
         )
         self._closed = False
@@ -250,12 +251,15 @@ class BatchedLM(abc.ABC):
         output: Output = "numpy",
     ) -> Any:
         """Log-probabilities of the next token after ``token_ids``, shape ``(V,)``."""
-        check_output(output)
+        # The per-particle call of an SMC step: the default form is checked and returned
+        # without a call (as_output returns a numpy row asked for as numpy as it is).
+        if output != "numpy":
+            check_output(output)
         request = self.validate_request(token_ids, variant)
         row = self.output_cache.get(request)
         if row is None:
             row = await self.batcher.submit(request)
-        return as_output(row, output)
+        return row if output == "numpy" and type(row) is np.ndarray else as_output(row, output)
 
     def next_token_logprobs_sync(
         self,

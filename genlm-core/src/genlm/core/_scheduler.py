@@ -233,7 +233,14 @@ class AutoBatcher(Generic[I, R]):
             ModelClosedError: the batcher was closed.
         """
         loop = asyncio.get_running_loop()
-        return self._submit(self._loop_state(loop), loop, item, loop.time() + self.max_wait_s)
+        state = self._loop_state(loop)
+        waiter: asyncio.Future[R] = loop.create_future()
+        queue = self._enqueue(state, item, waiter, loop.time() + self.max_wait_s)
+        # Queued anew (else it joined a pending entry): apply the firing rule, unless its
+        # flush is already scheduled and the batch is not full (all _arrived would check).
+        if queue is not None and (state.soon is None or len(queue) >= self.max_batch_size):
+            self._arrived(state, loop, full=len(queue) >= self.max_batch_size)
+        return waiter
 
     def submit_many(self, items: Sequence[I]) -> list[asyncio.Future[R]]:
         """:meth:`submit` each of ``items``, in order, as if they arrived together (one
@@ -263,15 +270,6 @@ class AutoBatcher(Generic[I, R]):
         if state is None or state.loop() is not loop or self._closed:
             state = self._state(loop)
         return state
-
-    def _submit(
-        self, state: _LoopState, loop: asyncio.AbstractEventLoop, item: I, deadline: float
-    ) -> asyncio.Future[R]:
-        waiter: asyncio.Future[R] = loop.create_future()
-        queue = self._enqueue(state, item, waiter, deadline)
-        if queue is not None:  # else it joined a pending entry
-            self._arrived(state, loop, full=len(queue) >= self.max_batch_size)
-        return waiter
 
     def _arrived(self, state: _LoopState, loop: asyncio.AbstractEventLoop, full: bool) -> None:
         """Apply the firing rule after new entries were queued: full batches fire now if
