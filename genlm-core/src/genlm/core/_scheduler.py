@@ -236,10 +236,11 @@ class AutoBatcher(Generic[I, R]):
         state = self._loop_state(loop)
         waiter: asyncio.Future[R] = loop.create_future()
         queue = self._enqueue(state, item, waiter, loop.time() + self.max_wait_s)
-        # Queued anew (else it joined a pending entry): apply the firing rule, unless its
-        # flush is already scheduled and the batch is not full (all _arrived would check).
-        if queue is not None and (state.soon is None or len(queue) >= self.max_batch_size):
-            self._arrived(state, loop, full=len(queue) >= self.max_batch_size)
+        if queue is not None:  # queued anew, else it joined a pending entry
+            full = len(queue) >= self.max_batch_size
+            # _arrived has nothing to do for a partial batch whose flush is scheduled.
+            if full or state.soon is None:
+                self._arrived(state, loop, full)
         return waiter
 
     def submit_many(self, items: Sequence[I]) -> list[asyncio.Future[R]]:
@@ -421,8 +422,7 @@ class AutoBatcher(Generic[I, R]):
         what the freed slot allows."""
         state.running -= 1
         if not state.running and state.idle is not None:
-            if not state.idle.done():
-                state.idle.set_result(None)
+            state.idle.set_result(None)  # awaited only through shield: never cancelled
             state.idle = None
         self._deliver_batch(state, batch, outcome, exc, self._on_results)
         if state.soon is None:  # else requests are still arriving: the flush comes soon
