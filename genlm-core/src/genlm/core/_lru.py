@@ -121,28 +121,25 @@ class ByteLRU(Generic[K, V]):
     def get(self, key: K, *, touch: bool = True) -> V | None:
         """The value held for ``key``, or None; ``touch`` marks it most recently used."""
         with self.lock:
-            return self._lookup(key, touch)
+            entry = self._lru.get(key)
+            if entry is not None:
+                if touch:
+                    self._lru.move_to_end(key)
+                self.hits += 1
+                return entry[0]
+            # Each lookup hashes the whole key (tuples do not cache their hash): skip the
+            # pinned map while it is empty, as it always is in the output cache.
+            if self._pinned and key in self._pinned:
+                self.hits += 1
+                return self._pinned[key][0][0]
+            self.misses += 1
+            return None
 
     def get_many(self, keys: Iterable[K]) -> list[V | None]:
-        """:meth:`get` each key, in order, under one hold of the lock (a batch of requests)."""
+        """:meth:`get` each key, in order, under one hold of the lock (a batch of requests;
+        each ``get`` takes the reentrant lock again, which costs no wait)."""
         with self.lock:
-            return [self._lookup(key, True) for key in keys]
-
-    def _lookup(self, key: K, touch: bool) -> V | None:
-        """:meth:`get`'s body (lock held)."""
-        entry = self._lru.get(key)
-        if entry is not None:
-            if touch:
-                self._lru.move_to_end(key)
-            self.hits += 1
-            return entry[0]
-        # Each lookup hashes the whole key (tuples do not cache their hash): skip the
-        # pinned map while it is empty, as it always is in the output cache.
-        if self._pinned and key in self._pinned:
-            self.hits += 1
-            return self._pinned[key][0][0]
-        self.misses += 1
-        return None
+            return [self.get(key) for key in keys]
 
     def add(self, key: K, value: V, nbytes: int, *, pin: bool = False) -> V:
         """Hold ``value`` for ``key`` at a cost of ``nbytes`` and evict to fit.

@@ -111,6 +111,8 @@ class BatchedLM(abc.ABC):
         #: The longest context accepted (None: no limit); checked by every request.
         self.max_context_length = max_context_length
         self._vocab = vocab
+        #: ``len(vocab)``, read by every request's check without a call.
+        self._vocab_size = len(vocab)
         self._tokenizer = tokenizer
         self.name = name or type(self).__name__
         self.worker = ModelWorker(f"genlm-{self.name}")
@@ -197,7 +199,7 @@ class BatchedLM(abc.ABC):
         The variant is checked first, then the ids (see :meth:`validate_requests`).
         """
         variant = self._request_variant(variant)
-        size = len(self._vocab)
+        size = self._vocab_size
         if _make_request is not None:  # every single call: no list made around it
             longest = self.max_context_length or sys.maxsize
             request = _make_request(variant, token_ids, size, longest)
@@ -216,7 +218,7 @@ class BatchedLM(abc.ABC):
         bad input) is checked in Python, which converts it or names the problem.
         """
         variant = self._request_variant(variant)
-        size, check = len(self._vocab), self._validate_ids
+        size, check = self._vocab_size, self._validate_ids
         if _make_request is None:
             return [Request(variant, check(c, size)) for c in contexts]
         longest = self.max_context_length or sys.maxsize

@@ -69,6 +69,10 @@ logger = logging.getLogger(__name__)
 I = TypeVar("I")  # noqa: E741 - an item
 R = TypeVar("R")  # its result
 
+#: The futures ``submit`` returns, made directly: ``loop.create_future`` is a Python call
+#: per request that makes the same object on asyncio's own loops.
+_Future = asyncio.Future
+
 #: What a waiter may be: an asyncio future (``submit``) or a thread-safe one (``run_sync``).
 Waiter = asyncio.Future | concurrent.futures.Future
 
@@ -233,8 +237,11 @@ class AutoBatcher(Generic[I, R]):
             ModelClosedError: the batcher was closed.
         """
         loop = asyncio.get_running_loop()
-        state = self._loop_state(loop)
-        waiter: asyncio.Future[R] = loop.create_future()
+        last = self._last  # _loop_state's fast path, inline: this runs once per request
+        state = last() if last is not None else None
+        if state is None or state.loop() is not loop or self._closed:
+            state = self._state(loop)
+        waiter: asyncio.Future[R] = _Future(loop=loop)
         queue = self._enqueue(state, item, waiter, loop.time() + self.max_wait_s)
         if queue is not None:  # queued anew, else it joined a pending entry
             full = len(queue) >= self.max_batch_size
@@ -248,11 +255,11 @@ class AutoBatcher(Generic[I, R]):
         lookup of the loop's state, one arrival time); a future per item."""
         loop = asyncio.get_running_loop()
         state, deadline = self._loop_state(loop), loop.time() + self.max_wait_s
-        create_future, enqueue = loop.create_future, self._enqueue
+        enqueue = self._enqueue
         waiters = []
         full = queued = False
         for item in items:
-            waiters.append(waiter := create_future())
+            waiters.append(waiter := _Future(loop=loop))
             queue = enqueue(state, item, waiter, deadline)
             if queue is not None:
                 queued = True
