@@ -7,6 +7,10 @@ What a step costs is what GenLM adds around a forward pass that takes no time:
 validation, cache lookups, batching, the thread hop, the row checks and copies (which
 count at a 128k vocabulary) and fan-out. Best of several runs (the machine may be shared).
 
+Bound: the gathered step's work with no scheduler (``unscheduled``), and both steps with
+the row checks and copies or the cache store left out, show what each part costs and what
+the scheduler itself adds.
+
 Request overhead: 10,000 concurrent requests over 256 distinct contexts through the mock
 backend; the backend's own compute time (measured inside the worker) is subtracted,
 so what remains is what GenLM adds per request: validation, cache lookups, batching,
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
+import itertools
 import os
 import platform
 import re
@@ -34,12 +39,13 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from genlm.core import Vocabulary
-from genlm.core.backend import BatchedLM
+from genlm.core.backend import BatchedLM, Request
 from genlm.core.mock import MockLM
 
 N_REQUESTS = 10_000
@@ -61,25 +67,93 @@ class PrecomputedLM(BatchedLM):
         return self.rows[: len(contexts)]
 
 
-async def smc_steps(lm: BatchedLM, n_particles: int, steps: int, batch: bool = False) -> float:
-    """Seconds per step of ``steps`` SMC-like steps of ``n_particles`` distinct contexts:
-    a gather of one ``next_token_logprobs`` task per particle (as llamppl and ``genlm.core.smc``
-    ask), or with ``batch`` one ``batch_next_token_logprobs`` call."""
+class PartsLM(PrecomputedLM):
+    """A :class:`PrecomputedLM` that can skip parts of a step's work, for
+    :func:`bound_overhead`: ``rows=False``, the row checks and copies (the rows handed out
+    are views of the precomputed ones); ``store=False``, the output cache's store."""
+
+    def __init__(self, vocab_size: int, max_rows: int, rows: bool = True, store: bool = True):
+        super().__init__(vocab_size, max_rows)
+        self.row_work = rows
+        if not store:
+            self.batcher._on_results = None  # the scheduler's store of each batch's rows
+            self.output_cache.put_many = lambda keys, rows: rows  # the unscheduled step's
+
+    def _run_requests(self, requests):
+        if self.row_work:
+            return super()._run_requests(requests)
+        return list(self.rows[: len(requests)])
+
+
+async def gathered(lm: BatchedLM, contexts: list[list[int]]) -> list[np.ndarray]:
+    """One task per context, each awaiting ``next_token_logprobs`` (llamppl's and
+    ``genlm.core.smc``'s step)."""
+    return await asyncio.gather(*(lm.next_token_logprobs(c) for c in contexts))
+
+
+async def batched(lm: BatchedLM, contexts: list[list[int]]) -> np.ndarray:
+    """One ``batch_next_token_logprobs`` call."""
+    return await lm.batch_next_token_logprobs(contexts)
+
+
+async def unscheduled(lm: BatchedLM, contexts: list[list[int]]) -> list[np.ndarray]:
+    """A gathered step's work with no scheduler: the bound the scheduler is measured against.
+
+    Each task validates its context and looks it up in the output cache, as
+    ``next_token_logprobs`` does, then awaits a future of its own. The first task schedules
+    one flush (``call_soon``) that hands batches of ``max_batch_size`` to the worker with the
+    model's own batch function (backend, row checks, row copies); a batch's end stores its
+    rows in the cache and resolves its futures. Left out is what the scheduler adds: dedup,
+    groups, backpressure, cancellation, timers, firing a full batch early.
+    """
+    loop = asyncio.get_running_loop()
+    queued: list[tuple[Request, asyncio.Future]] = []
+
+    def finish(batch, rows, exc) -> None:
+        if exc is None:
+            lm.output_cache.put_many([request for request, _ in batch], rows)
+        for i, (_, future) in enumerate(batch):
+            if exc is None:
+                future.set_result(rows[i])
+            else:
+                future.set_exception(exc)
+
+    def flush() -> None:
+        size = lm.batcher.max_batch_size
+        for start in range(0, len(queued), size):
+            batch = queued[start : start + size]
+            requests = [request for request, _ in batch]
+            lm.worker.run_then(loop, lm._run_requests, (requests,), partial(finish, batch))
+
+    async def one(ids: list[int]) -> np.ndarray:
+        request = lm.validate_request(ids)
+        row = lm.output_cache.get(request)
+        if row is None:
+            queued.append((request, future := asyncio.Future(loop=loop)))
+            if len(queued) == 1:
+                loop.call_soon(flush)
+            row = await future
+        return row
+
+    return await asyncio.gather(*(one(c) for c in contexts))
+
+
+#: The ways a step asks, by the names the tables use.
+CALLS = {"gather": gathered, "batch": batched, "unscheduled": unscheduled}
+
+
+async def smc_steps(lm: BatchedLM, n_particles: int, steps: int, call: str = "gather") -> float:
+    """Seconds per step of ``steps`` SMC-like steps of ``n_particles`` distinct contexts,
+    each step asked by :data:`CALLS` ``[call]``."""
+    ask = CALLS[call]
     prompt = list(range(1, PROMPT_TOKENS + 1))
     particles: list[list[int]] = [[] for _ in range(n_particles)]
     start = time.perf_counter()
     for _ in range(steps):
-        if batch:
-            await lm.batch_next_token_logprobs([prompt + p for p in particles])
-        else:
-            await asyncio.gather(*(lm.next_token_logprobs(prompt + p) for p in particles))
+        await ask(lm, [prompt + p for p in particles])
         for i, particle in enumerate(particles):
             particle.append(i % len(lm.vocab))
     return (time.perf_counter() - start) / steps
-
-
-#: The two ways a step asks, as the tables name them.
-CALLS = {"gather": False, "batch": True}
 
 
 def step_overhead(repeats: int = 5) -> dict[tuple[int, str, int], float]:
@@ -87,7 +161,9 @@ def step_overhead(repeats: int = 5) -> dict[tuple[int, str, int], float]:
     results = {}
     for vocab_size in VOCAB_SIZES:
         lm = PrecomputedLM(vocab_size, max(PARTICLES))
-        for call, batch in CALLS.items():
+        for call in CALLS:
+            if call == "unscheduled" and vocab_size > 4096:
+                continue  # the bound is the scheduler's; at 128k the rows' work dominates
             for n_particles in PARTICLES:
                 steps = max(4, min(64, 2048 // n_particles))
                 if vocab_size > 4096:
@@ -95,7 +171,7 @@ def step_overhead(repeats: int = 5) -> dict[tuple[int, str, int], float]:
                 runs = []
                 for _ in range(repeats + 1):  # the first run warms up
                     lm.output_cache.clear()  # every run's contexts are new to the cache
-                    runs.append(asyncio.run(smc_steps(lm, n_particles, steps, batch)))
+                    runs.append(asyncio.run(smc_steps(lm, n_particles, steps, call)))
                 results[vocab_size, call, n_particles] = min(runs[1:]) * 1000
         lm.close()
     return results
@@ -129,6 +205,39 @@ def floor_overhead(repeats: int = 5) -> dict[int, float]:
         p: min(asyncio.run(asyncio_floor(p, max(8, 2048 // p))) for _ in range(repeats + 1)) * 1000
         for p in PARTICLES
     }
+
+
+#: The particle counts of :func:`bound_overhead` (those of the targets).
+BOUND_PARTICLES = (16, 64)
+
+#: The parts of a step :func:`bound_overhead` takes out, by the names its table uses.
+BOUND_PARTS = {
+    "all of it": {},
+    "no row checks or copies": {"rows": False},
+    "no cache store": {"store": False},
+    "neither": {"rows": False, "store": False},
+}
+
+
+def bound_overhead(repeats: int = 5) -> dict[tuple[str, int, str], float]:
+    """Best milliseconds per step at the 512-token vocabulary, for each (call, particles,
+    part left out) of ``gather`` and ``unscheduled`` at P=16 and 64 and :data:`BOUND_PARTS`
+    (runs alternate, so a change in the machine's load touches every cell alike)."""
+    models = {name: PartsLM(512, 64, **parts) for name, parts in BOUND_PARTS.items()}
+    best: dict[tuple[str, int, str], float] = {}
+    for run in range(repeats + 1):  # the first run warms up
+        for call, n_particles, (name, lm) in itertools.product(
+            ("gather", "unscheduled"), BOUND_PARTICLES, models.items()
+        ):
+            lm.output_cache.clear()
+            steps = max(8, 2048 // n_particles)
+            ms = asyncio.run(smc_steps(lm, n_particles, steps, call)) * 1000
+            if run:
+                key = call, n_particles, name
+                best[key] = min(best.get(key, ms), ms)
+    for lm in models.values():
+        lm.close()
+    return best
 
 
 class TimedMock(MockLM):
@@ -171,7 +280,7 @@ def scheduler_overhead(repeats: int = 5) -> dict[str, float]:
 
 
 #: The steps ``--instructions`` counts: (label, call, particles); ``floor`` is asyncio's.
-COUNTED = [(c, p) for c in ("gather", "batch", "floor") for p in (16, 64)]
+COUNTED = [(c, p) for c in ("gather", "unscheduled", "batch", "floor") for p in (16, 64)]
 
 
 def one_run(call: str, n_particles: int, steps: int) -> None:
@@ -182,7 +291,7 @@ def one_run(call: str, n_particles: int, steps: int) -> None:
         if call == "floor":
             asyncio.run(asyncio_floor(n_particles, n))
         else:
-            asyncio.run(smc_steps(lm, n_particles, n, CALLS[call]))
+            asyncio.run(smc_steps(lm, n_particles, n, call))
     lm.close()
 
 
@@ -231,6 +340,7 @@ def main() -> None:
     counted = instructions_per_step() if args.instructions else None
     steps = step_overhead(args.repeats)
     floor = floor_overhead(args.repeats)
+    bound = bound_overhead(args.repeats)
     overhead = scheduler_overhead()
     baseline = wall_time([sys.executable, "-c", "pass"])
     import_ms = wall_time([sys.executable, "-c", "import genlm.core"])
@@ -253,15 +363,37 @@ def main() -> None:
             + " |"
             for v in VOCAB_SIZES
             for call in CALLS
+            if (v, call, PARTICLES[0]) in steps
         ),
         "| | asyncio's floor | " + " | ".join(f"{floor[p]:.3f}" for p in PARTICLES) + " |",
         "",
         "`gather`: one `next_token_logprobs` task per particle (what `genlm.core.smc` makes); "
-        "`batch`: one `batch_next_token_logprobs` call; asyncio's floor: "
+        "`batch`: one `batch_next_token_logprobs` call; `unscheduled`: the gathered step's "
+        "work (validation, cache lookups and stores, a future per task, the worker hand-off, "
+        "row checks and copies) with no scheduler, a bound for it (the `gather` row less this "
+        "one is what dedup, groups, backpressure and cancellation cost); asyncio's floor: "
         "a gather of one task per particle, each awaiting a future resolved together, "
         "with no model at all (the least any per-call step costs). Targets at the "
         "512-token vocabulary, with nothing else running: P=16 <= 0.3 ms, P=64 <= 0.6 ms. "
         "At 128k the row copies and checks on the worker thread dominate.",
+        "",
+        "Where a gathered step's time goes: `gather` and `unscheduled` at the 512-token "
+        "vocabulary with parts of the work left out (a `PrecomputedLM` whose batches skip "
+        "the row checks and copies, handing out views of its rows, or whose rows are not "
+        f"stored in the output cache); best of {args.repeats} alternating runs, ms per step:",
+        "",
+        "| call | P | " + " | ".join(BOUND_PARTS) + " |",
+        "| --- | --- |" + " --- |" * len(BOUND_PARTS),
+        *(
+            f"| {call} | {p} | "
+            + " | ".join(f"{bound[call, p, name]:.3f}" for name in BOUND_PARTS)
+            + " |"
+            for call in ("gather", "unscheduled")
+            for p in BOUND_PARTICLES
+        ),
+        "",
+        "`unscheduled` with neither part is what is left with no scheduler, row work or cache "
+        "store: validation, the cache lookup, asyncio's tasks and futures, the worker hand-off.",
         "",
         *(
             [
