@@ -237,10 +237,7 @@ class AutoBatcher(Generic[I, R]):
             ModelClosedError: the batcher was closed.
         """
         loop = asyncio.get_running_loop()
-        last = self._last  # _loop_state's fast path, inline: this runs once per request
-        state = last() if last is not None else None
-        if state is None or state.loop() is not loop or self._closed:
-            state = self._state(loop)
+        state = self._loop_state(loop)
         waiter: asyncio.Future[R] = _Future(loop=loop)
         queue = self._enqueue(state, item, waiter, loop.time() + self.max_wait_s)
         if queue is not None:  # queued anew, else it joined a pending entry
