@@ -56,7 +56,13 @@ VOCAB_SIZES = (512, 128 * 1024)
 
 
 class PrecomputedLM(BatchedLM):
-    """Returns slices of one precomputed batch of uniform rows: a forward pass of no cost."""
+    """Returns slices of one precomputed batch of uniform rows: a forward pass of no cost.
+
+    It never writes to its rows, so core keeps the batches it returns without a copy
+    (``stable_batches``), as it does a real backend's fresh output.
+    """
+
+    stable_batches = True
 
     def __init__(self, vocab_size: int, max_rows: int):
         tokens = tuple(i.to_bytes(3, "little") for i in range(vocab_size))

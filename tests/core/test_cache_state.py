@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from genlm.core._lru import ByteLRU
+from genlm.core._rows import numpy_rows
 from genlm.core.backend import OutputCache, PrefixCache
 
 SETTINGS = settings(max_examples=40, stateful_step_count=30, deadline=None)
@@ -98,6 +99,170 @@ class OutputCacheMachine(RuleBasedStateMachine):
         counted = sum(v.nbytes + real_key_bytes(k) for k, v in held)
         assert self.cache.nbytes == counted == sum(self.model.values())
         assert self.cache.nbytes <= self.cache.max_bytes and len(self.cache) == len(self.model)
+
+
+#: Keys of one to three ids: small next to the rows, so that several batches fit a budget.
+short_keys = st.tuples(
+    variants, st.lists(st.integers(1000, 1002), min_size=1, max_size=3).map(tuple)
+)
+
+
+class BatchRowsMachine(RuleBasedStateMachine):
+    """The output cache holding computed batches as views (the shared-block rule), against
+    a model of the rule and against the memory the held arrays really keep alive.
+
+    A batch counts once, in full, while any of its rows is held; an eviction that ends its
+    run in LRU order while rows of it are held elsewhere makes those rows copies; a batch
+    of more than half the budget is stored as copies. Whatever happens, the bytes the cache
+    counts equal the keys' bytes plus the distinct memory its arrays hold (a view's whole
+    base, once), and every held row keeps the values it was computed with.
+    """
+
+    @initialize(budget=st.integers(0, 6000))
+    def make(self, budget):
+        self.cache = OutputCache(budget)
+        self.lru: OrderedDict = OrderedDict()  # unpinned keys, oldest first
+        self.pins: dict = {}
+        self.info: dict = {}  # key -> [block or None, key bytes, row bytes, stamp]
+        self.blocks: dict = {}  # block id -> [nbytes, rows held]
+        self.stamp = 0
+
+    def _counted(self) -> int:
+        rows = sum(kb + (rb if block is None else 0) for block, kb, rb, _ in self.info.values())
+        return rows + sum(nbytes for nbytes, held in self.blocks.values() if held)
+
+    def _hold(self, key, block, row_bytes, stamp):
+        if key in self.info:  # the held entry is kept (and touched, unless pinned)
+            if key in self.lru:
+                self.lru.move_to_end(key)
+            return
+        key_bytes = real_key_bytes(key)
+        cost = key_bytes + row_bytes
+        if block is not None:
+            nbytes, held = self.blocks[block]
+            cost = key_bytes + (0 if held else nbytes)
+        if cost > self.cache.max_bytes:
+            return
+        self.info[key] = [block, key_bytes, row_bytes, stamp]
+        self.lru[key] = None
+        self.pins[key] = 0
+        if block is not None:
+            self.blocks[block][1] += 1
+        self._evict()
+
+    def _evict(self):
+        while self._counted() > self.cache.max_bytes and self.lru:
+            key = next(iter(self.lru))
+            del self.lru[key], self.pins[key]
+            block = self.info.pop(key)[0]
+            if block is None:
+                continue
+            self.blocks[block][1] -= 1
+            after = next(iter(self.lru), None)
+            if self.blocks[block][1] and (after is None or self.info[after][0] != block):
+                for entry in self.info.values():  # its rows held elsewhere become copies
+                    if entry[0] == block:
+                        entry[0] = None
+                self.blocks[block][1] = 0
+
+    @rule(
+        batch=st.lists(short_keys, min_size=1, max_size=5, unique=True),
+        width=st.integers(1, 60),
+    )
+    def put_batch(self, batch, width):
+        """A computed batch, as ``BatchedLM._run_requests`` hands it over."""
+        rows = np.zeros((len(batch), width), dtype=np.float32)
+        stamps = range(self.stamp, self.stamp + len(batch))
+        self.stamp += len(batch)
+        rows[:, 0] = stamps
+        held = self.cache.put_many(batch, numpy_rows(rows, stable=True))
+        assert len(held) == len(batch)
+        block = None
+        if 2 * rows.nbytes <= self.cache.max_bytes:
+            block = len(self.blocks)
+            self.blocks[block] = [rows.nbytes, 0]
+        for key, stamp in zip(batch, stamps):
+            self._hold(key, block, 4 * width, stamp)
+
+    @rule(key=short_keys, width=st.integers(1, 60))
+    def put(self, key, width):
+        row = np.full(width, self.stamp, dtype=np.float32)
+        self.cache.put(key, row)
+        self._hold(key, None, 4 * width, self.stamp)
+        self.stamp += 1
+
+    def _held(self, index):
+        """One of the held keys (drawn keys are rarely held: rows are reused by these)."""
+        return list(self.info)[index % len(self.info)] if self.info else None
+
+    @rule(key=short_keys)
+    def get(self, key):
+        row = self.cache.get(key)
+        assert (row is not None) == (key in self.info)
+        if key in self.lru:
+            self.lru.move_to_end(key)
+
+    @rule(index=st.integers(0, 50))
+    def reuse(self, index):
+        """A held row read again: it leaves its batch's run in LRU order."""
+        if (key := self._held(index)) is not None:
+            self.get(key)
+
+    @rule(
+        index=st.integers(0, 50), batch=st.lists(short_keys, max_size=3), width=st.integers(1, 60)
+    )
+    def put_batch_with_a_held_key(self, index, batch, width):
+        """Two concurrent misses computed the same row: the held one is kept."""
+        if (key := self._held(index)) is not None:
+            self.put_batch(list(dict.fromkeys([*batch, key])), width)
+
+    @rule(index=st.integers(0, 50))
+    def pin(self, index):
+        key = self._held(index)
+        if key is None:
+            return
+        self.cache.pin(key)
+        self.pins[key] += 1
+        self.lru.pop(key, None)
+
+    @rule(index=st.integers(0, 50))
+    def unpin(self, index):
+        key = self._held(index)
+        if not self.pins.get(key):
+            return
+        self.cache.unpin(key)
+        self.pins[key] -= 1
+        if not self.pins[key]:
+            self.lru[key] = None
+            self._evict()
+
+    @rule(budget=st.integers(0, 4000))
+    def shrink_budget(self, budget):
+        self.cache.resize(min(budget, self.cache.max_bytes))
+        self._evict()
+
+    @rule()
+    def clear(self):
+        self.cache.clear()
+        self.lru.clear(), self.pins.clear(), self.info.clear()
+        for block in self.blocks.values():
+            block[1] = 0
+
+    @invariant()
+    def counted_bytes_are_the_memory_really_held(self):
+        held = self.cache.items()
+        assert [k for k, _ in held][: len(self.lru)] == list(self.lru)
+        assert {k for k, _ in held} == set(self.info)
+        assert self.cache.nbytes == self._counted()
+        memory = {}
+        for key, row in held:
+            owner = row if row.base is None else row.base
+            memory[id(owner)] = owner.nbytes
+            assert not row.flags.writeable and row[0] == self.info[key][3]
+            assert (row.base is None) == (self.info[key][0] is None)
+        assert self.cache.nbytes == sum(real_key_bytes(k) for k, _ in held) + sum(memory.values())
+        if not any(self.pins.values()):
+            assert self.cache.nbytes <= self.cache.max_bytes
 
 
 prefixes = st.lists(st.integers(0, 2), min_size=1, max_size=4).map(tuple)
@@ -354,5 +519,7 @@ TestByteLRUState = ByteLRUMachine.TestCase
 TestByteLRUState.settings = SETTINGS
 TestOutputCacheState = OutputCacheMachine.TestCase
 TestOutputCacheState.settings = SETTINGS
+TestBatchRowsState = BatchRowsMachine.TestCase
+TestBatchRowsState.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestPrefixCacheState = PrefixCacheMachine.TestCase
 TestPrefixCacheState.settings = SETTINGS

@@ -86,8 +86,8 @@ def test_backend_torch_rows_are_cached_as_torch_and_converted_for_numpy_callers(
     tbatch = lm.batch_next_token_logprobs_sync(CONTEXTS, output="torch")
     assert isinstance(tbatch, torch.Tensor)
     np.testing.assert_array_equal(tbatch.numpy(), batch)
-    # each cached row owns its memory (a (V,) float32 row, not a view of the batch); the
-    # cache also counts each entry's key
+    # the rows view their batches (one of 1 row, one of 2), each counted once; the cache
+    # also counts each entry's key
     from genlm.core.backend import Request, key_nbytes
 
     keys = sum(key_nbytes(Request(None, tuple(c))) for c in CONTEXTS)

@@ -16,6 +16,17 @@ their entries in one, so all three follow the same rules:
   scheduler delivers each computed row as it is).
 * **Eviction.** Least recently used first, until the sum fits; pinned entries count
   towards the budget but are never evicted.
+* **Shared blocks.** Entries added together may share one :class:`Block` of memory (the
+  output cache's rows are views of their batch, so a held row keeps the whole batch
+  alive). The block counts once, in full, while any entry sharing it is held, and each
+  such entry counts its own bytes less the part the block covers. When an eviction
+  leaves a block with held entries but the next entry in line is not one of its own (its
+  run of entries in LRU order has ended: the others were used since, or pinned), those
+  entries become copies of their own (the map's ``detach``) and the block stops counting:
+  a few reused rows never keep whole batches alive. An entry that would be the first of
+  its block to be held counts the block too, so it is stored only if both fit; a block
+  of more than half the budget is not shared at all: its entries are stored as copies
+  (two such batches could never be held together).
 * **Locking.** Every method holds the map's reentrant :attr:`ByteLRU.lock`, so one map
   may be shared by the event loop and a worker thread. A cache with structure of its own
   (the prefix trie) holds the same lock around its updates; ``on_evict`` runs under it.
@@ -27,7 +38,9 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+import attrs
 
 from genlm.core._request import Request
 
@@ -44,6 +57,8 @@ _getsizeof = sys.getsizeof
 _NONE_BYTES = sys.getsizeof(None)
 #: What a :class:`Request` itself holds (its three slots and hash; its parts come on top).
 _REQUEST_BYTES = sys.getsizeof(Request(None, ()))
+#: What one more id costs a tuple of ids: its slot and its int.
+_ID_BYTES = _SLOT_BYTES + _ITEM_BYTES
 
 
 def key_nbytes(key: Hashable) -> int:
@@ -56,8 +71,10 @@ def key_nbytes(key: Hashable) -> int:
     costs no walk over the ids. A 300-token context is about 10.9 KB of Python objects,
     more than a float32 row of a 2,000-token vocabulary, so it belongs in the budget.
     """
-    if type(key) is Request:
-        return _REQUEST_BYTES + _part_nbytes(key.variant) + _part_nbytes(key.ids)
+    if type(key) is Request:  # a model's key: its ids are a tuple (one call per put)
+        variant = key.variant
+        size = _REQUEST_BYTES + _TUPLE_BYTES + _ID_BYTES * len(key.ids)
+        return size + (_NONE_BYTES if variant is None else _part_nbytes(variant))
     if type(key) is not tuple:
         return _getsizeof(key)
     size = _TUPLE_BYTES + _SLOT_BYTES * len(key)
@@ -69,10 +86,29 @@ def key_nbytes(key: Hashable) -> int:
 def _part_nbytes(part: object) -> int:
     """Bytes of one part of a key: a tuple of ids by the formula, None without a call."""
     if type(part) is tuple:
-        return _TUPLE_BYTES + (_SLOT_BYTES + _ITEM_BYTES) * len(part)
+        return _TUPLE_BYTES + _ID_BYTES * len(part)
     if part is None:  # the usual variant; getsizeof costs a method lookup
         return _NONE_BYTES
     return _getsizeof(part)
+
+
+@attrs.define(eq=False)
+class Block:
+    """Memory that several entries' values share (the batch whose rows they are views of).
+
+    A :class:`ByteLRU` counts :attr:`nbytes` once while any entry added with the block is
+    held; each such entry counts its own bytes less :attr:`covers`. The map alone reads and
+    changes :attr:`held` and :attr:`keys`, under its lock.
+    """
+
+    #: Bytes of the shared memory (a batch's ``nbytes``).
+    nbytes: int
+    #: Bytes of each entry's own cost that the block holds (a row's ``nbytes``).
+    covers: int
+    #: How many held entries share it.
+    held: int = 0
+    #: Keys of the entries added with it, to find the held ones when it breaks up.
+    keys: list[Any] = attrs.field(factory=list)
 
 
 class ByteLRU(Generic[K, V]):
@@ -82,6 +118,8 @@ class ByteLRU(Generic[K, V]):
         max_bytes: budget for the sizes given to :meth:`add`; 0 stores nothing.
         on_evict: called as ``on_evict(key, value)`` for each entry evicted to fit (not
             for :meth:`pop` or :meth:`clear`), under :attr:`lock`.
+        detach: ``detach(value)`` returns a copy of a value that shares a :class:`Block`,
+            holding memory of its own; needed only by a map given blocks.
 
     Raises:
         ValueError: a negative ``max_bytes``.
@@ -93,15 +131,22 @@ class ByteLRU(Generic[K, V]):
         lock: the reentrant lock every method holds.
     """
 
-    def __init__(self, max_bytes: int, on_evict: Callable[[K, V], None] | None = None):
+    def __init__(
+        self,
+        max_bytes: int,
+        on_evict: Callable[[K, V], None] | None = None,
+        detach: Callable[[V], V] | None = None,
+    ):
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes
         self._on_evict = on_evict
-        #: Unpinned entries, key -> (value, counted bytes), least recently used first.
-        self._lru: OrderedDict[K, tuple[V, int]] = OrderedDict()
-        #: Pinned entries, key -> ((value, counted bytes), number of pins).
-        self._pinned: dict[K, tuple[tuple[V, int], int]] = {}
+        self._detach = detach
+        #: Unpinned entries, key -> (value, counted bytes, block or None), least recently
+        #: used first. The counted bytes leave out the block's, counted once in ``_bytes``.
+        self._lru: OrderedDict[K, tuple[V, int, Block | None]] = OrderedDict()
+        #: Pinned entries, key -> ((value, counted bytes, block), number of pins).
+        self._pinned: dict[K, tuple[tuple[V, int, Block | None], int]] = {}
         self._bytes = 0
         self.lock = threading.RLock()
         self.hits = 0
@@ -165,33 +210,58 @@ class ByteLRU(Generic[K, V]):
                 self._evict()
             return held
 
-    def add_many(self, entries: Iterable[tuple[K, V, int]]) -> list[V]:
+    def add_many(self, entries: Iterable[tuple[K, V, int]], block: Block | None = None) -> list[V]:
         """:meth:`add` each ``(key, value, nbytes)`` in order, under one hold of the lock
-        (a batch of results costs one lock, not one per row); what each ``add`` returns."""
+        (a batch of results costs one lock, not one per row); what each ``add`` returns.
+
+        Args:
+            entries: the keys, values and their own costs.
+            block: the memory every value of ``entries`` shares, if any (see the module's
+                rules); each value's cost then includes the ``block.covers`` bytes of it.
+        """
         held = []
+        if block is not None and 2 * block.nbytes > self.max_bytes:
+            # Too large to share: each entry that is stored becomes a copy of its own.
+            entries = self._copies(entries)
+            block = None
         with self.lock:
             for key, value, nbytes in entries:
-                held.append(self._hold(key, value, nbytes))
+                held.append(self._hold(key, value, nbytes, block))
                 if self._bytes > self.max_bytes:
                     self._evict()
         return held
 
-    def _hold(self, key: K, value: V, nbytes: int) -> V:
+    def _copies(self, entries: Iterable[tuple[K, V, int]]) -> Iterable[tuple[K, V, int]]:
+        """``entries`` whose values would be stored, detached from their block: a held key
+        or an entry over the whole budget is passed on as it is (nothing is stored)."""
+        for key, value, nbytes in entries:
+            if nbytes <= self.max_bytes and key not in self:
+                value = self._detach(value)  # type: ignore[misc] - given with blocks
+            yield key, value, nbytes
+
+    def _hold(self, key: K, value: V, nbytes: int, block: Block | None = None) -> V:
         """Hold ``value`` for ``key`` unpinned, or keep (and touch, if unpinned) the entry
         already held; no pin, no eviction (lock held). Returns what ``add`` returns."""
         if self._pinned:
             pinned = self._pinned.get(key)
             if pinned is not None:
                 return pinned[0][0]
-        new = (value, nbytes)
-        if nbytes <= self.max_bytes:
+        cost = nbytes
+        if block is not None:
+            nbytes -= block.covers
+            cost = nbytes if block.held else nbytes + block.nbytes
+        new = (value, nbytes, block)
+        if cost <= self.max_bytes:
             entry = self._lru.setdefault(key, new)  # one hash of the key, held or not
         else:
             entry = self._lru.get(key, new)
             if entry is new:
                 return value
         if entry is new:
-            self._bytes += nbytes
+            self._bytes += cost
+            if block is not None:
+                block.held += 1
+                block.keys.append(key)
         else:
             self._lru.move_to_end(key)
         return entry[0]
@@ -245,6 +315,8 @@ class ByteLRU(Generic[K, V]):
                     return False
                 entry = pinned[0]
             self._bytes -= entry[1]
+            if entry[2] is not None:
+                self._release(entry[2])
             return True
 
     def evictable(self) -> list[K]:
@@ -255,12 +327,15 @@ class ByteLRU(Generic[K, V]):
     def items(self) -> list[tuple[K, V]]:
         """The held entries: the unpinned ones least recently used first, then the pinned."""
         with self.lock:
-            held = [(key, value) for key, (value, _) in self._lru.items()]
-            return held + [(key, value) for key, ((value, _), _) in self._pinned.items()]
+            held = [(key, entry[0]) for key, entry in self._lru.items()]
+            return held + [(key, entry[0]) for key, (entry, _) in self._pinned.items()]
 
     def clear(self) -> None:
         """Drop every entry, pinned ones included (the hit and miss counters are kept)."""
         with self.lock:
+            for entry in (*self._lru.values(), *(e for e, _ in self._pinned.values())):
+                if entry[2] is not None:
+                    entry[2].held = 0
             self._lru.clear()
             self._pinned.clear()
             self._bytes = 0
@@ -278,7 +353,37 @@ class ByteLRU(Generic[K, V]):
         """Evict least recently used unpinned entries until the budget holds (lock held)."""
         lru, on_evict = self._lru, self._on_evict
         while self._bytes > self.max_bytes and lru:
-            key, (value, nbytes) = lru.popitem(last=False)
+            key, (value, nbytes, block) = lru.popitem(last=False)
             self._bytes -= nbytes
+            if block is not None:
+                self._release(block)
+                # Its run in LRU order has ended but entries of it are held elsewhere.
+                if block.held and (not lru or next(iter(lru.values()))[2] is not block):
+                    self._break_up(block)
             if on_evict is not None:
                 on_evict(key, value)
+
+    def _release(self, block: Block) -> None:
+        """One entry less shares ``block``; the last one takes its bytes (lock held)."""
+        block.held -= 1
+        if not block.held:
+            self._bytes -= block.nbytes
+
+    def _break_up(self, block: Block) -> None:
+        """Replace the held entries of ``block`` by copies of their own, in place (their
+        order and pins kept), and stop counting the block (lock held)."""
+        detach = self._detach
+        for key in block.keys:
+            entry = self._lru.get(key)
+            if entry is not None and entry[2] is block:
+                self._lru[key] = (detach(entry[0]), entry[1] + block.covers, None)  # type: ignore[misc]
+                self._bytes += block.covers
+                continue
+            pinned = self._pinned.get(key) if self._pinned else None
+            if pinned is not None and pinned[0][2] is block:
+                (value, nbytes, _), pins = pinned
+                self._pinned[key] = ((detach(value), nbytes + block.covers, None), pins)  # type: ignore[misc]
+                self._bytes += block.covers
+        self._bytes -= block.nbytes
+        block.held = 0
+        block.keys.clear()

@@ -20,7 +20,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -28,10 +28,12 @@ from genlm.core._errors import BackendError, InvalidContextError, ModelClosedErr
 from genlm.core._output_cache import OutputCache
 from genlm.core._request import Request
 from genlm.core._rows import (
+    BatchRows,
     Output,
     as_output,
     check_output,
     is_torch,
+    numpy_rows,
     row_summary,
     split_torch,
     stack_output,
@@ -92,6 +94,13 @@ class BatchedLM(abc.ABC):
             ``InvalidContextError`` when requested, before they reach a batch; backends
             set it from the model's configuration.
     """
+
+    #: Whether the backend never writes to an array (or tensor) after returning it from
+    #: :meth:`_logprobs_batch`: a fresh one each call, or constant ones. Then core keeps the
+    #: batch as it is and hands out views of its rows; otherwise (the default, safe for a
+    #: backend that reuses an output buffer) core copies each batch once first. Either way
+    #: a row is a read-only view of its batch, and holding it holds the batch's memory.
+    stable_batches: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -346,8 +355,9 @@ class BatchedLM(abc.ABC):
         computed = iter(self.batcher.run_sync(missing))
         return [row if row is not None else next(computed) for row in rows]
 
-    def _run_requests(self, requests: list[Request]) -> list[np.ndarray]:
-        """Worker-thread side of a batch: call the backend and check what it returns.
+    def _run_requests(self, requests: list[Request]) -> BatchRows:
+        """Worker-thread side of a batch: call the backend, check what it returns and make
+        its rows: views of the batch, copied once unless :attr:`stable_batches`.
 
         Raises:
             BackendError: the rows have the wrong shape or type, or are not normalized
@@ -357,10 +367,10 @@ class BatchedLM(abc.ABC):
         variant = requests[0].variant
         contexts = [r.ids for r in requests]
         out = self._logprobs_batch(contexts, variant)
-        expected = (len(requests), len(self._vocab))
+        expected = (len(requests), self._vocab_size)
         if is_torch(out):  # rows stay on the backend's device
-            rows = split_torch(out, expected, self._label())
-            check_rows(*row_summary(out), expected[1], contexts, self._label())
+            rows = split_torch(out, expected, self._label(), self.stable_batches)
+            check_rows(*row_summary(rows.batch), expected[1], contexts, self._label())
             return rows
         out = np.asarray(out)
         if out.shape != expected or out.dtype.kind != "f":
@@ -368,9 +378,9 @@ class BatchedLM(abc.ABC):
                 f"{self._label()}: backend returned log-probabilities of shape {out.shape} "
                 f"and dtype {out.dtype}, expected floats of shape {expected}"
             )
-        out = out.astype(np.float32, copy=False)
-        check_rows(*row_summary(out), expected[1], contexts, self._label())
-        return [row.copy() for row in out]  # own memory: cache accounting stays exact
+        rows = numpy_rows(out, self.stable_batches)
+        check_rows(*row_summary(rows.batch), expected[1], contexts, self._label())
+        return rows
 
     def _label(self) -> str:
         """Names the backend in error messages: class and model name."""

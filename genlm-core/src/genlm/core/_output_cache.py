@@ -4,8 +4,12 @@ Keys are whole contexts plus whatever else changes the result (the active adapte
 so a hit is always exact. Values are stored read-only and returned without copying:
 a caller that wants to modify a result copies it first.
 
-The byte budget, eviction, duplicate and locking rules are :class:`~genlm.core.backend.ByteLRU`'s:
-each entry counts its array's bytes plus its key's :func:`~genlm.core.backend.key_nbytes`.
+The byte budget, eviction, duplicate, shared-block and locking rules are
+:class:`~genlm.core.backend.ByteLRU`'s: each entry counts its array's bytes plus its key's
+:func:`~genlm.core.backend.key_nbytes`. The rows of a computed batch are views of it
+(:class:`~genlm.core.backend.BatchRows`: no copy per row), so a batch counts once, in full,
+while any of its rows is held; rows reused after the rest of their batch was evicted
+become copies of their own then (the shared-block rule).
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from genlm.core._lru import ByteLRU, key_nbytes
+from genlm.core._lru import Block, ByteLRU, key_nbytes
+from genlm.core._rows import own_copy
 
 __all__ = ["OutputCache"]
 
@@ -33,7 +38,7 @@ class OutputCache(ByteLRU[Hashable, np.ndarray]):
     """
 
     def __init__(self, max_bytes: int = 256 * 2**20):
-        super().__init__(max_bytes)
+        super().__init__(max_bytes, detach=own_copy)
 
     def put(self, key: Hashable, value: np.ndarray) -> np.ndarray:
         """Make ``value`` read-only and hold it for ``key``, evicting the least recently used.
@@ -52,10 +57,19 @@ class OutputCache(ByteLRU[Hashable, np.ndarray]):
 
     def put_many(self, keys: Sequence[Hashable], values: Sequence[np.ndarray]) -> list[np.ndarray]:
         """:meth:`put` each ``values[i]`` for ``keys[i]`` under one hold of the lock (a
-        batch's rows); what each ``put`` returns."""
-        for value in values:
-            if isinstance(value, np.ndarray):
-                value.setflags(write=False)  # a no-op when it already is
-        return self.add_many(
-            (key, value, value.nbytes + key_nbytes(key)) for key, value in zip(keys, values)
-        )
+        batch's rows); what each ``put`` returns.
+
+        ``values`` may be :class:`~genlm.core.backend.BatchRows`, the views of one batch
+        (read-only already): they share its memory as one block.
+        """
+        batch = getattr(values, "batch", None)
+        if batch is None:
+            for value in values:
+                if isinstance(value, np.ndarray):
+                    value.setflags(write=False)  # a no-op when it already is
+            return self.add_many(
+                (key, value, value.nbytes + key_nbytes(key)) for key, value in zip(keys, values)
+            )
+        covers = values[0].nbytes if values else 0
+        costs = [covers + key_nbytes(key) for key in keys]
+        return self.add_many(zip(keys, values, costs), Block(batch.nbytes, covers))

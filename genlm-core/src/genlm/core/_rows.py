@@ -45,11 +45,44 @@ def is_torch(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def split_torch(out: Any, expected: tuple[int, int], name: str) -> list[Any]:
-    """A backend's ``(B, V)`` torch batch as B float32 rows that own their memory, on its device.
+class BatchRows(list):
+    """A batch's rows, each a view of :attr:`batch`: what ``BatchedLM._run_requests`` returns.
 
-    Each row is its own copy (on the device, no host transfer) so the output cache's byte
-    accounting stays exact and a cached row does not keep the whole batch alive.
+    No row is copied: a row holds its whole batch's memory, which the output cache counts
+    once per batch (the shared-block rule of :class:`~genlm.core.backend.ByteLRU`). A numpy
+    batch is read-only, so are its rows.
+    """
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: Any, rows: Any):
+        super().__init__(rows)
+        #: The ``(B, V)`` array or tensor the rows view.
+        self.batch = batch
+
+
+def numpy_rows(out: np.ndarray, stable: bool) -> BatchRows:
+    """A checked float32 numpy batch as :class:`BatchRows`: read-only views of one array.
+
+    Args:
+        out: the backend's ``(B, V)`` batch, any float dtype.
+        stable: the backend never writes to an array it returned (``stable_batches``); else
+            the batch is copied once, so the rows stay what they were.
+    """
+    if stable:
+        out = np.ascontiguousarray(out, dtype=np.float32)  # a copy only if it must convert
+    else:
+        out = np.array(out, dtype=np.float32, order="C")
+    out.setflags(write=False)
+    return BatchRows(out, out)  # iterating an array makes its row views in C
+
+
+def split_torch(out: Any, expected: tuple[int, int], name: str, stable: bool) -> BatchRows:
+    """A backend's ``(B, V)`` torch batch as :class:`BatchRows` on its device: float32 row
+    views of one contiguous tensor (copied once unless ``stable``, as in :func:`numpy_rows`).
+
+    Raises:
+        BackendError: the batch has another shape, or is not floating point.
     """
     import torch
 
@@ -58,8 +91,23 @@ def split_torch(out: Any, expected: tuple[int, int], name: str) -> list[Any]:
             f"{name}: backend returned log-probabilities of shape {tuple(out.shape)} "
             f"and dtype {out.dtype}, expected floats of shape {expected}"
         )
-    out = out.detach().to(torch.float32)
-    return [row.clone() for row in out]
+    batch = out.detach()
+    if batch.dtype != torch.float32:
+        batch = batch.to(torch.float32)  # a new tensor: nobody else writes to it
+    elif not stable:
+        batch = batch.clone(memory_format=torch.contiguous_format)
+    batch = batch.contiguous()  # a no-op unless the batch was strided
+    return BatchRows(batch, batch.unbind(0))
+
+
+def own_copy(row: Any) -> Any:
+    """A row that holds memory of its own (the output cache's ``detach``): a read-only
+    numpy copy, or a torch clone on the row's device."""
+    if isinstance(row, np.ndarray):
+        row = row.copy()
+        row.setflags(write=False)
+        return row
+    return row.clone()
 
 
 def as_output(row: Any, output: Output) -> Any:

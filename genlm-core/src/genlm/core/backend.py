@@ -31,6 +31,7 @@ if _TYPE_CHECKING:
     from genlm.core._embedded import resolve_model_path as resolve_model_path
     from genlm.core._lazy import lazy_exports as lazy_exports
     from genlm.core._lazy import type_checking_exports as type_checking_exports
+    from genlm.core._lru import Block as Block
     from genlm.core._lru import ByteLRU as ByteLRU
     from genlm.core._lru import key_nbytes as key_nbytes
     from genlm.core._model import BatchedLM as BatchedLM
@@ -47,6 +48,7 @@ if _TYPE_CHECKING:
     from genlm.core._row_plan import group_equal as group_equal
     from genlm.core._row_plan import group_padded as group_padded
     from genlm.core._row_plan import plan_rows as plan_rows
+    from genlm.core._rows import BatchRows as BatchRows
     from genlm.core._rows import is_torch as is_torch
     from genlm.core._sampling import check_sampling_args as check_sampling_args
     from genlm.core._sampling import check_temperature as check_temperature

@@ -52,6 +52,8 @@ class MockLM(BatchedLM):
 
     #: Default of ``keep_batches``.
     KEEP_BATCHES = 1000
+    #: Each batch is a fresh ``np.stack``: core keeps it without a copy.
+    stable_batches = True
 
     def __init__(
         self,

@@ -79,6 +79,9 @@ class HFLM(BatchedLM):
             (None where its configuration names no limit; pass None to lift it).
     """
 
+    #: Each batch is a fresh ``log_softmax`` output: core keeps it without a copy.
+    stable_batches = True
+
     def __init__(
         self,
         model: Any,

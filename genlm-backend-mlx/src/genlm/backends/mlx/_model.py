@@ -53,6 +53,9 @@ class MLXLM(BatchedLM):
             :func:`_max_positions`; None where its arguments name none, or to lift it).
     """
 
+    #: Each batch views a new (immutable) MLX array: core keeps it without a copy.
+    stable_batches = True
+
     def __init__(
         self,
         model: nn.Module,

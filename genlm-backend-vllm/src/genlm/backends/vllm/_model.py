@@ -134,6 +134,9 @@ class VLLMLM(BatchedLM):
             released and the worker closed first.
     """
 
+    #: Each batch is a fresh stack of the captured rows: core keeps it without a copy.
+    stable_batches = True
+
     def __init__(
         self,
         model_path: str,
