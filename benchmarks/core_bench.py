@@ -4,12 +4,19 @@ Step overhead: an SMC-like step, ``asyncio.gather`` of one ``next_token_logprobs
 particle (each particle a distinct, growing context after a 64-token prompt), on a backend
 that returns precomputed rows, with the default options (output cache on, batches of 32).
 What a step costs is what GenLM adds around a forward pass that takes no time:
-validation, cache lookups, batching, the thread hop, the row checks and copies (which
-count at a 128k vocabulary) and fan-out. Best of several runs (the machine may be shared).
+validation, cache lookups, batching, the thread hop, the row checks and views (rows are
+views of their batch, never copied: at a 128k vocabulary a copy per row cost more than the
+rest) and fan-out. Best of several runs (the machine may be shared).
 
 Bound: the gathered step's work with no scheduler (``unscheduled``), and both steps with
-the row checks and copies or the cache store left out, show what each part costs and what
-the scheduler itself adds.
+the row checks or the cache store left out, show what each part costs and what the
+scheduler itself adds.
+
+Thread placement: the same steps in a child process pinned to one CPU, and a bare
+loop-worker round trip (a ``SimpleQueue`` there, ``call_soon_threadsafe`` back, as
+``ModelWorker.run_then`` does) free and pinned. The event loop and the worker take turns
+(the GIL), so each hand-over wakes the other thread; on a VM a wake-up of a thread whose
+CPU has gone idle is slow, on the same CPU it is a context switch.
 
 Request overhead: 10,000 concurrent requests over 256 distinct contexts through the mock
 backend; the backend's own compute time (measured inside the worker) is subtracted,
@@ -31,13 +38,16 @@ import argparse
 import asyncio
 import importlib.metadata
 import itertools
+import json
 import os
 import platform
+import queue
 import re
 import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -75,8 +85,8 @@ class PrecomputedLM(BatchedLM):
 
 class PartsLM(PrecomputedLM):
     """A :class:`PrecomputedLM` that can skip parts of a step's work, for
-    :func:`bound_overhead`: ``rows=False``, the row checks and copies (the rows handed out
-    are views of the precomputed ones); ``store=False``, the output cache's store."""
+    :func:`bound_overhead`: ``rows=False``, the row checks (the rows handed out are plain
+    views of the precomputed ones); ``store=False``, the output cache's store."""
 
     def __init__(self, vocab_size: int, max_rows: int, rows: bool = True, store: bool = True):
         super().__init__(vocab_size, max_rows)
@@ -219,7 +229,7 @@ BOUND_PARTICLES = (16, 64)
 #: The parts of a step :func:`bound_overhead` takes out, by the names its table uses.
 BOUND_PARTS = {
     "all of it": {},
-    "no row checks or copies": {"rows": False},
+    "no row checks": {"rows": False},
     "no cache store": {"store": False},
     "neither": {"rows": False, "store": False},
 }
@@ -244,6 +254,64 @@ def bound_overhead(repeats: int = 5) -> dict[tuple[str, int, str], float]:
     for lm in models.values():
         lm.close()
     return best
+
+
+#: The steps measured again on one CPU: (call, particles) at the 512-token vocabulary.
+PINNED_STEPS = [(c, p) for c in ("gather", "batch", "unscheduled") for p in (16, 64)]
+
+
+def round_trip_us(n: int = 2000) -> float:
+    """Median microseconds of a bare loop-worker round trip: a call handed to a thread
+    through a ``SimpleQueue`` and answered with ``call_soon_threadsafe``, as
+    ``ModelWorker.run_then`` does, with nothing computed in between."""
+
+    async def run() -> float:
+        loop = asyncio.get_running_loop()
+        calls: queue.SimpleQueue = queue.SimpleQueue()
+
+        def worker() -> None:
+            while (future := calls.get()) is not None:
+                loop.call_soon_threadsafe(future.set_result, None)
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        times = []
+        for _ in range(n):
+            future = loop.create_future()
+            start = time.perf_counter()
+            calls.put(future)
+            await future
+            times.append(time.perf_counter() - start)
+        calls.put(None)
+        thread.join()
+        return statistics.median(times) * 1e6
+
+    return asyncio.run(run())
+
+
+def placement(repeats: int = 5) -> dict[str, float]:
+    """The round trip here, and it and :data:`PINNED_STEPS` in a child process pinned to
+    one CPU (``--pinned``); keys ``"round trip"``, ``"pinned round trip"`` and
+    ``"pinned CALL P"``."""
+    cmd = [sys.executable, __file__, "--pinned", str(repeats)]
+    child = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return {"round trip": round_trip_us(), **json.loads(child.stdout)}
+
+
+def pinned_child(repeats: int) -> None:
+    """What ``--pinned`` runs: pin this process to one CPU (its threads inherit it), then
+    print the round trip and :data:`PINNED_STEPS` as JSON."""
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    lm = PrecomputedLM(512, 64)
+    results = {"pinned round trip": round_trip_us()}
+    for call, n_particles in PINNED_STEPS:
+        runs = []
+        for _ in range(repeats + 1):  # the first run warms up
+            lm.output_cache.clear()
+            runs.append(asyncio.run(smc_steps(lm, n_particles, max(8, 2048 // n_particles), call)))
+        results[f"pinned {call} {n_particles}"] = min(runs[1:]) * 1000
+    lm.close()
+    print(json.dumps(results))
 
 
 class TimedMock(MockLM):
@@ -338,7 +406,13 @@ def main() -> None:
     parser.add_argument(  # what --instructions runs under valgrind
         "--one-run", nargs=3, metavar=("CALL", "P", "STEPS"), help=argparse.SUPPRESS
     )
+    parser.add_argument(  # what placement() runs in its child
+        "--pinned", type=int, metavar="REPEATS", help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
+    if args.pinned is not None:
+        pinned_child(args.pinned)
+        return
     if args.one_run:
         call, n_particles, n_steps = args.one_run
         one_run(call, int(n_particles), int(n_steps))
@@ -347,6 +421,7 @@ def main() -> None:
     steps = step_overhead(args.repeats)
     floor = floor_overhead(args.repeats)
     bound = bound_overhead(args.repeats)
+    placed = placement(args.repeats)
     overhead = scheduler_overhead()
     baseline = wall_time([sys.executable, "-c", "pass"])
     import_ms = wall_time([sys.executable, "-c", "import genlm.core"])
@@ -376,16 +451,16 @@ def main() -> None:
         "`gather`: one `next_token_logprobs` task per particle (what `genlm.core.smc` makes); "
         "`batch`: one `batch_next_token_logprobs` call; `unscheduled`: the gathered step's "
         "work (validation, cache lookups and stores, a future per task, the worker hand-off, "
-        "row checks and copies) with no scheduler, a bound for it (the `gather` row less this "
+        "row checks and views) with no scheduler, a bound for it (the `gather` row less this "
         "one is what dedup, groups, backpressure and cancellation cost); asyncio's floor: "
         "a gather of one task per particle, each awaiting a future resolved together, "
         "with no model at all (the least any per-call step costs). Targets at the "
         "512-token vocabulary, with nothing else running: P=16 <= 0.3 ms, P=64 <= 0.6 ms. "
-        "At 128k the row copies and checks on the worker thread dominate.",
+        "At 128k the row checks on the worker thread (a maximum over every row) dominate.",
         "",
         "Where a gathered step's time goes: `gather` and `unscheduled` at the 512-token "
         "vocabulary with parts of the work left out (a `PrecomputedLM` whose batches skip "
-        "the row checks and copies, handing out views of its rows, or whose rows are not "
+        "the row checks, handing out plain views of its rows, or whose rows are not "
         f"stored in the output cache); best of {args.repeats} alternating runs, ms per step:",
         "",
         "| call | P | " + " | ".join(BOUND_PARTS) + " |",
@@ -400,6 +475,25 @@ def main() -> None:
         "",
         "`unscheduled` with neither part is what is left with no scheduler, row work or cache "
         "store: validation, the cache lookup, asyncio's tasks and futures, the worker hand-off.",
+        "",
+        "Thread placement: the 512-token steps again in a process pinned to one CPU, where "
+        "every hand-over between the event loop and the worker is a context switch; free, "
+        "the worker often runs on the other CPU and each hand-over wakes a thread whose CPU "
+        f"went idle. Best of {args.repeats} runs, ms per step:",
+        "",
+        "| call | P=16 free | P=16 one CPU | P=64 free | P=64 one CPU |",
+        "| --- | --- | --- | --- | --- |",
+        *(
+            f"| {call} | "
+            + " | ".join(
+                f"{steps[512, call, p]:.3f} | {placed[f'pinned {call} {p}']:.3f}" for p in (16, 64)
+            )
+            + " |"
+            for call in ("gather", "batch", "unscheduled")
+        ),
+        "",
+        f"A bare loop-worker round trip (median): {placed['round trip']:.1f} µs free, "
+        f"{placed['pinned round trip']:.1f} µs on one CPU.",
         "",
         *(
             [

@@ -101,13 +101,44 @@ class OutputCacheMachine(RuleBasedStateMachine):
         assert self.cache.nbytes <= self.cache.max_bytes and len(self.cache) == len(self.model)
 
 
+prefixes = st.lists(st.integers(0, 2), min_size=1, max_size=4).map(tuple)
+
+
+class PinModel:
+    """The pin rules both pinning caches follow, against a model: ``self.pins`` (pins per
+    held key) and ``self.lru`` (the unpinned keys, oldest first); ``self._evict`` evicts
+    from the model what the cache must have evicted."""
+
+    def check_pin(self, key, held: bool) -> None:
+        """A pin on a held entry takes it out of the LRU order; on nothing, KeyError."""
+        if not held:
+            with pytest.raises(KeyError):
+                self.cache.pin(key)
+            return
+        self.cache.pin(key)
+        self.pins[key] += 1
+        self.lru.pop(key, None)
+
+    def check_unpin(self, key) -> None:
+        """The last unpin makes the entry the most recently used, and may evict to fit."""
+        if not self.pins.get(key):
+            with pytest.raises(KeyError):
+                self.cache.unpin(key)
+            return
+        self.cache.unpin(key)
+        self.pins[key] -= 1
+        if not self.pins[key]:
+            self.lru[key] = None
+            self._evict()
+
+
 #: Keys of one to three ids: small next to the rows, so that several batches fit a budget.
 short_keys = st.tuples(
     variants, st.lists(st.integers(1000, 1002), min_size=1, max_size=3).map(tuple)
 )
 
 
-class BatchRowsMachine(RuleBasedStateMachine):
+class BatchRowsMachine(PinModel, RuleBasedStateMachine):
     """The output cache holding computed batches as views (the shared-block rule), against
     a model of the rule and against the memory the held arrays really keep alive.
 
@@ -218,23 +249,13 @@ class BatchRowsMachine(RuleBasedStateMachine):
 
     @rule(index=st.integers(0, 50))
     def pin(self, index):
-        key = self._held(index)
-        if key is None:
-            return
-        self.cache.pin(key)
-        self.pins[key] += 1
-        self.lru.pop(key, None)
+        if (key := self._held(index)) is not None:
+            self.check_pin(key, held=True)
 
     @rule(index=st.integers(0, 50))
     def unpin(self, index):
-        key = self._held(index)
-        if not self.pins.get(key):
-            return
-        self.cache.unpin(key)
-        self.pins[key] -= 1
-        if not self.pins[key]:
-            self.lru[key] = None
-            self._evict()
+        if (key := self._held(index)) is not None:
+            self.check_unpin(key)
 
     @rule(budget=st.integers(0, 4000))
     def shrink_budget(self, budget):
@@ -263,37 +284,6 @@ class BatchRowsMachine(RuleBasedStateMachine):
         assert self.cache.nbytes == sum(real_key_bytes(k) for k, _ in held) + sum(memory.values())
         if not any(self.pins.values()):
             assert self.cache.nbytes <= self.cache.max_bytes
-
-
-prefixes = st.lists(st.integers(0, 2), min_size=1, max_size=4).map(tuple)
-
-
-class PinModel:
-    """The pin rules both pinning caches follow, against a model: ``self.pins`` (pins per
-    held key) and ``self.lru`` (the unpinned keys, oldest first); ``self._evict`` evicts
-    from the model what the cache must have evicted."""
-
-    def check_pin(self, key, held: bool) -> None:
-        """A pin on a held entry takes it out of the LRU order; on nothing, KeyError."""
-        if not held:
-            with pytest.raises(KeyError):
-                self.cache.pin(key)
-            return
-        self.cache.pin(key)
-        self.pins[key] += 1
-        self.lru.pop(key, None)
-
-    def check_unpin(self, key) -> None:
-        """The last unpin makes the entry the most recently used, and may evict to fit."""
-        if not self.pins.get(key):
-            with pytest.raises(KeyError):
-                self.cache.unpin(key)
-            return
-        self.cache.unpin(key)
-        self.pins[key] -= 1
-        if not self.pins[key]:
-            self.lru[key] = None
-            self._evict()
 
 
 class PrefixCacheMachine(PinModel, RuleBasedStateMachine):
