@@ -332,10 +332,7 @@ class ByteLRU(Generic[K, V]):
 
     def clear(self) -> None:
         """Drop every entry, pinned ones included (the hit and miss counters are kept)."""
-        with self.lock:
-            for entry in (*self._lru.values(), *(e for e, _ in self._pinned.values())):
-                if entry[2] is not None:
-                    entry[2].held = 0
+        with self.lock:  # blocks go with their entries: each batch's is made for one put
             self._lru.clear()
             self._pinned.clear()
             self._bytes = 0

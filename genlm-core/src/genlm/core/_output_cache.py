@@ -19,7 +19,7 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from genlm.core._lru import Block, ByteLRU, key_nbytes
-from genlm.core._rows import own_copy
+from genlm.core._rows import BatchRows, own_copy
 
 __all__ = ["OutputCache"]
 
@@ -62,8 +62,7 @@ class OutputCache(ByteLRU[Hashable, np.ndarray]):
         ``values`` may be :class:`~genlm.core.backend.BatchRows`, the views of one batch
         (read-only already): they share its memory as one block.
         """
-        batch = getattr(values, "batch", None)
-        if batch is None:
+        if not isinstance(values, BatchRows):
             for value in values:
                 if isinstance(value, np.ndarray):
                     value.setflags(write=False)  # a no-op when it already is
@@ -72,4 +71,4 @@ class OutputCache(ByteLRU[Hashable, np.ndarray]):
             )
         covers = values[0].nbytes if values else 0
         costs = [covers + key_nbytes(key) for key in keys]
-        return self.add_many(zip(keys, values, costs), Block(batch.nbytes, covers))
+        return self.add_many(zip(keys, values, costs), Block(values.batch.nbytes, covers))
