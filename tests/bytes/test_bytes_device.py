@@ -102,8 +102,9 @@ def test_float64_device_row_is_never_written_into():
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_hf_device_rows_end_to_end(loaded_stories, device):
-    """Over hf with device rows the byte LM asks for torch rows (automatically), keeps the LM's
-    tensor itself (no copy), computes float64 masses on the model's device, and its next-byte
+    """Over hf with device rows the byte LM asks for torch rows (automatically), keeps a
+    copy of the LM's row holding exactly its own memory on the model's device (the LM's row
+    is a view of its whole batch), computes float64 masses there, and its next-byte
     distributions equal those over the same model handing numpy rows."""
     from genlm.backends.hf import HFLM
 
@@ -123,7 +124,8 @@ def test_hf_device_rows_end_to_end(loaded_stories, device):
             dev, host = await dev.advance(byte), await host.advance(byte)
         for (ctx, _), entry in on_device.cache.items():
             cached = await on_device_lm.next_token_logprobs(ctx, output="torch")
-            assert entry.lm_row.data_ptr() == cached.data_ptr()
+            assert torch.equal(entry.lm_row, cached) and entry.lm_row.device == cached.device
+            assert entry.lm_row.untyped_storage().nbytes() == entry.lm_row.nbytes
             assert entry.mass.device.type == device and entry.logp.device.type == device
 
     try:

@@ -23,11 +23,12 @@ CONTEXTS = [(1,), (1, 2), (2,), (2, 3), (3, 3, 1), (4, 1)]
 
 
 def held_bytes(byte_lm: ByteLM) -> int:
-    """What the held entries occupy, counted here from their arrays (not by the cache)."""
+    """What the held entries occupy, counted here from the memory their arrays keep alive
+    (a view's whole base: core hands out rows as views of their batch), not by the cache."""
     total = 0
     for key, entry in byte_lm.cache.items():
-        arrays = {id(a): a for a in (entry.lm_row, entry.logp, entry.mass)}
-        total += sum(a.nbytes for a in arrays.values()) + key_bytes(key)
+        owners = [a if a.base is None else a.base for a in (entry.lm_row, entry.logp, entry.mass)]
+        total += sum({id(a): a.nbytes for a in owners}.values()) + key_bytes(key)
     return total
 
 

@@ -13,7 +13,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from genlm.core.backend import BatchRows, OutputCache, Request, key_nbytes
+from genlm.core.backend import BatchRows, OutputCache, Request, compact_row, key_nbytes
 from genlm.core.mock import MockLM, mock_logprobs
 
 VOCAB = [bytes([b]) for b in range(16)]
@@ -130,3 +130,22 @@ def test_a_batch_of_more_than_half_the_budget_is_stored_as_copies(budget):
     for key, row in held:
         assert row.base is None and row[0] == key[1]
     assert cache.nbytes == sum(400 + key_nbytes(k) for k, _ in held)
+
+
+def test_compact_row_copies_only_a_view():
+    """What a cache kept apart from core's stores for a row: the row itself when it owns
+    exactly its memory, else a read-only copy that does."""
+    rows = batch_rows(3, 8, 0)
+    kept = compact_row(rows[1])
+    assert kept is not rows[1] and kept.base is None and not kept.flags.writeable
+    np.testing.assert_array_equal(kept, rows[1])
+    assert compact_row(kept) is kept
+
+
+def test_compact_row_of_a_torch_view_is_a_clone_of_its_own():
+    torch = pytest.importorskip("torch")
+    batch = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    row = batch.unbind(0)[1]
+    kept = compact_row(row)
+    assert kept.untyped_storage().nbytes() == 16 and torch.equal(kept, row)
+    assert compact_row(kept) is kept

@@ -23,6 +23,7 @@ from genlm.bytes._eos import split_eos
 from genlm.bytes._mass_cache import MassCache
 from genlm.bytes._types import NextTokens
 from genlm.core import TokenByteTrie
+from genlm.core.backend import compact_row
 from genlm.core.backend import is_torch as _is_torch
 
 logger = logging.getLogger(__name__)
@@ -253,7 +254,8 @@ class ByteModel(AsyncClosing):
             lp, log_eos = split_eos(np.asarray(row, dtype=np.float64), masked, log=True)
             log_eos = float(log_eos)
             mass = self.trie.log_weight_sum(lp)
-        return NextTokens(row, lp, mass, log_eos)
+        # The cache counts the row's own bytes: it must not keep the LM's whole batch alive.
+        return NextTokens(compact_row(row), lp, mass, log_eos)
 
     def in_mode(self, ctx: tuple[int, ...], nxt: NextTokens, eos_mode: bool) -> NextTokens:
         """``ctx``'s :class:`NextTokens` for ``eos_mode``, cached or computed from ``nxt``'s

@@ -19,7 +19,7 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from genlm.core._lru import Block, ByteLRU, key_nbytes
-from genlm.core._rows import BatchRows, own_copy
+from genlm.core._rows import BatchRows, compact_row
 
 __all__ = ["OutputCache"]
 
@@ -38,7 +38,7 @@ class OutputCache(ByteLRU[Hashable, np.ndarray]):
     """
 
     def __init__(self, max_bytes: int = 256 * 2**20):
-        super().__init__(max_bytes, detach=own_copy)
+        super().__init__(max_bytes, detach=compact_row)
 
     def put(self, key: Hashable, value: np.ndarray) -> np.ndarray:
         """Make ``value`` read-only and hold it for ``key``, evicting the least recently used.

@@ -100,12 +100,21 @@ def split_torch(out: Any, expected: tuple[int, int], name: str, stable: bool) ->
     return BatchRows(batch, batch.unbind(0))
 
 
-def own_copy(row: Any) -> Any:
-    """A row that holds memory of its own (the output cache's ``detach``): a read-only
-    numpy copy, or a torch clone on the row's device."""
+def compact_row(row: Any) -> Any:
+    """``row`` itself if it holds exactly its own memory, else a copy that does (a
+    read-only numpy copy, or a torch clone on the row's device).
+
+    Rows are views of their batch: whoever keeps one apart from core's output cache (the
+    output cache's own break-up of a batch, genlm-bytes' mass cache) and counts its bytes
+    keeps this instead, so that no whole batch stays alive uncounted behind a row.
+    """
     if isinstance(row, np.ndarray):
+        if row.base is None:
+            return row
         row = row.copy()
         row.setflags(write=False)
+        return row
+    if row.untyped_storage().nbytes() == row.nbytes:
         return row
     return row.clone()
 

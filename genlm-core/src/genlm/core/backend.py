@@ -9,7 +9,7 @@ worker thread, the scheduler, the
 caches and the byte-bounded LRU under them, the row planner for KV reuse, the plugin
 registry, ``BackendSpec``, the plugin API version it declares (``PLUGIN_API``) and
 ``backend_hook`` (a plugin's registration hook made from its specs), and small helpers
-(``is_torch``, ``resolve_model_path``, the sampler and its argument checks,
+(``is_torch``, ``compact_row``, ``resolve_model_path``, the sampler and its argument checks,
 ``lazy_exports`` and ``type_checking_exports``). Command plugins use :mod:`genlm.core.cli`
 (``Command``, ``command_hook``) and :mod:`genlm.core.hookspecs`. A distribution other
 than genlm-core uses only these public modules, never a ``genlm.core._private`` one
@@ -49,6 +49,7 @@ if _TYPE_CHECKING:
     from genlm.core._row_plan import group_padded as group_padded
     from genlm.core._row_plan import plan_rows as plan_rows
     from genlm.core._rows import BatchRows as BatchRows
+    from genlm.core._rows import compact_row as compact_row
     from genlm.core._rows import is_torch as is_torch
     from genlm.core._sampling import check_sampling_args as check_sampling_args
     from genlm.core._sampling import check_temperature as check_temperature
