@@ -99,7 +99,9 @@ class BatchedLM(abc.ABC):
     #: :meth:`_logprobs_batch`: a fresh one each call, or constant ones. Then core keeps the
     #: batch as it is and hands out views of its rows; otherwise (the default, safe for a
     #: backend that reuses an output buffer) core copies each batch once first. Either way
-    #: a row is a read-only view of its batch, and holding it holds the batch's memory.
+    #: a row is a read-only view of its batch, and holding it holds the batch's memory,
+    #: which the output cache counts as the returned array's bytes: a stable backend returns
+    #: arrays that are their own memory (not slices of a larger one it does not keep).
     stable_batches: ClassVar[bool] = False
 
     def __init__(

@@ -62,7 +62,7 @@ class BatchRows(list):
 
 
 def numpy_rows(out: np.ndarray, stable: bool) -> BatchRows:
-    """A checked float32 numpy batch as :class:`BatchRows`: read-only views of one array.
+    """A backend's numpy batch as :class:`BatchRows`: read-only float32 views of one array.
 
     Args:
         out: the backend's ``(B, V)`` batch, any float dtype.
