@@ -89,9 +89,13 @@ class _Entry:
     deadline: float
     waiters: list[Waiter]
     #: Set by the worker when, at pick-up, nobody waited any more; closed to joiners.
-    #: (An entry is live while any waiter is not done: the loops that check it do so
-    #: inline, since a method call per entry costs more than the check.)
     dropped: bool = False
+
+    def live(self) -> bool:
+        for waiter in self.waiters:
+            if not waiter.done():
+                return True
+        return False
 
 
 @attrs.define(eq=False)
@@ -310,17 +314,13 @@ class AutoBatcher(Generic[I, R]):
         queue = queues.queues[group]
         batch: list[_Entry] = []
         dead: list[_Entry] = []
-        size = self.max_batch_size
         for entry in queue:
-            for waiter in entry.waiters:  # live: a waiter not done
-                if not waiter.done():
-                    break
-            else:
+            if not entry.live():
                 dead.append(entry)
-                continue
-            if len(batch) == size:
+            elif len(batch) < self.max_batch_size:
+                batch.append(entry)
+            else:
                 break
-            batch.append(entry)
         for entry in dead:
             del queue[entry]
             _forget(queues, entry)
@@ -402,10 +402,8 @@ class AutoBatcher(Generic[I, R]):
         with self._lock:
             live = []
             for entry in batch:
-                for waiter in entry.waiters:  # live: a waiter not done
-                    if not waiter.done():
-                        live.append(entry)
-                        break
+                if entry.live():
+                    live.append(entry)
                 else:
                     entry.dropped = True
         if not live:
@@ -443,11 +441,8 @@ class AutoBatcher(Generic[I, R]):
         on_results: Callable[[list[I], Sequence[R]], Any] | None,
     ) -> None:
         """Resolve the waiters of a batch, calling ``on_results`` first."""
-        entries = queues.entries
-        for entry in batch:  # _forget, inline
-            other = entries.pop(entry.key, None)
-            if other is not None and other is not entry:
-                entries[entry.key] = other
+        for entry in batch:
+            _forget(queues, entry)
         if exc is not None:
             logger.debug("batch of %d failed: %r", len(batch), exc)
             for entry in batch:
@@ -464,10 +459,8 @@ class AutoBatcher(Generic[I, R]):
                 for entry in live:
                     _deliver(entry, exc=error)
                 return
-        for entry, result in zip(live, results):  # _deliver, inline: no call per row
-            for waiter in entry.waiters:
-                if not waiter.done():
-                    waiter.set_result(result)
+        for entry, result in zip(live, results):
+            _deliver(entry, result)
 
     def run_sync(self, items: Sequence[I], *, notify: bool = True) -> list[R]:
         """Compute ``items`` now, blocking the calling thread; one result per item, in order.
