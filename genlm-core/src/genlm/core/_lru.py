@@ -369,18 +369,20 @@ class ByteLRU(Generic[K, V]):
     def _break_up(self, block: Block) -> None:
         """Replace the held entries of ``block`` by copies of their own, in place (their
         order and pins kept), and stop counting the block (lock held)."""
-        detach = self._detach
+
+        def detached(entry: tuple[V, int, Block | None]) -> tuple[V, int, None]:
+            value, nbytes, _ = entry
+            return self._detach(value), nbytes + block.covers, None  # type: ignore[misc]
+
         for key in block.keys:
             entry = self._lru.get(key)
             if entry is not None and entry[2] is block:
-                self._lru[key] = (detach(entry[0]), entry[1] + block.covers, None)  # type: ignore[misc]
-                self._bytes += block.covers
+                self._lru[key] = detached(entry)
                 continue
             pinned = self._pinned.get(key) if self._pinned else None
             if pinned is not None and pinned[0][2] is block:
-                (value, nbytes, _), pins = pinned
-                self._pinned[key] = ((detach(value), nbytes + block.covers, None), pins)  # type: ignore[misc]
-                self._bytes += block.covers
-        self._bytes -= block.nbytes
+                self._pinned[key] = (detached(pinned[0]), pinned[1])
+        # Every held entry of the block was detached: each now counts the part it covered.
+        self._bytes += block.covers * block.held - block.nbytes
         block.held = 0
         block.keys.clear()
