@@ -119,6 +119,12 @@ class PinModel:
         self.pins[key] += 1
         self.lru.pop(key, None)
 
+    def check_shrink(self, budget) -> None:
+        """A smaller budget evicts to fit at once (the genlm-backend facade resizes its
+        cache)."""
+        self.cache.resize(min(budget, self.cache.max_bytes))
+        self._evict()
+
     def check_unpin(self, key) -> None:
         """The last unpin makes the entry the most recently used, and may evict to fit."""
         if not self.pins.get(key):
@@ -259,8 +265,7 @@ class BatchRowsMachine(PinModel, RuleBasedStateMachine):
 
     @rule(budget=st.integers(0, 4000))
     def shrink_budget(self, budget):
-        self.cache.resize(min(budget, self.cache.max_bytes))
-        self._evict()
+        self.check_shrink(budget)
 
     @rule()
     def clear(self):
@@ -483,9 +488,7 @@ class ByteLRUMachine(PinModel, RuleBasedStateMachine):
 
     @rule(budget=st.integers(0, 100))
     def shrink_budget(self, budget):
-        """resize evicts to fit at once (the genlm-backend facade resizes its cache)."""
-        self.cache.resize(min(budget, self.cache.max_bytes))
-        self._evict()
+        self.check_shrink(budget)
 
     @rule()
     def clear(self):
