@@ -16,7 +16,8 @@ Thread placement: the same steps in a child process pinned to one CPU, and a bar
 loop-worker round trip (a ``SimpleQueue`` there, ``call_soon_threadsafe`` back, as
 ``ModelWorker.run_then`` does) free and pinned. The event loop and the worker take turns
 (the GIL), so each hand-over wakes the other thread; on a VM a wake-up of a thread whose
-CPU has gone idle is slow, on the same CPU it is a context switch.
+CPU has gone idle is slow, on the same CPU it is a context switch. How slow depends on how
+the machine idles its CPUs (a KVM guest's halt polling, for one), which the results record.
 
 Request overhead: 10,000 concurrent requests over 256 distinct contexts through the mock
 backend; the backend's own compute time (measured inside the worker) is subtracted,
@@ -387,6 +388,32 @@ def instructions_per_step() -> dict[tuple[str, int], float] | None:
     return results
 
 
+def cpu_idle() -> str:
+    """How this machine's idle CPUs wait (Linux sysfs): the cpuidle driver and governor,
+    and a KVM guest's halt-polling window where the haltpoll driver has one.
+
+    Every free-thread number here moves with it: waking a thread whose CPU has halted costs
+    tens of µs on a VM (the halt leaves the guest), while a CPU still polling wakes at once.
+    """
+
+    def read(path: str) -> str | None:
+        try:
+            return Path(path).read_text().strip()
+        except OSError:
+            return None
+
+    root = "/sys/devices/system/cpu/cpuidle"
+    driver = read(f"{root}/current_driver")
+    if driver is None:
+        return "not known (no cpuidle in sysfs)"
+    governor = read(f"{root}/current_governor_ro") or read(f"{root}/current_governor")
+    text = f"cpuidle driver {driver}, governor {governor}"
+    poll_ns = read("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+    if poll_ns is not None and poll_ns.isdigit():
+        text += f", guest halt polling up to {int(poll_ns):,} ns"
+    return text
+
+
 def wall_time(cmd: list[str], repeats: int = 7) -> float:
     times = []
     for _ in range(repeats):
@@ -432,6 +459,8 @@ def main() -> None:
         "",
         f"Machine: {platform.processor() or platform.machine()}, Python "
         f"{platform.python_version()}; medians. Command: `python benchmarks/core_bench.py`.",
+        "",
+        f"CPU idle: {cpu_idle()} (a thread woken on a halted CPU of a VM waits tens of µs).",
         "",
         f"SMC-like step, {PROMPT_TOKENS}-token prompt, default options, backend returning "
         f"precomputed rows; best of {args.repeats} runs, ms per step:",
