@@ -233,6 +233,38 @@ class TestLifecycle:
 
         np.testing.assert_allclose(run(main()), mock_logprobs((4,), 32), atol=1e-6)
 
+    @pytest.mark.parametrize("how", ["close", "aclose"])
+    def test_a_closed_model_keeps_no_rows_of_a_batch_running_at_close(self, how):
+        """A batch running when the model closes still answers its caller, but its rows
+        are not stored in the (emptied) output cache afterwards."""
+        lm = MockLM(VOCAB, latency_s=0.2)
+
+        started, closed = threading.Event(), threading.Event()
+
+        async def request():
+            running = asyncio.ensure_future(lm.next_token_logprobs([4]))
+            await asyncio.sleep(0.05)  # the batch is on the worker
+            started.set()
+            if how == "close":
+                lm.close()  # on this loop's thread: the hand-back runs after it returns
+            else:
+                closed.wait(5)  # this loop is busy until aclose (on another loop) returns
+            return await running
+
+        if how == "close":
+            row = run(request())
+        else:  # aclose on another loop, which does not wait for this loop's batch
+            rows = []
+            thread = threading.Thread(target=lambda: rows.append(run(request())))
+            thread.start()
+            started.wait(5)
+            run(lm.aclose())
+            closed.set()
+            thread.join(5)
+            (row,) = rows
+        np.testing.assert_allclose(row, mock_logprobs((4,), 32), atol=1e-6)
+        assert len(lm.output_cache) == 0 and lm.output_cache.nbytes == 0
+
     def test_async_context_manager_closes(self):
         """`async with model` closes it on exit."""
 
@@ -635,6 +667,82 @@ class TestRunSync:
         batcher.reject_new()
         with pytest.raises(ModelClosedError):
             batcher.run_sync([0])
+        worker.close()
+
+    def test_a_failing_on_results_stops_the_later_batches(self):
+        """on_results raising for a batch fails run_sync with its error, and the later
+        batches are not run (as when the backend itself fails)."""
+        worker = ModelWorker("test")
+        batches = []
+
+        def on_results(items, results):
+            if 2 in items:
+                raise RuntimeError("store failed")
+
+        batcher = AutoBatcher(
+            lambda items: batches.append(list(items)) or list(items),
+            worker,
+            max_batch_size=2,
+            on_results=on_results,
+        )
+        with pytest.raises(RuntimeError, match="store failed"):
+            batcher.run_sync([0, 1, 2, 3, 4, 5])
+        assert batches == [[0, 1], [2, 3]]
+        worker.close()
+
+
+class TestBadItems:
+    """A key or group function that fails leaves the queues as they were."""
+
+    def test_an_unhashable_group_fails_its_submit_and_leaves_nothing_behind(self):
+        """The failing submit raises TypeError; a later request with the same key is
+        computed, not joined to a half-queued entry."""
+        worker = ModelWorker("test")
+        batcher = AutoBatcher(
+            lambda items: [("r", item) for item in items],
+            worker,
+            key=lambda item: item[0],
+            group=lambda item: item[1],
+        )
+
+        async def main():
+            other = batcher.submit(("other", "g"))  # keeps this loop's state alive
+            with pytest.raises(TypeError):
+                batcher.submit(("k", ["unhashable"]))
+            again = batcher.submit(("k", "g"))
+            return await asyncio.wait_for(asyncio.gather(other, again), 5)
+
+        assert run(main()) == [("r", ("other", "g")), ("r", ("k", "g"))]
+        worker.close()
+
+    def test_submit_many_failing_midway_flushes_what_it_queued(self):
+        """An item whose key raises fails submit_many; the items queued before it are
+        withdrawn (their work skipped), and a request joining one of them is answered."""
+        worker = ModelWorker("test")
+        computed = []
+
+        def key(item):
+            if item == "bad":
+                raise ValueError("no key")
+            return item
+
+        def run_batch(items):
+            computed.extend(items)
+            return [("r", item) for item in items]
+
+        batcher = AutoBatcher(run_batch, worker, key=key)
+
+        async def main():
+            # Kept, as a caller logging it would: its traceback keeps this loop's state.
+            with pytest.raises(ValueError, match="no key") as failed:
+                batcher.submit_many(["a", "b", "bad", "c"])
+            joined = batcher.submit("b")
+            row = await asyncio.wait_for(joined, 5)
+            assert failed.value.__traceback__ is not None
+            return row
+
+        assert run(main()) == ("r", "b")
+        assert computed == ["b"]  # "a" had no waiter left: dropped at firing
         worker.close()
 
 

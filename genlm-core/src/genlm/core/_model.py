@@ -488,7 +488,7 @@ class BatchedLM(abc.ABC):
         release = self._begin_close()
         await self.batcher.aclose()
         await self.worker.wait_stopped()  # the release ran before the worker stopped
-        self.output_cache.clear()
+        self._empty_cache()
         release.result()
 
     def close(self) -> None:
@@ -502,8 +502,15 @@ class BatchedLM(abc.ABC):
         if self.worker.on_worker_thread():
             return
         self.worker.close(wait=True)
-        self.output_cache.clear()
+        self._empty_cache()
         release.result()
+
+    def _empty_cache(self) -> None:
+        """Drop the cached rows and store no more (budget 0): a batch that was running on
+        another event loop hands its rows back after the close, and a closed model must
+        not keep them."""
+        self.output_cache.clear()
+        self.output_cache.resize(0)
 
     async def __aenter__(self) -> BatchedLM:
         return self

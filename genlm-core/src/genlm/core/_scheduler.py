@@ -255,16 +255,24 @@ class AutoBatcher(Generic[I, R]):
         enqueue = self._enqueue
         waiters = []
         full = queued = False
-        for item in items:
-            waiters.append(waiter := _Future(loop=loop))
-            queue = enqueue(state, item, waiter, deadline)
-            if queue is not None:
-                queued = True
-                full = full or len(queue) >= self.max_batch_size
-        # Full batches fire once every item is queued, back to back: the worker wakes
-        # once for all of them instead of contending with this loop mid-way.
-        if queued:
-            self._arrived(state, loop, full)
+        try:
+            for item in items:
+                waiters.append(waiter := _Future(loop=loop))
+                queue = enqueue(state, item, waiter, deadline)
+                if queue is not None:
+                    queued = True
+                    full = full or len(queue) >= self.max_batch_size
+        except BaseException:
+            # An item's key or group raised: nobody gets these futures, so their work is
+            # skipped unless others joined it; what was queued still gets its flush.
+            for waiter in waiters:
+                waiter.cancel()
+            raise
+        finally:
+            # Full batches fire once every item is queued, back to back: the worker wakes
+            # once for all of them instead of contending with this loop mid-way.
+            if queued:
+                self._arrived(state, loop, full)
         return waiters
 
     def _loop_state(self, loop: asyncio.AbstractEventLoop) -> _LoopState:
@@ -292,6 +300,8 @@ class AutoBatcher(Generic[I, R]):
         if a new entry was queued, None if it joined."""
         key = self._key(item) if self._key is not None else object()
         group = self._group(item) if self._group is not None else None
+        # Looked up first: a key or group that cannot be hashed fails before any change.
+        queue = queues.queues.get(group)
         entry = _Entry(item, key, group, deadline, [waiter])
         pending = queues.entries.setdefault(key, entry)  # one hash of the key, new or not
         if pending is not entry:
@@ -300,7 +310,6 @@ class AutoBatcher(Generic[I, R]):
                     pending.waiters.append(waiter)
                     return None
             queues.entries[key] = entry  # the pending one was dropped: start afresh
-        queue = queues.queues.get(group)
         if queue is None:
             queue = queues.queues[group] = {}
         queue[entry] = None
@@ -439,15 +448,16 @@ class AutoBatcher(Generic[I, R]):
         outcome: tuple[list[_Entry], Sequence[R]] | None,
         exc: BaseException | None,
         on_results: Callable[[list[I], Sequence[R]], Any] | None,
-    ) -> None:
-        """Resolve the waiters of a batch, calling ``on_results`` first."""
+    ) -> BaseException | None:
+        """Resolve the waiters of a batch, calling ``on_results`` first; return what failed
+        the batch (``exc``, or what ``on_results`` raised), None if it succeeded."""
         for entry in batch:
             _forget(queues, entry)
         if exc is not None:
             logger.debug("batch of %d failed: %r", len(batch), exc)
             for entry in batch:
                 _deliver(entry, exc=exc)
-            return
+            return exc
         live, results = outcome  # type: ignore[misc] - set when exc is None
         if live:
             self.stats["batches"] += 1
@@ -458,9 +468,10 @@ class AutoBatcher(Generic[I, R]):
             except Exception as error:  # noqa: BLE001 - fail this batch's waiters, not the loop
                 for entry in live:
                     _deliver(entry, exc=error)
-                return
+                return error
         for entry, result in zip(live, results):
             _deliver(entry, result)
+        return None
 
     def run_sync(self, items: Sequence[I], *, notify: bool = True) -> list[R]:
         """Compute ``items`` now, blocking the calling thread; one result per item, in order.
@@ -492,7 +503,9 @@ class AutoBatcher(Generic[I, R]):
         on_results = self._on_results if notify else None
         while (batch := self._take(queues, float("inf"))) is not None:
             outcome = self.worker.call(self._pick_up_and_run, batch)
-            self._deliver_batch(queues, batch, outcome, None, on_results)
+            error = self._deliver_batch(queues, batch, outcome, None, on_results)
+            if error is not None:  # on_results failed: the later batches are not run
+                raise error
         return [waiter.result() for waiter in waiters]
 
     def _fail_queued(self, state: _LoopState, exc: BaseException) -> None:
