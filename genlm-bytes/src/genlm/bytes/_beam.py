@@ -143,25 +143,30 @@ class BeamState(AsyncClosing):
         )
 
     async def boundaries(
-        self, above: float = -np.inf, prefetch: Sequence[tuple[int, ...]] = ()
+        self,
+        above: float = -np.inf,
+        prefetch: Sequence[tuple[int, ...]] = (),
+        logZ: float | None = None,
     ) -> list[Candidate]:
         """Candidates at a token boundary right after ``data``, with their LM masses.
 
         Every candidate whose partial token is a whole token (or several ids with those
-        bytes) completes it; a new boundary whose share of the mass (beam plus new
-        boundaries) is at most the prune threshold is dropped before the LM is asked,
-        and so is one whose weight is at most ``above`` (its weight bounds every candidate
-        it can lead to, so a caller that knows ``K`` heavier ones need not ask the LM).
-        ``prefetch``: more contexts for the same LM batch (for later steps), if the LM is
-        asked at all. Cached on the state when ``above`` is -inf.
+        bytes) completes it; a new boundary whose share of the mass (``logZ``, by default
+        the beam's, plus the new boundaries') is at most the prune threshold is dropped
+        before the LM is asked, and so is one whose weight is at most ``above`` (its weight
+        bounds every candidate it can lead to, so a caller that knows ``K`` heavier ones
+        need not ask the LM). ``prefetch``: more contexts for the same LM batch (for later
+        steps), if the LM is asked at all. Cached on the state when ``above`` is -inf and
+        the set does not depend on ``logZ`` (the default one, or no threshold).
         """
-        if self._boundaries is not None:
+        shared = logZ is None or self.byte_lm.log_prune_threshold == -np.inf
+        if self._boundaries is not None and shared:
             return [b for b in self._boundaries if b.logp > above]
-        found = [(ctx, w) for ctx, w in self._boundary_contexts() if w > above]
+        found = [(ctx, w) for ctx, w in self._boundary_contexts(logZ) if w > above]
         nexts = await self.byte_lm.next_tokens([ctx for ctx, _ in found], self.eos_mode, prefetch)
         root = self.byte_lm.trie.root
         bounds = [Candidate(ctx, logp, root, nxt, logp) for (ctx, logp), nxt in zip(found, nexts)]
-        if above == -np.inf:
+        if above == -np.inf and shared:
             self._boundaries = bounds
         return bounds
 
@@ -170,27 +175,32 @@ class BeamState(AsyncClosing):
     ) -> list[tuple[tuple[int, ...], float]]:
         """``(context, log weight)`` of each token boundary after ``data`` above the threshold.
 
-        ``logZ``: the mass the threshold is relative to, plus the boundaries' (default: the
-        beam's). ``roots``: include the candidates already at a boundary.
+        A new boundary (a candidate completing its token) is kept if its share of the mass
+        exceeds the threshold; the mass is ``logZ`` (default: the beam's) plus the new
+        boundaries', as genlm-bytes 0.2 counts it. ``roots``: also include the candidates
+        already at a boundary, as they are: they are part of ``logZ`` already, and
+        :meth:`prune` applied the threshold to them.
         """
         trie = self.byte_lm.trie
-        found: list[tuple[tuple[int, ...], float]] = []
+        # (context, log weight, whether it is a new boundary), in the beam's order
+        found: list[tuple[tuple[int, ...], float, bool]] = []
         for c in self.candidates:
             if c.node == trie.root:
                 if roots:
-                    found.append((c.context, c.logp))
+                    found.append((c.context, c.logp, False))
                 continue
             row = c.next.logp
             for token in trie.tokens_at(c.node).tolist():
                 logp = c.logp + float(row[token])
                 if logp > -np.inf:
-                    found.append((c.context + (token,), logp))
+                    found.append((c.context + (token,), logp, True))
         threshold = self.byte_lm.log_prune_threshold
-        if threshold > -np.inf and found:
+        new = [w for _, w, is_new in found if is_new]
+        if threshold > -np.inf and new:
             base = self.logZ if logZ is None else logZ
-            total = np.logaddexp(base, logsumexp(np.array([w for _, w in found])))
-            found = [(ctx, w) for ctx, w in found if w - total > threshold]
-        return found
+            total = np.logaddexp(base, logsumexp(np.array(new)))
+            return [(ctx, w) for ctx, w, is_new in found if not is_new or w - total > threshold]
+        return [(ctx, w) for ctx, w, _ in found]
 
     # ---- stepping ----------------------------------------------------------------------
 
@@ -242,7 +252,10 @@ class BeamState(AsyncClosing):
             if K is not None and byte_lm.lookahead and upcoming:
                 ahead = upcoming[: byte_lm.lookahead - 1]
                 prefetch = _likely_boundaries(self, new, start, above, K, ahead)
-            for b in await self.boundaries(above, prefetch):
+            logZ = None  # the threshold's mass, as genlm-bytes 0.2 steps: the candidates
+            if byte_lm.log_prune_threshold > -np.inf:  # going on inside their tokens with
+                logZ = logsumexp(np.array([c.weight for c in new])) if new else -np.inf
+            for b in await self.boundaries(above, prefetch, logZ):  # this byte, + boundaries
                 weight = b.logp + float(b.next.mass[start])
                 if weight > -np.inf:
                     new.append(Candidate(b.context, b.logp, start, b.next, weight))

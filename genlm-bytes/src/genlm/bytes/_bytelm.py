@@ -28,7 +28,12 @@ class ByteLM(ByteModel):
             ``device_rows``.
         K: beam width: candidates kept before each step (None: no limit, exact).
         prune_threshold: also drop candidates whose share of the beam's mass is at most
-            this (0 drops none). New token boundaries below it are never sent to the LM.
+            this (0 drops none). A new token boundary below it is never sent to the LM.
+            Its share is counted as genlm-bytes 0.2 counts it: stepping by a byte, against
+            the candidates that go on inside their tokens with that byte plus the new
+            boundaries; in ``logp_next``, against the beam's mass plus the new boundaries,
+            which counts a boundary twice (there a threshold of 0.5 or more drops every
+            boundary, EOS included).
         eos: byte strings whose tokens end the sequence, e.g. ``[b"<|eot_id|>", b"\\n\\n"]``
             (special tokens match their literal). None: the vocabulary's EOS ids. While
             prefilling, EOS tokens that are ordinary text count as text.
