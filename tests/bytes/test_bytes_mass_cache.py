@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import sys
 
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.bytes_lms import run
 
-from genlm.bytes import ByteLM
+from genlm.bytes import BeamParams, ByteBeamState, ByteLM
 from genlm.core import Vocabulary
 from genlm.core.mock import MockLM
 
@@ -103,5 +105,50 @@ def test_accounting_equals_held_entries_after_any_operations(ops, budget_entries
                     assert all(len(r) == len(contexts) for r in results)
                 assert byte_lm.cache.used_bytes == held_bytes(byte_lm)
                 assert byte_lm.cache.used_bytes <= budget
+
+    run(scenario())
+
+
+class _Float64BatchLM:
+    """An LM whose float64 rows are views of a 64-row batch, as batched backends return."""
+
+    vocab = VOCAB
+
+    async def next_token_logprobs(self, token_ids):
+        batch = np.log(np.full((64, len(VOCAB)), 1.0 / len(VOCAB)))
+        return batch[0]
+
+
+def test_cached_masses_are_read_only_and_own_their_memory():
+    """What the cache shares is read-only (the 0.2 API's ``LazyTrieState.mass`` too), and
+    a float64 row's text log-probabilities do not keep the LM's batch alive: the held
+    memory is what the cache counts."""
+
+    async def scenario():
+        byte_lm = ByteLM(_Float64BatchLM(), K=None, eos=[])  # no EOS id: nothing masked
+        (nxt,) = await byte_lm.next_tokens([(1,)])
+        for array in (nxt.logp, nxt.mass):
+            assert not array.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            nxt.mass[0] = 0.0
+        assert nxt.logp.base is None  # a copy of the row view, not the view
+        assert held_bytes(byte_lm) == byte_lm.cache.used_bytes
+
+    run(scenario())
+
+
+def test_the_seed_apis_masses_cannot_be_changed_in_place():
+    """Editing ``LazyTrieState.mass`` in place raises, and the same bytes prefilled again
+    on the same model give the same log-probability."""
+
+    async def scenario():
+        vocab = Vocabulary((b"<s>", *TOKENS), special_ids={0, 1}, bos_token_id=0)
+        async with MockLM(vocab) as lm:
+            beam = await (await ByteBeamState.initial(lm, BeamParams(K=4))).prefill(b"ab")
+            state = next(iter(beam))
+            with pytest.raises(ValueError, match="read-only"):
+                state.mass[state.node] = 0.0
+            fresh = await (await ByteBeamState.initial(lm, BeamParams(K=4))).prefill(b"ab")
+            assert fresh.logZ == beam.logZ
 
     run(scenario())

@@ -254,6 +254,10 @@ class ByteModel(AsyncClosing):
             lp, log_eos = split_eos(np.asarray(row, dtype=np.float64), masked, log=True)
             log_eos = float(log_eos)
             mass = self.trie.log_weight_sum(lp)
+            # Shared through the cache (and handed out by the 0.2 API): never written to.
+            lp = compact_row(lp)  # the row itself when it was float64 already
+            lp.setflags(write=False)
+            mass.setflags(write=False)
         # The cache counts the row's own bytes: it must not keep the LM's whole batch alive.
         return NextTokens(compact_row(row), lp, mass, log_eos)
 

@@ -96,7 +96,8 @@ class LazyTrieState:
 
     @property
     def mass(self) -> np.ndarray:
-        """Log mass of every trie node after the context (float64)."""
+        """Log mass of every trie node after the context (float64), read-only: the model's
+        mass cache shares it with every state of the same context (copy it to modify)."""
         if self.candidate.next is None:
             raise ValueError("State is not yet materialized.")
         return np.asarray(self.candidate.next.mass)  # a device vector crosses here, whole
