@@ -118,3 +118,40 @@ def test_prefill_shortcuts_keep_the_plain_beam(stories64, K, lookahead):
         ]
 
     run(scenario())
+
+
+class _RefusingLM:
+    """An LM that refuses contexts past 8 tokens without declaring a limit (a backend's own
+    failure), so only the refusal itself can keep a guess out."""
+
+    def __init__(self, lm):
+        self.lm, self.vocab = lm, lm.vocab
+
+    async def next_token_logprobs(self, token_ids):
+        if len(token_ids) > 8:
+            raise RuntimeError(f"refused a {len(token_ids)}-token context")
+        return await self.lm.next_token_logprobs(token_ids)
+
+
+@pytest.mark.parametrize("lookahead", [1, 2, 3])
+@pytest.mark.parametrize("limit", ["declared", "refused"])
+def test_prefetched_guesses_past_the_context_limit_change_nothing(lookahead, limit):
+    """A prefill whose guessed boundaries pass the LM's context limit (declared as
+    ``max_context_length``, or only refused) ends as the same prefill without lookahead: a
+    guess the LM would refuse is left out, it does not fail the step (it raised)."""
+    from genlm.core.mock import MockLM
+
+    async def scenario():
+        data = b" Once upon a time, the"
+        async with MockLM.from_name("stories260K", max_context_length=8) as mock:
+            lm = mock if limit == "declared" else _RefusingLM(mock)
+            plain = await (await ByteLM(lm, K=4, lookahead=0).initial((1,))).prefill(data)
+            mock.clear_cache()
+            fast = await (await ByteLM(lm, K=4, lookahead=lookahead).initial((1,))).prefill(data)
+            assert max(len(c.context) for c in plain.candidates) == 8  # at the limit
+            assert fast.logZ == pytest.approx(plain.logZ, abs=1e-12)
+            assert (await fast.logp_next()).logprobs == pytest.approx(
+                (await plain.logp_next()).logprobs, abs=1e-12
+            )
+
+    run(scenario())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, Self, TypeVar
 
@@ -196,7 +197,9 @@ class ByteModel(AsyncClosing):
 
         ``prefetch``: contexts a later call will probably ask for. When some context is
         missing (so the LM runs anyway), the missing ones of these join the same batch: on
-        a small model a forward pass costs about the same for a few more rows.
+        a small model a forward pass costs about the same for a few more rows. They are
+        guesses: one the LM refuses (past its context limit, say) is left out, and never
+        fails the call.
         """
         self._check_open()
         found: dict[tuple[int, ...], NextTokens] = {}
@@ -208,14 +211,30 @@ class ByteModel(AsyncClosing):
             elif ctx not in found:
                 missing[ctx] = None
         if missing:
-            for ctx in prefetch:
-                if (ctx, eos_mode) not in self.cache:
-                    missing[ctx] = None
-            rows = await gather_all(self._row(ctx) for ctx in missing)
+            limit = getattr(self.lm, "max_context_length", None) or sys.maxsize
+            guesses = [
+                ctx
+                for ctx in dict.fromkeys(prefetch)
+                if ctx not in missing and len(ctx) <= limit and (ctx, eos_mode) not in self.cache
+            ]
+            rows = await gather_all(
+                [*(self._row(ctx) for ctx in missing), *(self._guess(ctx) for ctx in guesses)]
+            )
             self._check_open()
-            for ctx, row in zip(missing, rows):
-                found[ctx] = self.cache.put((ctx, eos_mode), self._masses(row, eos_mode))
+            for ctx, row in zip([*missing, *guesses], rows):
+                if row is not None:
+                    found[ctx] = self.cache.put((ctx, eos_mode), self._masses(row, eos_mode))
         return [found[ctx] for ctx in contexts]
+
+    async def _guess(self, ctx: tuple[int, ...]) -> Any:
+        """:meth:`_row` for a prefetched context, or None if the LM refuses it: a guess
+        must not fail the contexts the caller needs (they fail on their own if the LM is
+        broken)."""
+        try:
+            return await self._row(ctx)
+        except Exception:  # noqa: BLE001 - a refused guess is only not cached
+            logger.debug("prefetch of a %d-token context refused", len(ctx), exc_info=True)
+            return None
 
     def cached_logp(self, ctx: tuple[int, ...], eos_mode: bool) -> np.ndarray | None:
         """:attr:`NextTokens.logp` of ``ctx`` if cached, else None; no LM call, and the
