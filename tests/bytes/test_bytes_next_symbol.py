@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.bytes_lms import FixedLM, brute_force_next_symbol, run
 
-from genlm.bytes import ByteLM
+from genlm.bytes import ByteLM, UnreachableByteError
 from genlm.core import Vocabulary
 from genlm.core.mock import MockLM, mock_logprobs
 
@@ -131,6 +131,34 @@ def test_a_prompt_ending_with_a_text_eos_keeps_its_mass():
         # The same prompt after the context b"a" (no BOS, whose mass the sum would miss).
         async with MockLM(Vocabulary(TOKENS)) as lm:
             await _check_states(lm, [b"\n"], (2,), b"\na\n\n", prompt=1)
+
+    run(scenario())
+
+
+def test_a_prompt_ending_inside_a_text_eos_token_is_refused_clearly():
+    """A prompt whose last bytes start only a text EOS token (b'\n' of b'\n\n') can only
+    be followed by that token, which ends the sequence: initial and with_eos_mode raise
+    UnreachableByteError naming the prompt (they gave an empty state and NaN rows)."""
+    vocab = Vocabulary(
+        (b"<s>", b"</s>", b"a", b"\n\n", b"b"),
+        special_ids={0, 1},
+        bos_token_id=0,
+        eos_token_ids=(1,),
+    )
+
+    async def scenario():
+        async with MockLM(vocab) as lm:
+            byte_lm = ByteLM(lm, K=None, eos=[b"</s>", b"\n\n"])
+            with pytest.raises(UnreachableByteError, match=r"prompt b'a\\n'"):
+                await byte_lm.initial(b"a\n")
+            text = await (await byte_lm.initial((0,))).with_eos_mode(False)
+            for byte in b"a\n":
+                text = await text.advance(byte)
+            assert len(text) == 1  # as text, the partial b'\n' of b'\n\n' goes on
+            with pytest.raises(UnreachableByteError, match="eos_mode=True"):
+                await text.with_eos_mode(True)
+            ended = await byte_lm.initial(b"a\n\n")  # the whole token: text, committed
+            assert [c.context for c in ended.candidates] == [(0, 2, 3)]
 
     run(scenario())
 

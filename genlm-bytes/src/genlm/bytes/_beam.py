@@ -315,13 +315,31 @@ class BeamState(AsyncClosing):
                 if logp > -np.inf:
                     ended.append(Candidate(c.context + (token,), logp, root, None, logp))
         moved = self._in_mode(True).candidates
+        if self.candidates and not moved and not ended:
+            # Every tokenization leaves the prompt inside a token that is EOS from here on.
+            raise UnreachableByteError(
+                f"nothing can follow the prompt {_tail(self.data)}: its last bytes start only"
+                " tokens that end the sequence (EOS tokens count as text only while"
+                " prefilling)"
+            )
         return self._derive([*moved, *ended], eos_mode=True)
 
     async def with_eos_mode(self, eos_mode: bool) -> Self:
         """The same candidates re-weighted for ``eos_mode`` (False: text EOS tokens count
         as text, see :meth:`prefill`); no LM call: each candidate's masses are recomputed
-        from the LM row it holds, and candidates that become impossible are dropped."""
-        return self._in_mode(eos_mode)
+        from the LM row it holds, and candidates that become impossible are dropped.
+
+        Raises:
+            UnreachableByteError: every candidate becomes impossible (each is inside a
+                token that is EOS in EOS mode): no text can follow this state's bytes.
+        """
+        state = self._in_mode(eos_mode)
+        if self.candidates and not state.candidates:
+            raise UnreachableByteError(
+                f"no candidate of the state after {_tail(self.data)} remains possible with"
+                f" eos_mode={eos_mode}: each is inside a token that ends the sequence"
+            )
+        return state
 
     def _in_mode(self, eos_mode: bool) -> Self:
         if eos_mode == self.eos_mode:
