@@ -177,6 +177,13 @@ def test_bad_inputs_raise_clear_errors():
             ByteLM(lm, K=True)  # as BeamParams: a bool is no beam width
         with pytest.raises(ValueError, match="lookahead must be"):
             ByteLM(lm, lookahead=-1)
+        # Wrong types fail at construction too, not at the first step.
+        for options in ({"K": 2.5}, {"K": "4"}, {"lookahead": 1.5}, {"heal_max_splits": 2.0}):
+            with pytest.raises(ValueError, match=f"{next(iter(options))} must be"):
+                ByteLM(lm, **options)
+        assert ByteLM(lm, K=np.int64(4)).K == 4  # numpy integers are integers
+        with pytest.raises(TypeError, match="byte strings.*got 'a'"):
+            ByteLM(lm, eos=["a"])
         state = await ByteLM(lm).initial((0,))
         with pytest.raises(ValueError, match="0..255"):
             await state.advance(256)

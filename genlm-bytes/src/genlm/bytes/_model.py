@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import numbers
 import sys
 from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, Self, TypeVar
@@ -64,16 +65,21 @@ def check_beam_options(
 ) -> None:
     """Reject beam options that would misbehave: one check for ``ByteLM`` and 0.2's
     ``BeamParams``, which validates when it is built."""
-    if K is not None and (isinstance(K, bool) or K < 1):
-        raise ValueError(f"K must be a positive beam width or None, got {K!r}")
+    if K is not None and not _is_count(K, 1):
+        raise ValueError(f"K must be a positive beam width (an integer) or None, got {K!r}")
     if not 0.0 <= prune_threshold < 1.0:
         raise ValueError(f"prune_threshold must be in [0, 1), got {prune_threshold}")
     for name, value in (
         ("heal_max_backoff", heal_max_backoff),
         ("heal_max_splits", heal_max_splits),
     ):
-        if value is not None and value < 0:
-            raise ValueError(f"{name} must be >= 0 or None, got {value}")
+        if value is not None and not _is_count(value, 0):
+            raise ValueError(f"{name} must be an integer >= 0 or None, got {value!r}")
+
+
+def _is_count(value: object, least: int) -> bool:
+    """Whether ``value`` is an integer (not a bool) of at least ``least``."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= least
 
 
 def log_threshold(prune_threshold: float) -> float:
@@ -125,8 +131,8 @@ class ByteModel(AsyncClosing):
                 f"'async next_token_logprobs'), got {lm!r}"
             )
         check_beam_options(K, prune_threshold, heal_max_backoff, heal_max_splits)
-        if lookahead < 0:
-            raise ValueError(f"lookahead must be >= 0, got {lookahead}")
+        if not _is_count(lookahead, 0):
+            raise ValueError(f"lookahead must be an integer >= 0, got {lookahead!r}")
         self.lm = lm
         self.K = K
         self.prune_threshold = prune_threshold
@@ -322,6 +328,11 @@ def _eos_ids(vocab: Any, eos: Sequence[bytes] | None) -> tuple[int, ...]:
         return tuple(sorted(set(vocab.eos_token_ids)))
     if isinstance(eos, (bytes, str)):
         raise TypeError("eos must be a list of byte strings, e.g. [b'\\n\\n'], not one string")
+    for e in eos:
+        if not isinstance(e, (bytes, bytearray, memoryview)):
+            raise TypeError(
+                f"eos must be a list of byte strings, e.g. [b'\\n\\n'], got {e!r} in it"
+            )
     wanted = {bytes(e) for e in eos}
     ids = [i for i, tok in enumerate(vocab.tokens) if tok in wanted]
     missing = wanted - {vocab.tokens[i] for i in ids}
