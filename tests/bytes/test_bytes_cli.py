@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import re
 
 import pytest
@@ -88,3 +89,18 @@ def test_cli_bad_numbers_are_one_line_before_loading(argv, message, capsys, monk
     assert captured.out == ""
     [line] = captured.err.strip().splitlines()
     assert line.startswith(f"genlm bytes: error: {message}"), line
+
+
+def test_cli_a_prompt_that_is_not_utf8_is_one_line_before_loading(capsys, monkeypatch):
+    """A prompt argument holding bytes the locale could not decode (``$'caf\\xe9'``: Python
+    sees a surrogate) is named in one line, before the model loads."""
+    from genlm.core.backend import BackendSpec
+
+    def forbidden(self, model, **opts):
+        raise AssertionError(f"a model was loaded: {model!r}")
+
+    monkeypatch.setattr(BackendSpec, "load", forbidden)
+    prompt = os.fsdecode(b"caf\xe9")
+    assert main(["bytes", prompt, "--backend", "mock"]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line == "genlm bytes: error: the prompt is not valid UTF-8 text: b'caf\\xe9'"

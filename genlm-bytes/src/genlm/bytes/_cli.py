@@ -110,11 +110,15 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Reject bad numbers, every one of them, before the model loads (a ``CLIError``
+    """Reject bad arguments, every one of them, before the model loads (a ``CLIError``
     naming the first)."""
     from genlm.core.backend import check_temperature
     from genlm.core.cli import CLIError
 
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:  # bytes the locale could not decode (surrogates)
+        raise CLIError(f"the prompt is not valid UTF-8 text: {os.fsencode(args.prompt)!r}") from exc
     if args.beam < 1:
         raise CLIError(f"--beam must be a positive integer, got {args.beam}")
     if args.top < 1:
