@@ -134,6 +134,30 @@ def test_seeded_sampling_is_reproducible_and_greedy_is_argmax():
     run(scenario())
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.3, 3.0, 0.0])
+def test_sampled_logp_is_under_the_distributions_drawn_from(temperature):
+    """``GeneratedBytes.logp`` sums each choice's log-probability under the tempered
+    distribution it was drawn from (a proposal's weight), computed here by hand from the
+    states' own distributions: softmax(logprobs / T); greedy choices have probability 1."""
+
+    async def scenario():
+        async with MockLM(VOCAB) as lm:
+            state = await ByteLM(lm, K=4).initial((0,))
+            out = await state.sample(6, seed=3, temperature=temperature)
+            expected, walk = 0.0, state
+            for symbol in [*out.data, *([EOS] if out.eos else [])]:
+                logprobs = (await walk.logp_next()).logprobs
+                if temperature:
+                    scaled = logprobs / temperature
+                    expected += scaled[symbol] - np.log(np.exp(scaled - scaled.max()).sum())
+                    expected -= scaled.max()
+                if symbol != EOS:
+                    walk = await walk.advance(symbol)
+            assert out.logp == pytest.approx(expected, abs=1e-9)
+
+    run(scenario())
+
+
 def test_a_step_sends_its_boundaries_as_one_batch():
     """All new token boundaries of a step reach the model together (one forward batch)."""
 

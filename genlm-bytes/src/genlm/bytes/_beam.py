@@ -50,8 +50,9 @@ class GeneratedBytes:
         data: the bytes generated (EOS excluded).
         state: the state after them.
         eos: whether generation ended by drawing EOS.
-        logp: log-probability of the choices, under the distributions they were drawn from
-            (renormalized over bytes and EOS).
+        logp: log-probability of the choices under the distributions they were drawn from
+            (:meth:`NextByteLogprobs.tempered` at the sampling temperature: renormalized over
+            bytes and EOS; 0 for greedy choices).
         at_limit: whether generation stopped because the next byte's distribution needs a
             token context longer than the token model's ``max_context_length``.
     """
@@ -413,7 +414,7 @@ class BeamState(AsyncClosing):
                 return GeneratedBytes(bytes(out), state, False, total, at_limit=True)
             dist = await state.logp_next(prune=True)
             symbol = dist.sample(rng, temperature)
-            total += float(dist.normalized()[symbol])
+            total += float(dist.tempered(temperature)[symbol])
             if symbol == EOS:
                 return GeneratedBytes(bytes(out), state, True, total)
             out.append(symbol)

@@ -91,6 +91,29 @@ class NextByteLogprobs:
         """The most likely next symbol."""
         return int(np.argmax(self.logprobs))
 
+    def tempered(self, temperature: float = 1.0) -> np.ndarray:
+        """Log-probabilities of the distribution :meth:`sample` draws from at
+        ``temperature`` (float64, over bytes and EOS): :meth:`normalized` at 1, the
+        log-probabilities divided by ``temperature`` and renormalized otherwise, and at 0
+        (the argmax, no draw) 0 for the argmax and -inf for the rest. What a proposal's
+        importance weight needs.
+
+        Raises:
+            ValueError: a temperature :func:`genlm.core.backend.check_temperature` refuses,
+                or no byte and no EOS has positive probability here.
+        """
+        check_temperature(temperature)
+        best = float(np.max(self.logprobs))
+        if not np.isfinite(best):
+            raise ValueError("no byte and no EOS has positive probability here")
+        if temperature == 0:
+            out = np.full(len(self.logprobs), -np.inf)
+            out[self.argmax()] = 0.0
+            return out
+        with np.errstate(over="ignore"):
+            scaled = (self.logprobs - best) / temperature  # as sample() scales them
+        return scaled - logsumexp(scaled)
+
     def sample(self, rng: np.random.Generator, temperature: float = 1.0) -> int:
         """Draw the next symbol with ``rng`` (see the class)."""
         check_temperature(temperature)
