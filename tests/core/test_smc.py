@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.special import logsumexp
 
-from genlm.core import InvalidContextError
+from genlm.core import InvalidContextError, Vocabulary
 from genlm.core.mock import MockLM, mock_logprobs
 from genlm.core.smc import effective_sample_size, forbid_bytes, smc, systematic_resample
 
@@ -115,6 +115,21 @@ def test_forbid_bytes_masks_exactly_the_tokens_containing_a_forbidden_byte():
     vocab = [b"a", b"be", b"", b"E", b"xyz", b"eee"]
     assert list(forbid_bytes(vocab, b"e")) == [True, False, True, True, True, False]
     assert list(forbid_bytes(vocab, b"ax")) == [False, True, True, True, False, True]
+
+
+def test_forbid_bytes_leaves_special_tokens_allowed_and_refuses_a_str():
+    """Special tokens spell no text: their display bytes (b"</s>") never match, so a
+    forbidden b"s" still lets particles end; a str forbids nothing, so it is refused."""
+    vocab = Vocabulary(
+        (b"<s>", b"</s>", b"a", b"s", b"as", b"b"),
+        special_ids={0, 1},
+        bos_token_id=0,
+        eos_token_ids=(1,),
+    )
+    assert list(forbid_bytes(vocab, b"s")) == [True, True, True, False, False, True]
+    assert list(forbid_bytes(vocab.byte_vocab, b"s"))[:2] == [False, False]  # all as text
+    with pytest.raises(TypeError, match="forbidden must be bytes"):
+        forbid_bytes(vocab, "s")
 
 
 def test_masked_weights_are_the_allowed_mass_at_temperature_one(lm):

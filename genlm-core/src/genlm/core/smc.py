@@ -32,6 +32,7 @@ from scipy.special import logsumexp
 
 from genlm.core._protocol import AsyncLM
 from genlm.core._sampling import check_sampling_args
+from genlm.core._vocab import Vocabulary
 
 
 @attrs.define
@@ -86,15 +87,33 @@ def effective_sample_size(log_weights: np.ndarray) -> float:
     return float(np.exp(-logsumexp(2 * lw)))
 
 
-def forbid_bytes(byte_vocab: Sequence[bytes], forbidden: bytes) -> np.ndarray:
+def forbid_bytes(vocab: Vocabulary | Sequence[bytes], forbidden: bytes) -> np.ndarray:
     """A token mask allowing exactly the tokens whose bytes contain none of ``forbidden``.
 
     Forbidding single bytes is exact at the token level: text avoids a byte if and only
     if each of its tokens does. (A multi-byte sequence could straddle two tokens, so it
-    cannot be forbidden this way.) ``byte_vocab`` is ``lm.byte_vocab``.
+    cannot be forbidden this way.)
+
+    Args:
+        vocab: the model's :class:`~genlm.core.Vocabulary` (``lm.vocab``): its special
+            tokens spell no text (their bytes, such as ``b"</s>"``, are only a display
+            name), so they stay allowed, EOS among them. A plain list of token bytes
+            (``lm.byte_vocab``) is taken as all text.
+        forbidden: the bytes no token may contain.
+
+    Raises:
+        TypeError: ``forbidden`` is not bytes (a ``str`` would match no byte at all).
     """
-    banned = set(forbidden)
-    return np.array([banned.isdisjoint(token) for token in byte_vocab], dtype=bool)
+    if not isinstance(forbidden, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"forbidden must be bytes, e.g. b'e', got {type(forbidden).__name__} {forbidden!r}"
+        )
+    banned = set(bytes(forbidden))
+    tokens = vocab.tokens if isinstance(vocab, Vocabulary) else vocab
+    mask = np.array([banned.isdisjoint(token) for token in tokens], dtype=bool)
+    if isinstance(vocab, Vocabulary) and vocab.special_ids:
+        mask[sorted(vocab.special_ids)] = True
+    return mask
 
 
 def systematic_resample(log_weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:

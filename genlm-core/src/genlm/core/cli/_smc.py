@@ -81,7 +81,7 @@ async def _main(args: argparse.Namespace) -> int:
         prompt = encode_prompt(lm, args.prompt)
         mask = None
         if args.forbid is not None:
-            mask = forbid_bytes(lm.byte_vocab, args.forbid)
+            mask = forbid_bytes(lm.vocab, args.forbid)
             print(
                 f"constraint: no {args.forbid.decode()!r} in the continuation "
                 f"({int(mask.sum())} of {len(mask)} tokens allowed)"
