@@ -369,6 +369,11 @@ class HFLM(BatchedLM):
         kwargs = {"logits_to_keep": 1} if self._keeps_last_logits else {}
         for start, end in batch.chunks(self.max_forward_tokens):
             written, columns = past + end, self._bucket(past + end)
+            if past + start == 0 and end - start == 1:
+                # One query with no past: transformers 5 drops a mask that only hides
+                # columns after it and relies on SDPA's is_causal, which it leaves off for
+                # one query, so bucket columns would be attended. Such a pass is one column.
+                columns = written
             if columns > written:  # attended but masked: 0 weight * NaN would be NaN
                 buffer[..., written:columns, :].zero_()
             with self._attention_kernels():
