@@ -59,3 +59,24 @@ def test_decode_vocab_raises_on_a_wordpiece_tokenizer(tmp_path):
         decode_vocab(bert)
     with pytest.raises(ValueError, match="byte2str_fallback"):
         decode_vocab(transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER), "bogus")
+
+
+def test_the_top_level_names_are_genlm_backend_031s():
+    """``from genlm.backend import X`` works for every name genlm-backend 0.3.1's package
+    exports (its ``__init__``), each the submodule's own object."""
+    import genlm.backend as top
+    from genlm.backend import llm, tokenization, trie
+
+    published = {
+        "load_model_by_name": llm,
+        "AsyncVirtualLM": llm,
+        "AsyncTransformer": llm,
+        "decode_vocab": tokenization,
+        "Token": tokenization,
+        "TokenCharacterTrie": trie,
+        "ParallelTokenCharacterTrie": trie,
+        "AsyncTokenCharacterTrie": trie,
+    }
+    assert set(top.__all__) == set(published)
+    for name, module in published.items():
+        assert getattr(top, name) is getattr(module, name), name
