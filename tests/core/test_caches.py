@@ -123,6 +123,20 @@ class TestPrefixCache:
         cache.insert([9], "i", 10)
         assert [1] not in cache
 
+    def test_is_pinned_follows_pins_and_unpins(self):
+        """is_pinned is True exactly while a stored entry holds pins (counted)."""
+        cache = PrefixCache(max_bytes=10)
+        assert not cache.is_pinned([1])  # nothing stored
+        cache.insert([1, 2], "x", 1)
+        assert not cache.is_pinned([1, 2]) and not cache.is_pinned([1])
+        cache.pin([1, 2])
+        cache.pin([1, 2])
+        assert cache.is_pinned([1, 2]) and not cache.is_pinned([1])
+        cache.unpin([1, 2])
+        assert cache.is_pinned([1, 2])
+        cache.unpin([1, 2])
+        assert not cache.is_pinned([1, 2]) and [1, 2] in cache
+
     def test_pinning_errors_are_clear(self):
         """Pinning an absent prefix or over-unpinning raises KeyError."""
         cache = PrefixCache(max_bytes=10)

@@ -173,6 +173,30 @@ def test_pinned_prompt_survives_pressure_and_clear_cache(loaded, check):
     lm.close()
 
 
+def test_a_pinned_prompt_is_never_copied_into_a_continuation(loaded, check):
+    """A long continuation of a pinned prompt stores its own tokens only: its segment never
+    absorbs the pinned one (a copy of the shared prompt per particle), so with room for the
+    prompt and one continuation, each later step computes one token."""
+    model, tok = loaded("stories260K-fp64")
+    probe = HFLM(model, tok, cache_bytes=0)
+    per_token = probe.shape.bytes_per_token
+    probe.close()
+    rng = np.random.default_rng(8)
+    prompt = [1, *random_ids(rng, 500, 99)]
+    lm = HFLM(model, tok, cache_bytes=0, kv_cache_bytes=250 * per_token)
+    lm.cache_kv(prompt)
+    context = prompt + random_ids(rng, 500, 100)
+    try:
+        for step in range(4):
+            before = lm.kv_stats["computed_tokens"]
+            check(model, context, lm.next_token_logprobs_sync(context))
+            assert lm.kv_stats["computed_tokens"] - before == (100 if step == 0 else 1)
+            assert lm.kv.nbytes <= (len(context) + 2) * per_token  # no second prompt copy
+            context = context + [7]
+    finally:
+        lm.close()
+
+
 def test_cache_kv_too_big_for_budget_raises(loaded):
     """Pinning a prompt whose KV exceeds the budget fails clearly instead of silently."""
     model, tok = loaded("stories260K-fp64")

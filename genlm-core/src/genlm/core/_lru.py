@@ -158,6 +158,10 @@ class ByteLRU(Generic[K, V]):
     def __contains__(self, key: K) -> bool:
         return key in self._lru or key in self._pinned
 
+    def is_pinned(self, key: K) -> bool:
+        """Whether an entry is held for ``key`` and pinned."""
+        return key in self._pinned
+
     @property
     def nbytes(self) -> int:
         """Bytes counted for the held entries, pinned ones included."""

@@ -142,6 +142,12 @@ class PrefixCache(Generic[V]):
     def __contains__(self, tokens: Sequence[int]) -> bool:
         return self._entry(tokens) is not None
 
+    def is_pinned(self, tokens: Sequence[int]) -> bool:
+        """Whether an entry is stored for exactly ``tokens`` and pinned."""
+        with self._lru.lock:
+            node = self._entry(tokens)
+            return node is not None and self._lru.is_pinned(node)
+
     def insert(self, tokens: Sequence[int], value: V, nbytes: int, pin: bool = False) -> bool:
         """Store ``value`` (of size ``nbytes``) for prefix ``tokens``; evict to fit.
 

@@ -174,6 +174,8 @@ class KVStore:
             segment, used = row.cached[parent_index]
             if used != segment.end - segment.start or used > length:
                 break
+            if self.cache.is_pinned(key[: 1 + segment.end]):
+                break  # a pinned prompt stays shared: a copy in this segment would waste it
             start, length = segment.start, length + used
             parent_index -= 1
         parent = row.cached[parent_index][0] if parent_index >= 0 else None
