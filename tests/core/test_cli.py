@@ -273,3 +273,29 @@ def test_forbid_rejects_non_ascii(capsys, fresh_registry, no_loading):
     """--forbid takes ASCII only: a multi-byte character cannot be masked exactly."""
     assert run_cli(["smc", "hi", "--backend", "mock", "--forbid", "é"]) == 2
     assert "takes ASCII characters only" in one_line_error(capsys)
+
+
+def test_a_plugin_command_that_fails_to_set_up_breaks_only_itself(monkeypatch, capsys):
+    """A plugin command whose configure raises: the other commands work, `genlm backends`
+    lists its plugin as broken, and running it ends with one line naming the failure."""
+    import types
+
+    from genlm.core._registry import Registry
+    from genlm.core.cli import Command, command_hook
+
+    def configure(parser):
+        raise ValueError("bad option table")
+
+    module = types.ModuleType("faulty")
+    module.genlm_register_commands = command_hook(
+        Command(name="faulty-cmd", help="h", configure=configure, run=lambda args: 0)
+    )
+    registry = Registry()
+    registry.register_plugins([("faulty", "faulty-dist", module)])
+    monkeypatch.setattr(_registry, "_registry", registry)
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    assert "faulty" in out and "bad option table" in out
+    assert main(["faulty-cmd"]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("genlm faulty-cmd: error: this command's plugin failed to set it up")

@@ -327,3 +327,91 @@ def test_command_hook_adds_the_command():
 def test_anything_else_is_refused_when_the_hook_is_made():
     with pytest.raises(TypeError, match="genlm_register_backends takes BackendSpecs"):
         backend_hook("hf")
+
+
+class TestPluginFaults:
+    """What a plugin gets wrong breaks only that plugin, and is reported."""
+
+    @staticmethod
+    def hook_registering(make):
+        """A plugin module whose hand-written hook registers what ``make()`` returns."""
+        module = types.ModuleType("faulty")
+
+        @hookimpl
+        def genlm_register_backends(register):
+            register(make())
+
+        module.genlm_register_backends = genlm_register_backends
+        return module
+
+    @pytest.mark.parametrize(
+        ("fields", "says"),
+        [
+            ({"priority": None}, "priority must be an int"),
+            ({"priority": True}, "priority must be an int"),
+            ({"probe": [never_available]}, "probe must be callable"),
+            ({"probe": "not a path"}, "probe 'not a path' must look like"),
+            ({"auto_select": "yes"}, "auto_select"),
+            ({"description": None}, "description"),
+        ],
+    )
+    def test_a_spec_with_a_bad_field_is_refused_when_made(self, fields, says):
+        """Each field is checked when the spec is made (an unhashable probe or a None
+        priority used to break discovery or auto-selection for every backend)."""
+        with pytest.raises((TypeError, ValueError), match=says):
+            attrs.evolve(spec("x"), **fields)
+
+    def test_an_unhashable_probe_is_refused_and_the_rest_work(self):
+        """A callable probe that cannot be hashed is the plugin's error, reported once."""
+
+        @attrs.define
+        class Probe:  # attrs' eq makes instances unhashable
+            def __call__(self):
+                return None
+
+        reg = registry(
+            self.hook_registering(lambda: attrs.evolve(spec("odd"), probe=Probe())),
+            plugin("good", spec("g")),
+        )
+        assert list(reg.backends) == ["g"] and reg.select().name == "g"
+        [error] = reg.errors
+        assert error.plugin == "faulty" and "hashable" in str(error)
+
+    def test_a_hook_registering_something_else_than_a_command_is_reported(self):
+        module = types.ModuleType("faulty")
+
+        @hookimpl
+        def genlm_register_commands(register):
+            register("not a command")
+
+        module.genlm_register_commands = genlm_register_commands
+        good = Command(name="good", help="h", configure=lambda parser: None, run=lambda a: 0)
+        other = types.ModuleType("other")
+        other.genlm_register_commands = command_hook(good)
+        reg = registry(module, other)
+        assert reg.commands == {"good": good}
+        [error] = reg.errors
+        assert error.plugin == "faulty" and "takes a Command, got str" in str(error)
+
+    def test_a_command_named_like_a_core_command_is_reported(self):
+        module = types.ModuleType("faulty")
+        module.genlm_register_commands = command_hook(
+            Command(name="smc", help="h", configure=lambda parser: None, run=lambda a: 0)
+        )
+        reg = registry(module)
+        assert reg.commands == {}
+        [error] = reg.errors
+        assert "command 'smc' is genlm-core's own" in str(error)
+
+    def test_one_module_under_both_entry_point_groups_registers_once(self):
+        """A plugin module listed as a backend plugin and a command plugin is one plugin:
+        its hooks run once, nothing is reported (pluggy refused the second name)."""
+        command = Command(name="odd-cmd", help="h", configure=lambda p: None, run=lambda a: 0)
+        module = types.ModuleType("odd")
+        module.genlm_register_backends = backend_hook(spec("odd"))
+        module.genlm_register_commands = command_hook(command)
+        reg = Registry()
+        reg.register_plugins([("odd", "dist-odd", module), ("odd-cli", "dist-odd", module)])
+        assert reg.errors == []
+        assert list(reg.backends) == ["odd"] and reg.commands == {"odd-cmd": command}
+        assert reg.plugins == [("odd", "dist-odd"), ("odd-cli", "dist-odd")]

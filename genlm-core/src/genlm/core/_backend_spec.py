@@ -49,12 +49,31 @@ class BackendSpec:
 
     name: str = attrs.field()
     loader: str = attrs.field()
-    distribution: str
-    probe: str | Callable[[], str | None] | None = None
-    priority: int = 0
-    auto_select: bool = True
-    description: str = ""
+    distribution: str = attrs.field(validator=attrs.validators.instance_of(str))
+    probe: str | Callable[[], str | None] | None = attrs.field(default=None)
+    priority: int = attrs.field(default=0)
+    auto_select: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    description: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     plugin_api: int = attrs.field(kw_only=True)
+
+    @probe.validator
+    def _check_probe(self, attribute, value):
+        if isinstance(value, str):
+            if not _TARGET.match(value):
+                raise ValueError(f"probe {value!r} must look like 'package.module:callable'")
+        elif value is not None and not callable(value):
+            raise TypeError(f"probe must be callable, a 'module:callable' path or None: {value!r}")
+        try:  # specs are compared and hashed when plugins claim names
+            hash(value)
+        except TypeError:
+            raise TypeError(
+                f"probe {value!r} must be hashable (a function or a 'module:callable' path)"
+            ) from None
+
+    @priority.validator
+    def _check_priority(self, attribute, value):
+        if type(value) is not int:
+            raise TypeError(f"priority must be an int, got {value!r}")
 
     @name.validator
     def _check_name(self, attribute, value):

@@ -11,6 +11,9 @@ from collections.abc import Callable
 
 import attrs
 
+#: The subcommands genlm-core itself provides; a plugin registering one is reported.
+CORE_COMMANDS = frozenset({"backends", "smc"})
+
 
 @attrs.frozen
 class Command:

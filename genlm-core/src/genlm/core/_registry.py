@@ -40,6 +40,7 @@ import pluggy
 
 from genlm.core import hookspecs
 from genlm.core._backend_spec import BackendSpec
+from genlm.core._command import CORE_COMMANDS, Command
 from genlm.core._errors import (
     BackendError,
     BackendNotFoundError,
@@ -154,6 +155,10 @@ class Registry:
     _claims: dict[str, list[_Claim]] = attrs.field(factory=dict, init=False, repr=False)
     _winners: dict[str, _Claim] = attrs.field(factory=dict, init=False, repr=False)
     _rejected: set[_Claim] = attrs.field(factory=set, init=False, repr=False)
+    #: command name -> (entry point name, distribution) of the plugin that registered it.
+    _command_plugins: dict[str, tuple[str, str | None]] = attrs.field(
+        factory=dict, init=False, repr=False
+    )
 
     @classmethod
     def discover(cls, allowlist: Iterable[str] | None = None) -> Registry:
@@ -220,8 +225,13 @@ class Registry:
         """
         pm = pluggy.PluginManager(hookspecs.PROJECT)
         pm.add_hookspecs(hookspecs)
+        registered: set[int] = set()
         for index, (name, dist, module) in enumerate(modules):
             key = f"{index}:{name}"  # two distributions may use one entry point name
+            if id(module) in registered:  # one module under both entry point groups: its
+                self.plugins.append((name, dist))  # hooks ran once, for all it declares
+                continue
+            registered.add(id(module))
             try:
                 pm.register(module, name=key)
             except KeyboardInterrupt:
@@ -275,10 +285,22 @@ class Registry:
                     self._broken(claim.plugin, claim.distribution, reason)
 
     def _register_command(self, command: Any, plugin: str, dist: str | None) -> None:
+        if not isinstance(command, Command):
+            raise TypeError(f"register() takes a Command, got {type(command).__name__}")
+        if command.name in CORE_COMMANDS:
+            self._broken(plugin, dist, f"command {command.name!r} is genlm-core's own")
+            return
         if command.name in self.commands:
             self._broken(plugin, dist, f"command {command.name!r} is already registered")
             return
         self.commands[command.name] = command
+        self._command_plugins[command.name] = (plugin, dist)
+
+    def command_failed(self, name: str, exc: BaseException) -> PluginLoadError:
+        """Report a registered command that failed to set up (its ``configure`` raised):
+        the CLI keeps the others, and ``genlm backends`` lists its plugin as broken."""
+        plugin, dist = self._command_plugins.get(name, (name, None))
+        return self._broken(plugin, dist, f"command {name!r} failed to set up: {exc!r}", exc)
 
     def _broken(
         self, plugin: str, dist: str | None, message: str, cause: BaseException | None = None

@@ -13,10 +13,11 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from genlm.core._command import Command
 from genlm.core._plugin_hooks import command_hook
@@ -55,7 +56,17 @@ def _core_commands() -> list[Command]:
     return [_backends.COMMAND, _smc.COMMAND]
 
 
-def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
+def build_parser(
+    commands: Sequence[Command],
+    on_error: Callable[[Command, Exception], None] | None = None,
+) -> argparse.ArgumentParser:
+    """The ``genlm`` parser with a subcommand per command.
+
+    A command whose ``configure`` raises (a broken plugin) stays listed, but running it
+    ends with one line naming the failure; the others work as usual. ``on_error`` is told
+    first (``main`` reports it to the registry, so ``genlm backends`` lists the plugin);
+    without it the error propagates.
+    """
     parser = _Parser(
         prog="genlm",
         description="GenLM: fast, batched next-token probabilities on any engine.",
@@ -70,9 +81,20 @@ def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
             description=command.help,
             formatter_class=_HelpFormatter,
         )
-        command.configure(command_parser)
+        try:
+            command.configure(command_parser)
+        except Exception as exc:  # noqa: BLE001 - a broken plugin command breaks only itself
+            if on_error is None:
+                raise
+            on_error(command, exc)
+            command_parser.set_defaults(_run=functools.partial(_broken_command, command, exc))
+            continue
         command_parser.set_defaults(_run=command.run)
     return parser
+
+
+def _broken_command(command: Command, exc: Exception, args: argparse.Namespace) -> int:
+    raise CLIError(f"this command's plugin failed to set it up: {exc!r}") from exc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,10 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     is printed), 130 on ``KeyboardInterrupt``; ``--help`` exits through ``SystemExit``."""
     from genlm.core._registry import get_registry
 
-    commands = _core_commands()
-    names = {c.name for c in commands}
-    commands += [c for n, c in sorted(get_registry().commands.items()) if n not in names]
-    parser = build_parser(commands)
+    registry = get_registry()
+    commands = _core_commands() + [c for _, c in sorted(registry.commands.items())]
+    parser = build_parser(commands, lambda command, exc: registry.command_failed(command.name, exc))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING - 10 * args.verbose, format="%(levelname)s %(name)s: %(message)s"
