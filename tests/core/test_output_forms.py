@@ -38,6 +38,30 @@ def test_unknown_output_or_variant_is_a_clear_error():
     lm.close()
 
 
+class AdapterMock(MockLM):
+    """A mock serving two named variants, whose rows differ from the base model's."""
+
+    def _served_variants(self):
+        return ("a", "b")
+
+    def _logprobs_batch(self, contexts, variant):
+        shift = {None: (), "a": (1,), "b": (2,)}[variant]
+        return super()._logprobs_batch([c + shift for c in contexts], None)
+
+
+def test_a_request_names_a_served_variant():
+    """``variant=`` takes what ``_served_variants`` lists (each its own rows and cache
+    entries) and names the served ones when it gets another."""
+    lm = AdapterMock(VOCAB)
+    assert np.array_equal(lm.next_token_logprobs_sync([0], variant="a"), expected([0, 1]))
+    assert np.array_equal(lm.next_token_logprobs_sync([0], variant="b"), expected([0, 2]))
+    assert np.array_equal(lm.next_token_logprobs_sync([0]), expected([0]))
+    assert len(lm.output_cache) == 3
+    with pytest.raises(KeyError, match="'c'; loaded: 'a', 'b'"):
+        lm.next_token_logprobs_sync([0], variant="c")
+    lm.close()
+
+
 def test_numpy_output_is_unchanged_and_needs_no_torch():
     lm = MockLM(VOCAB)
     rows = lm.batch_next_token_logprobs_sync(CONTEXTS)

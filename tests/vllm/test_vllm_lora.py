@@ -87,3 +87,20 @@ def test_unknown_adapter_names_the_registered_ones(vllm_lm):
     """set_lora with an unregistered name fails with the known names."""
     with pytest.raises(KeyError, match="no LoRA adapter named 'nope'"):
         vllm_lm.set_lora("nope")
+
+
+def test_a_request_names_its_adapter_with_variant(vllm_lm, adapter, merged_model, expected):
+    """``variant=`` picks a registered adapter for one request, as hf's does, leaving the
+    model's own adapter alone; an unregistered name fails with the registered ones."""
+    path, _ = adapter
+    try:
+        vllm_lm.add_lora(path, "random")
+    except ValueError:  # registered by an earlier test of this module
+        pass
+    context = [50256, 464, 3291]
+    adapted = vllm_lm.next_token_logprobs_sync(context, variant="random")
+    base = vllm_lm.next_token_logprobs_sync(context)
+    np.testing.assert_allclose(adapted, expected(context, model=merged_model), atol=1e-4)
+    np.testing.assert_allclose(base, expected(context), atol=1e-4)
+    with pytest.raises(KeyError, match="'nope'.*'random'"):
+        vllm_lm.next_token_logprobs_sync(context, variant="nope")

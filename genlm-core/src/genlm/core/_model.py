@@ -19,7 +19,7 @@ import operator
 import sys
 import threading
 import weakref
-from collections.abc import Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -166,12 +166,27 @@ class BatchedLM(abc.ABC):
         """
         return None
 
+    def _served_variants(self) -> Collection[Hashable]:
+        """The variants a request may name besides None (the base model): a backend with
+        adapters returns their names (hf and vllm: the loaded LoRA adapters)."""
+        return ()
+
     def _check_variant(self, variant: Hashable) -> Hashable:
-        """Validate a per-request ``variant=`` (on the caller, before queueing): the base
-        model has one variant, None; a backend with adapters accepts their names (hf: a
-        loaded LoRA adapter's). Raises ``ValueError`` for one it does not serve."""
-        if variant is not None:
+        """Validate a per-request ``variant=`` (on the caller, before queueing): None, or
+        one of :meth:`_served_variants`.
+
+        Raises:
+            ValueError: the model serves no variants.
+            KeyError: it serves others, listed in the message.
+        """
+        if variant is None:
+            return variant
+        served = self._served_variants()
+        if not served:
             raise ValueError(f"{self.name} has no variants (adapters); got variant={variant!r}")
+        if variant not in served:
+            loaded = ", ".join(sorted(map(repr, served)))
+            raise KeyError(f"{self.name} has no variant (adapter) {variant!r}; loaded: {loaded}")
         return variant
 
     def _clear_backend_cache(self) -> None:  # noqa: B027 - optional hook, no-op by default

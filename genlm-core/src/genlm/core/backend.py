@@ -3,7 +3,8 @@
 :mod:`genlm.core` is the user API (load a model, its vocabulary, the token-byte tries,
 the error types). This module holds what a backend and the packages built on core use
 besides: the base class :class:`BatchedLM` and its hooks (``_logprobs_batch``,
-``_variant``, ``_check_variant``, ``_clear_backend_cache``, ``_close_backend``), the
+``_variant``, ``_served_variants``, ``_check_variant``, ``_clear_backend_cache``,
+``_close_backend``), the
 request check :meth:`BatchedLM.validate_request` and the ``Request`` it returns, the
 worker thread, the scheduler, the
 caches and the byte-bounded LRU under them, the row planner for KV reuse, the plugin

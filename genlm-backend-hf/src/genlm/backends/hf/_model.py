@@ -12,7 +12,7 @@ import contextlib
 import importlib.util
 import inspect
 import logging
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Collection, Hashable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -270,11 +270,9 @@ class HFLM(BatchedLM):
     def _variant(self) -> Hashable:
         return self._active_lora
 
-    def _check_variant(self, variant: Hashable) -> Hashable:
-        """A per-request ``variant=`` is a loaded adapter's name, or None for the base model."""
-        if variant is not None and variant not in self._adapters:
-            raise KeyError(f"no LoRA adapter named {variant!r}; loaded: {sorted(self._adapters)}")
-        return variant
+    def _served_variants(self) -> Collection[Hashable]:
+        """A per-request ``variant=`` names a loaded adapter."""
+        return self._adapters.keys()
 
     @contextlib.contextmanager
     def _use_variant(self, variant: Hashable) -> Iterator[None]:

@@ -34,7 +34,7 @@ import gc
 import itertools
 import logging
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -522,6 +522,10 @@ class VLLMLM(BatchedLM):
     def clear_lora(self) -> None:
         """Use the base model for requests made from now on."""
         self._active_lora = None
+
+    def _served_variants(self) -> Collection[Hashable]:
+        """A per-request ``variant=`` names an adapter registered with :meth:`add_lora`."""
+        return self._loras.keys()
 
     def _lora_request(self, variant: Hashable) -> Any:
         return None if variant is None else self._loras[variant]
