@@ -557,9 +557,11 @@ class TestSamplingArguments:
         ({"max_tokens": 3.0}, TypeError),
         ({"max_tokens": True}, TypeError),
         ({"max_tokens": -1}, ValueError),
+        ({"temperature": 10**400}, ValueError),  # too large for a float: not OverflowError
+        ({"temperature": -(10**400)}, ValueError),
     ]
 
-    @pytest.mark.parametrize(("kwargs", "error"), BAD, ids=lambda v: str(v))
+    @pytest.mark.parametrize(("kwargs", "error"), BAD, ids=lambda v: str(v)[:40])
     def test_bad_arguments_raise_before_any_work(self, kwargs, error, lm):
         """sample and batch_sample reject bad max_tokens/temperature before a forward pass."""
         args = {"max_tokens": 3, "temperature": 1.0, "seed": 0} | kwargs
@@ -579,6 +581,23 @@ class TestSamplingArguments:
         with pytest.raises(InvalidContextError):
             run(lm.batch_sample([[1], [99]], max_tokens=2, seed=0))
         assert lm.batches == []
+
+    def test_batch_sample_reads_iterators_once(self):
+        """A generator prompt and an iterator of EOS ids serve batch_sample as they serve
+        sample (the prompts were validated twice, an emptied generator failing; the EOS
+        ids were read for the first prompt only)."""
+        from genlm.core.mock import MockLM
+
+        lm = MockLM([bytes([b]) for b in range(8)])
+        every = range(8)
+        one = run(lm.sample((t for t in [1, 2]), max_tokens=5, eos_token_ids=every, seed=0))
+        both = run(
+            lm.batch_sample([(t for t in [1, 2]), [3]], 5, eos_token_ids=iter(every), seed=0)
+        )
+        assert len(one) == 1 and [len(tokens) for tokens in both] == [1, 1]  # all are EOS
+        with pytest.raises(TypeError, match="eos_token_ids must be a list"):
+            run(lm.sample([1], max_tokens=2, eos_token_ids=5))
+        lm.close()
 
     def test_sample_over_a_nan_row_raises_not_token_0(self, lm):
         """A NaN row from the backend makes sample raise BackendError, not return [0]."""
@@ -708,3 +727,50 @@ def test_faulty_lm_variants_form_separate_batches():
     )
     np.testing.assert_allclose(rows[1], lm.expected((2,)), atol=1e-6)
     lm.close()
+
+
+class TestConstructorArguments:
+    """Bad options fail when the model is made, not at every request."""
+
+    @pytest.mark.parametrize(
+        ("kwargs", "says"),
+        [
+            ({"max_wait_s": float("nan")}, "max_wait_s must be finite"),  # requests hung
+            ({"max_wait_s": float("inf")}, "max_wait_s must be finite"),
+            ({"cache_bytes": float("nan")}, "max_bytes must be >= 0"),  # cache silently off
+            ({"max_context_length": 2.5}, "max_context_length must be an integer"),
+            ({"max_context_length": True}, "max_context_length must be an integer"),
+            ({"latency_s": -1}, "latency_s must be finite"),
+            ({"seed": 2**64}, "seed must fit in 64 bits"),
+            ({"seed": 1.5}, "seed must be an integer"),
+        ],
+    )
+    def test_bad_options_are_refused_when_made(self, kwargs, says):
+        from genlm.core.mock import MockLM
+
+        with pytest.raises((TypeError, ValueError), match=says):
+            MockLM([b"a", b"b"], **kwargs)
+
+    def test_a_ragged_backend_batch_is_a_backend_error(self):
+        """Rows numpy cannot stack are the backend's fault: BackendError, not the
+        ValueError an InvalidContextError caller would take for bad input."""
+        from genlm.core.mock import MockLM
+
+        class Ragged(MockLM):
+            def _logprobs_batch(self, contexts, variant):
+                return [np.zeros(2), np.zeros(3)][: len(contexts)]
+
+        lm = Ragged([b"a", b"b"], cache_bytes=0)
+        with pytest.raises(BackendError, match="cannot stack"):
+            lm.batch_next_token_logprobs_sync([[0], [1]])
+        lm.close()
+
+    @pytest.mark.parametrize("contexts", [{(0,), (1,)}, {(0,): 1, (1,): 2}])
+    def test_a_batch_of_contexts_must_be_ordered(self, contexts):
+        """Row i answers contexts[i], so a set or dict of contexts is refused."""
+        from genlm.core.mock import MockLM
+
+        lm = MockLM([b"a", b"b"])
+        with pytest.raises(TypeError, match="ordered sequence"):
+            lm.batch_next_token_logprobs_sync(contexts)
+        lm.close()

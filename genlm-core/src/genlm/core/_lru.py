@@ -137,7 +137,7 @@ class ByteLRU(Generic[K, V]):
         on_evict: Callable[[K, V], None] | None = None,
         detach: Callable[[V], V] | None = None,
     ):
-        if max_bytes < 0:
+        if not max_bytes >= 0:  # NaN too: no entry would ever fit
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes
         self._on_evict = on_evict
@@ -277,7 +277,7 @@ class ByteLRU(Generic[K, V]):
         Raises:
             ValueError: a negative ``max_bytes``.
         """
-        if max_bytes < 0:
+        if not max_bytes >= 0:  # NaN too: no entry would ever fit
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         with self.lock:
             self.max_bytes = max_bytes

@@ -15,11 +15,12 @@ import concurrent.futures
 import enum
 import logging
 import math
+import numbers
 import operator
 import sys
 import threading
 import weakref
-from collections.abc import Collection, Hashable, Sequence
+from collections.abc import Collection, Hashable, Iterable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -117,8 +118,14 @@ class BatchedLM(abc.ABC):
     ):
         if len(vocab) == 0:
             raise ValueError("a model needs a non-empty vocabulary")
-        if max_context_length is not None and max_context_length < 1:
-            raise ValueError(f"max_context_length must be >= 1 or None, got {max_context_length}")
+        if max_context_length is not None and (
+            isinstance(max_context_length, bool)
+            or not isinstance(max_context_length, numbers.Integral)
+            or max_context_length < 1
+        ):
+            raise ValueError(
+                f"max_context_length must be an integer >= 1 or None, got {max_context_length!r}"
+            )
         #: The longest context accepted (None: no limit); checked by every request.
         self.max_context_length = max_context_length
         self._vocab = vocab
@@ -243,6 +250,10 @@ class BatchedLM(abc.ABC):
         ids, copies and hashes them in one pass; whatever it does not accept (numpy ints,
         bad input) is checked in Python, which converts it or names the problem.
         """
+        if isinstance(contexts, (set, frozenset, dict)):  # row i answers contexts[i]
+            raise TypeError(
+                f"contexts must be an ordered sequence (a list), got a {type(contexts).__name__}"
+            )
         variant = self._request_variant(variant)
         size, check = self._vocab_size, self._validate_ids
         if _make_request is None:
@@ -389,7 +400,13 @@ class BatchedLM(abc.ABC):
             rows = split_torch(out, expected, self._label(), self.stable_batches)
             check_rows(*row_summary(rows.batch), expected[1], contexts, self._label())
             return rows
-        out = np.asarray(out)
+        try:
+            out = np.asarray(out)
+        except ValueError as exc:  # ragged rows: the backend's fault, not the caller's
+            raise BackendError(
+                f"{self._label()}: backend returned rows numpy cannot stack ({exc}), "
+                f"expected floats of shape {expected}"
+            ) from exc
         if out.shape != expected or out.dtype.kind != "f":
             raise BackendError(
                 f"{self._label()}: backend returned log-probabilities of shape {out.shape} "
@@ -421,13 +438,30 @@ class BatchedLM(abc.ABC):
         come back.
         """
         check_sampling_args(max_tokens, temperature)
-        return await self._sample(
-            prompt_token_ids, max_tokens, eos_token_ids, temperature, np.random.default_rng(seed)
-        )
+        request = self.validate_request(prompt_token_ids)
+        eos, rng = self._eos_ids(eos_token_ids), np.random.default_rng(seed)
+        return await self._sample(request, max_tokens, eos, temperature, rng)
 
-    async def _sample(self, prompt, max_tokens, eos_token_ids, temperature, rng) -> list[int]:
-        context = list(self.validate_request(prompt).ids)  # validated before the first await
-        eos = set(self._vocab.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    def _eos_ids(self, eos_token_ids: Iterable[int] | None) -> frozenset[int]:
+        """The ids a sample stops at, read once (an iterator is consumed here, not per
+        prompt): the vocabulary's EOS ids for None."""
+        if eos_token_ids is None:
+            return frozenset(self._vocab.eos_token_ids)
+        if isinstance(eos_token_ids, (int, np.integer)):
+            raise TypeError(f"eos_token_ids must be a list of token ids, got {eos_token_ids!r}")
+        return frozenset(eos_token_ids)
+
+    async def _sample(
+        self,
+        request: Request,
+        max_tokens: int,
+        eos: frozenset[int],
+        temperature: float,
+        rng: np.random.Generator,
+    ) -> list[int]:
+        """Draw from the validated ``request``'s context on (each step under the model's
+        variant when it is asked, as every call is)."""
+        context = list(request.ids)
         generated: list[int] = []
         limit = self.max_context_length
         # Stop, like vLLM's length cap, rather than lose the tokens drawn so far when the
@@ -452,14 +486,14 @@ class BatchedLM(abc.ABC):
         """:meth:`sample` for each prompt, concurrently, every prompt checked first; prompt
         ``i`` draws from stream ``i`` of ``numpy.random.SeedSequence(seed).spawn``."""
         check_sampling_args(max_tokens, temperature)
-        for prompt in prompts:
-            self.validate_request(prompt)
-        rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(len(prompts))]
+        requests = [self.validate_request(prompt) for prompt in prompts]
+        eos = self._eos_ids(eos_token_ids)
+        rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(len(requests))]
         return list(
             await asyncio.gather(
                 *(
-                    self._sample(p, max_tokens, eos_token_ids, temperature, rng)
-                    for p, rng in zip(prompts, rngs)
+                    self._sample(r, max_tokens, eos, temperature, rng)
+                    for r, rng in zip(requests, rngs)
                 )
             )
         )

@@ -45,7 +45,11 @@ def check_temperature(temperature: object) -> None:
         raise TypeError(
             f"temperature must be a real number, got {temperature!r} ({type(temperature).__name__})"
         )
-    if not math.isfinite(temperature) or temperature < 0:
+    try:
+        finite = math.isfinite(temperature)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite or temperature < 0:
         raise ValueError(f"temperature must be finite and >= 0 (0 is greedy), got {temperature}")
     if 0 < temperature < MIN_TEMPERATURE:
         raise ValueError(

@@ -54,6 +54,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import math
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Sequence
@@ -180,8 +181,8 @@ class AutoBatcher(Generic[I, R]):
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        if max_wait_s < 0:
-            raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
+        if not 0 <= max_wait_s < math.inf:  # NaN too: its deadlines would never come
+            raise ValueError(f"max_wait_s must be finite and >= 0, got {max_wait_s}")
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.run_batch = run_batch

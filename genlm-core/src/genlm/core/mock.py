@@ -8,6 +8,8 @@ two contexts never share one by accident), normalized over the vocabulary.
 from __future__ import annotations
 
 import hashlib
+import math
+import numbers
 import time
 from collections.abc import Hashable, Sequence
 from pathlib import Path
@@ -71,6 +73,12 @@ class MockLM(BatchedLM):
         super().__init__(vocab, tokenizer, **kwargs)
         if keep_batches < 0:
             raise ValueError(f"keep_batches must be >= 0, got {keep_batches}")
+        if not 0 <= latency_s < math.inf:
+            raise ValueError(f"latency_s must be finite and >= 0, got {latency_s}")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise TypeError(f"seed must be an integer, got {seed!r}")
+        if not -(2**63) <= seed < 2**63:  # it seeds an int64 stream per context
+            raise ValueError(f"seed must fit in 64 bits (int64), got {seed}")
         self.latency_s = latency_s
         self.seed = seed
         self.keep_batches = keep_batches
