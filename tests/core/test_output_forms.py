@@ -60,6 +60,10 @@ def test_a_request_names_a_served_variant():
     with pytest.raises(KeyError, match="'c'; loaded: 'a', 'b'"):
         lm.next_token_logprobs_sync([0], variant="c")
     lm.close()
+    unloaded = type("Unloaded", (AdapterMock,), {"_served_variants": lambda self: ()})(VOCAB)
+    with pytest.raises(KeyError, match="'a'; loaded: none"):  # adapters, none loaded yet
+        unloaded.next_token_logprobs_sync([0], variant="a")
+    unloaded.close()
 
 
 def test_numpy_output_is_unchanged_and_needs_no_torch():

@@ -183,16 +183,17 @@ class BatchedLM(abc.ABC):
         one of :meth:`_served_variants`.
 
         Raises:
-            ValueError: the model serves no variants.
-            KeyError: it serves others, listed in the message.
+            ValueError: the backend has no variants (it does not override
+                :meth:`_served_variants`).
+            KeyError: it has, but not this one (those loaded are listed).
         """
         if variant is None:
             return variant
-        served = self._served_variants()
-        if not served:
+        if type(self)._served_variants is BatchedLM._served_variants:
             raise ValueError(f"{self.name} has no variants (adapters); got variant={variant!r}")
+        served = self._served_variants()
         if variant not in served:
-            loaded = ", ".join(sorted(map(repr, served)))
+            loaded = ", ".join(sorted(map(repr, served))) or "none"
             raise KeyError(f"{self.name} has no variant (adapter) {variant!r}; loaded: {loaded}")
         return variant
 
