@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.bytes_lms import brute_force_next_symbol, run
+from support.bytes_lms import FixedLM, brute_force_next_symbol, run
 from support.imports import modules_loaded_by
 
 from genlm.bytes import (
@@ -32,7 +32,9 @@ VOCAB = Vocabulary(TOKENS, special_ids={0, 1}, bos_token_id=0, eos_token_ids=(1,
 @pytest.mark.parametrize("K", [1, 3, None])
 def test_seed_calls_give_bytelm_numbers(K):
     """genlm-control's sequence of calls equals ByteLM's beam stepped with ``prune=False``
-    (pruning only where the caller asks), EOS strings that are text included."""
+    (pruning only where the caller asks), with an EOS string that is also text. The prompt
+    ends outside any EOS token, where 0.2's end of prefill (the masses kept) and ByteLM's
+    (recomputed) agree; test_prefill_keeps_a_begun_eos_token_as_text covers the rest."""
 
     async def scenario():
         async with MockLM(VOCAB) as lm:
@@ -40,9 +42,9 @@ def test_seed_calls_give_bytelm_numbers(K):
             seed = await ByteBeamState.initial(lm, params)
             own_lm = ByteLM(lm, K=K, eos=[b"</s>", b"."], heal_max_splits=None)
             own = await own_lm.initial((0,))
-            seed = await seed.prefill(b"ab.")
-            own = await own.prefill(b"ab.")
-            for b in b"ab.abc":
+            seed = await seed.prefill(b"ab")
+            own = await own.prefill(b"ab")
+            for b in b".ab.abc":
                 assert seed.logZ == pytest.approx(own.logZ, abs=1e-12)
                 ps = (await seed.logp_next()).ps
                 normalized = (await own.logp_next(prune=False)).normalized()
@@ -241,9 +243,10 @@ def test_with_mode_and_lazy_trie_states():
             text = state.with_mode(TrieMode.WITHOUT_EOS)
             back = text.with_mode(TrieMode.WITH_EOS)
             assert len(lm.batches) == calls
-            # The '.' token counts as text only without EOS: more mass there.
-            assert text.logZ > state.logZ
-            assert back.logZ == pytest.approx(state.logZ, abs=1e-12)
+            # As 0.2 switches: the label changes, each candidate keeps its masses.
+            assert text.logZ == back.logZ == state.logZ
+            assert {s.mode for s in text} == {TrieMode.WITHOUT_EOS}
+            assert {s.mode for s in back} == {TrieMode.WITH_EOS}
             for s in state:
                 assert isinstance(s, LazyTrieState) and s.mode is TrieMode.WITH_EOS
                 lp = s.logp_next
@@ -254,6 +257,32 @@ def test_with_mode_and_lazy_trie_states():
                 moved = s << ord("a")
                 assert moved.partial == s.partial + b"a"
                 assert moved.weight == pytest.approx(s.weight + lp[ord("a")], abs=1e-9)
+
+    run(scenario())
+
+
+def test_prefill_keeps_a_begun_eos_token_as_text():
+    """0.2's prefill ends by switching to EOS mode with the masses kept, so an EOS token the
+    prompt began (b" " of the EOS string b" a") may still complete as text; stepping on
+    counts new boundaries in EOS mode, and cleanup leaves the states usable. Weights by hand
+    on a fixed LM: P(b) = .3, P(" a") = .25, P(" ") = .15, P(a) = .2 after every context."""
+    vocab = Vocabulary(
+        (b"<s>", b"</s>", b"a", b"b", b" a", b" "),
+        special_ids={0, 1},
+        bos_token_id=0,
+        eos_token_ids=(1,),
+    )
+
+    async def scenario():
+        lm = FixedLM(vocab, [0.0, 0.1, 0.2, 0.3, 0.25, 0.15])
+        state = await ByteBeamState.initial(lm, BeamParams(K=None, eos_byte_strings=[b" a"]))
+        state = await state.prefill(b"b ")
+        assert np.exp(state.logZ) == pytest.approx(0.3 * (0.25 + 0.15), rel=1e-12)
+        assert {s.mode for s in state} == {TrieMode.WITH_EOS}
+        await state.cleanup()
+        after = await (state.prune() << ord("a"))
+        # " a" completes as text (.3 * .25), or " " does and "a" starts anew (.3 * .15 * .2)
+        assert np.exp(after.logZ) == pytest.approx(0.3 * 0.25 + 0.3 * 0.15 * 0.2, rel=1e-12)
 
     run(scenario())
 

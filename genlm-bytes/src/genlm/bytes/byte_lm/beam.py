@@ -174,9 +174,18 @@ class ByteBeamState(BeamState):
         ]
 
     def with_mode(self, mode: TrieMode) -> ByteBeamState:
-        """:meth:`BeamState.with_eos_mode` by a :class:`TrieMode` or its value."""
-        return self._in_mode(TrieMode(mode) is TrieMode.WITH_EOS)
+        """The same candidates in ``mode`` (a :class:`TrieMode` or its value), as genlm-bytes
+        0.2 switches: each keeps the masses it has, and only masses fetched from now on
+        (new token boundaries) count EOS tokens as ``mode`` says. So a token begun as text
+        may still complete as text. (:meth:`BeamState.with_eos_mode` recomputes instead.)"""
+        return self._derive(self.candidates, eos_mode=TrieMode(mode) is TrieMode.WITH_EOS)
+
+    def _end_prefill(self) -> ByteBeamState:
+        """genlm-bytes 0.2's end of :meth:`prefill`: :meth:`with_mode` to EOS mode, the
+        masses kept (an EOS token the prompt began, or spelled whole, stays text)."""
+        return self.with_mode(TrieMode.WITH_EOS)
 
     async def cleanup(self) -> None:
-        """:meth:`aclose`: release the model's caches (shared by all its states)."""
-        await self.aclose()
+        """Release the model's caches (shared by all its states), as genlm-bytes 0.2's
+        releases its trie's task: the states stay usable, the caches fill again on use."""
+        self.byte_lm.clear_cache()
