@@ -54,3 +54,24 @@ def test_a_new_boundary_counts_against_the_candidates_that_go_on_with_the_byte(t
         assert ((0, 2) in contexts) is kept
 
     run(scenario())
+
+
+def test_a_threshold_that_drops_every_candidate_is_an_error_not_nan():
+    """After "ab" two tokenizations hold half the mass each (P(a) P(b) = P(ab) = .1); a
+    threshold of 0.5 keeps neither, and logp_next says so (it returned NaN rows)."""
+    from genlm.bytes import UnreachableByteError
+
+    vocab = Vocabulary(
+        (b"<s>", b"</s>", b"a", b"b", b"ab"), special_ids={0, 1}, bos_token_id=0, eos_token_ids=(1,)
+    )
+
+    async def scenario():
+        lm = FixedLM(vocab, [0.0, 0.25, 0.4, 0.25, 0.1])
+        state = await ByteLM(lm, K=None, prune_threshold=0.5).initial((0,))
+        state = await state.prefill(b"ab")
+        shares = sorted(np.exp([c.weight - state.logZ for c in state.candidates]))
+        assert shares == pytest.approx([0.5, 0.5])
+        with pytest.raises(UnreachableByteError, match="prune_threshold=0.5 dropped every"):
+            await state.logp_next()
+
+    run(scenario())

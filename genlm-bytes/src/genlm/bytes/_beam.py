@@ -361,6 +361,11 @@ class BeamState(AsyncClosing):
         """The next symbol's :class:`NextByteLogprobs`, on the pruned beam (unless
         ``prune=False``) normalized by its mass: exact conditionals when nothing is pruned."""
         beam = self.prune() if prune else self
+        if not beam.candidates:  # a threshold can drop candidates of equal shares alike
+            raise UnreachableByteError(
+                f"the beam after {_tail(self.data)} is empty: prune_threshold="
+                f"{self.byte_lm.prune_threshold} dropped every candidate"
+            )
         trie = self.byte_lm.trie
         symbols: list[np.ndarray] = []
         values: list[np.ndarray] = []
