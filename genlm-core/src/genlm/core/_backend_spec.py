@@ -18,6 +18,12 @@ _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 _TARGET = re.compile(r"^[\w.]+:[\w.]+$")
 
 
+def _check_target(field: str, value: str) -> None:
+    """Raise ``ValueError`` unless ``value`` looks like ``"package.module:callable"``."""
+    if not _TARGET.match(value):
+        raise ValueError(f"{field} {value!r} must look like 'package.module:callable'")
+
+
 def _resolve(target: str) -> Any:
     """Import ``"package.module:attr.path"`` and return the attribute."""
     module_name, _, qualname = target.partition(":")
@@ -59,8 +65,7 @@ class BackendSpec:
     @probe.validator
     def _check_probe(self, attribute, value):
         if isinstance(value, str):
-            if not _TARGET.match(value):
-                raise ValueError(f"probe {value!r} must look like 'package.module:callable'")
+            _check_target("probe", value)
         elif value is not None and not callable(value):
             raise TypeError(f"probe must be callable, a 'module:callable' path or None: {value!r}")
         try:  # specs are compared and hashed when plugins claim names
@@ -82,8 +87,7 @@ class BackendSpec:
 
     @loader.validator
     def _check_loader(self, attribute, value):
-        if not _TARGET.match(value):
-            raise ValueError(f"loader {value!r} must look like 'package.module:callable'")
+        _check_target("loader", value)
 
     @plugin_api.validator
     def _check_plugin_api(self, attribute, value):

@@ -15,7 +15,6 @@ import concurrent.futures
 import enum
 import logging
 import math
-import numbers
 import operator
 import sys
 import threading
@@ -41,7 +40,7 @@ from genlm.core._rows import (
 )
 from genlm.core._sampling import check_sampling_args, sample_token
 from genlm.core._scheduler import AutoBatcher
-from genlm.core._validation import validate_context
+from genlm.core._validation import is_integer, is_unordered, validate_context
 from genlm.core._vocab import Vocabulary
 from genlm.core._worker import ModelWorker
 
@@ -119,9 +118,7 @@ class BatchedLM(abc.ABC):
         if len(vocab) == 0:
             raise ValueError("a model needs a non-empty vocabulary")
         if max_context_length is not None and (
-            isinstance(max_context_length, bool)
-            or not isinstance(max_context_length, numbers.Integral)
-            or max_context_length < 1
+            not is_integer(max_context_length) or max_context_length < 1
         ):
             raise ValueError(
                 f"max_context_length must be an integer >= 1 or None, got {max_context_length!r}"
@@ -173,25 +170,25 @@ class BatchedLM(abc.ABC):
         """
         return None
 
-    def _served_variants(self) -> Collection[Hashable]:
+    def _served_variants(self) -> Collection[Hashable] | None:
         """The variants a request may name besides None (the base model): a backend with
-        adapters returns their names (hf and vllm: the loaded LoRA adapters)."""
-        return ()
+        adapters returns their names (hf and vllm: the loaded LoRA adapters, maybe none
+        yet); None, the default, when it has no variants at all."""
+        return None
 
     def _check_variant(self, variant: Hashable) -> Hashable:
         """Validate a per-request ``variant=`` (on the caller, before queueing): None, or
         one of :meth:`_served_variants`.
 
         Raises:
-            ValueError: the backend has no variants (it does not override
-                :meth:`_served_variants`).
+            ValueError: the backend has no variants (:meth:`_served_variants` is None).
             KeyError: it has, but not this one (those loaded are listed).
         """
         if variant is None:
             return variant
-        if type(self)._served_variants is BatchedLM._served_variants:
-            raise ValueError(f"{self.name} has no variants (adapters); got variant={variant!r}")
         served = self._served_variants()
+        if served is None:
+            raise ValueError(f"{self.name} has no variants (adapters); got variant={variant!r}")
         if variant not in served:
             loaded = ", ".join(sorted(map(repr, served))) or "none"
             raise KeyError(f"{self.name} has no variant (adapter) {variant!r}; loaded: {loaded}")
@@ -251,7 +248,7 @@ class BatchedLM(abc.ABC):
         ids, copies and hashes them in one pass; whatever it does not accept (numpy ints,
         bad input) is checked in Python, which converts it or names the problem.
         """
-        if isinstance(contexts, (set, frozenset, dict)):  # row i answers contexts[i]
+        if is_unordered(contexts):  # row i answers contexts[i]
             raise TypeError(
                 f"contexts must be an ordered sequence (a list), got a {type(contexts).__name__}"
             )

@@ -16,6 +16,8 @@ import sys
 
 import numpy as np
 
+from genlm.core._validation import is_integer
+
 #: The smallest positive temperature, about ``5.6e-309``: below it ``1 / temperature``
 #: overflows float64.
 MIN_TEMPERATURE = math.nextafter(1 / sys.float_info.max, 1)
@@ -23,7 +25,7 @@ MIN_TEMPERATURE = math.nextafter(1 / sys.float_info.max, 1)
 
 def check_sampling_args(max_tokens: object, temperature: object) -> None:
     """Reject a bad ``max_tokens`` or ``temperature`` (see the module)."""
-    if isinstance(max_tokens, (bool, np.bool_)) or not isinstance(max_tokens, numbers.Integral):
+    if not is_integer(max_tokens):
         raise TypeError(
             f"max_tokens must be an integer, got {max_tokens!r} ({type(max_tokens).__name__})"
         )

@@ -8,6 +8,7 @@ was not, takes the Python path, which converts numpy integers and names the prob
 from __future__ import annotations
 
 import functools
+import numbers
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
@@ -21,6 +22,19 @@ except ImportError:  # not built (no C compiler at install): the Python checks a
     _first_doubt = None
 
 __all__ = ["validate_context"]
+
+
+def is_unordered(value: object) -> bool:
+    """Whether ``value`` is a set or mapping: its iteration order means nothing, so it can
+    be neither a context (ids in order) nor a batch of contexts (row i for item i)."""
+    return isinstance(value, (AbstractSet, Mapping))
+
+
+def is_integer(value: object) -> bool:
+    """Whether ``value`` is an integer (a Python or numpy one) and not a bool: the test of
+    every integer option (``max_tokens``, ``max_context_length``, a mock's ``seed``)."""
+    return not isinstance(value, (bool, np.bool_)) and isinstance(value, numbers.Integral)
+
 
 #: Vocabularies up to this size check ids against a set of the valid ones (one C-level
 #: pass, a third of ``min`` plus ``max``; 2**18 ids cost about 16 MiB, once per size).
@@ -58,7 +72,7 @@ def validate_context(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ..
                 f"expected a sequence of token ids, got {type(token_ids).__name__}; "
                 "tokenize text first (e.g. lm.tokenizer.encode(text))"
             )
-        if isinstance(token_ids, (AbstractSet, Mapping)):
+        if is_unordered(token_ids):
             raise InvalidContextError(
                 f"expected an ordered sequence of token ids, got a {type(token_ids).__name__}, "
                 "whose order is not a context; pass a list or tuple"

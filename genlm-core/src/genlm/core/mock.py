@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import numbers
 import time
 from collections.abc import Hashable, Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 
 from genlm.core._embedded import resolve_model_path
 from genlm.core._model import BatchedLM
+from genlm.core._validation import is_integer
 from genlm.core._vocab import Vocabulary
 
 
@@ -75,7 +75,7 @@ class MockLM(BatchedLM):
             raise ValueError(f"keep_batches must be >= 0, got {keep_batches}")
         if not 0 <= latency_s < math.inf:
             raise ValueError(f"latency_s must be finite and >= 0, got {latency_s}")
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        if not is_integer(seed):
             raise TypeError(f"seed must be an integer, got {seed!r}")
         if not -(2**63) <= seed < 2**63:  # it seeds an int64 stream per context
             raise ValueError(f"seed must fit in 64 bits (int64), got {seed}")

@@ -87,13 +87,13 @@ def build_parser(
             if on_error is None:
                 raise
             on_error(command, exc)
-            command_parser.set_defaults(_run=functools.partial(_broken_command, command, exc))
+            command_parser.set_defaults(_run=functools.partial(_broken_command, exc))
             continue
         command_parser.set_defaults(_run=command.run)
     return parser
 
 
-def _broken_command(command: Command, exc: Exception, args: argparse.Namespace) -> int:
+def _broken_command(exc: Exception, args: argparse.Namespace) -> int:
     raise CLIError(f"this command's plugin failed to set it up: {exc!r}") from exc
 
 
