@@ -253,10 +253,12 @@ class BeamState(AsyncClosing):
             if K is not None and byte_lm.lookahead and upcoming:
                 ahead = upcoming[: byte_lm.lookahead - 1]
                 prefetch = _likely_boundaries(self, new, start, above, K, ahead)
-            logZ = None  # the threshold's mass, as genlm-bytes 0.2 steps: the candidates
-            if byte_lm.log_prune_threshold > -np.inf:  # going on inside their tokens with
+            # The mass a new boundary's share is of, as genlm-bytes 0.2 steps: the
+            # candidates going on inside their tokens with this byte (plus the boundaries).
+            logZ = None
+            if byte_lm.log_prune_threshold > -np.inf:
                 logZ = logsumexp(np.array([c.weight for c in new])) if new else -np.inf
-            for b in await self.boundaries(above, prefetch, logZ):  # this byte, + boundaries
+            for b in await self.boundaries(above, prefetch, logZ):
                 weight = b.logp + float(b.next.mass[start])
                 if weight > -np.inf:
                     new.append(Candidate(b.context, b.logp, start, b.next, weight))

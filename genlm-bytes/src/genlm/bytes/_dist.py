@@ -102,31 +102,34 @@ class NextByteLogprobs:
             ValueError: a temperature :func:`genlm.core.backend.check_temperature` refuses,
                 or no byte and no EOS has positive probability here.
         """
-        check_temperature(temperature)
-        best = float(np.max(self.logprobs))
-        if not np.isfinite(best):
-            raise ValueError("no byte and no EOS has positive probability here")
-        if temperature == 0:
+        scaled = self._scaled(temperature)
+        if scaled is None:
             out = np.full(len(self.logprobs), -np.inf)
             out[self.argmax()] = 0.0
             return out
-        with np.errstate(over="ignore"):
-            scaled = (self.logprobs - best) / temperature  # as sample() scales them
         return scaled - logsumexp(scaled)
 
     def sample(self, rng: np.random.Generator, temperature: float = 1.0) -> int:
         """Draw the next symbol with ``rng`` (see the class)."""
+        scaled = self._scaled(temperature)
+        if scaled is None:
+            return self.argmax()
+        p = np.exp(scaled)
+        return int(rng.choice(len(p), p=p / p.sum()))
+
+    def _scaled(self, temperature: float) -> np.ndarray | None:
+        """The log-probabilities shifted to a maximum of 0, then divided by ``temperature``
+        (None at 0: greedy, no draw), after the checks :meth:`sample` and :meth:`tempered`
+        share. Shifting first, as core's sampler does, makes a tiny temperature send only
+        the others to -inf (probability below float64's range), never all."""
         check_temperature(temperature)
         best = float(np.max(self.logprobs))
         if not np.isfinite(best):
             raise ValueError("no byte and no EOS has positive probability here")
         if temperature == 0:
-            return self.argmax()
-        # Shift to a maximum of 0 before dividing, as core's sampler does: a tiny temperature
-        # then sends only the others to -inf (probability below float64's range), never all.
+            return None
         with np.errstate(over="ignore"):
-            p = np.exp((self.logprobs - best) / temperature)
-        return int(rng.choice(len(p), p=p / p.sum()))
+            return (self.logprobs - best) / temperature
 
     def top(self, k: int = 10) -> list[tuple[int, float]]:
         """Up to ``k`` pairs ``(symbol, logprob)``, best first; impossible symbols left out."""
