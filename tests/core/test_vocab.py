@@ -7,6 +7,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -314,6 +315,85 @@ class TestTiktoken:
         assert vocab.special_ids == {310} and vocab[300] == b"ab"
         assert vocab.decode(enc.encode("abc ab")) == b"abc ab"
         assert 280 not in vocab.text_ids and 300 in vocab.text_ids
+
+
+# Tokens added by hand to stories260K's tokenizer (Llama 2's normalizer: Prepend("▁") and
+# Replace(" ", "▁")): two matched on normalized text (add_tokens' default), one on the raw
+# text, one special.
+NORMALIZED_ADDED = ("zzqq", "a b")
+RAW_ADDED, SPECIAL_ADDED = "qqxx", "<tool>"
+added_texts = st.lists(
+    st.sampled_from([*NORMALIZED_ADDED, RAW_ADDED, SPECIAL_ADDED, " ", "a", "b", "z", "q", "xy"]),
+    min_size=1,
+    max_size=10,
+).map("".join)
+
+
+def stories_with_added(tmp_root: Path) -> tuple[Any, dict[str, Vocabulary]]:
+    """stories260K's tokenizer with the tokens above added, and its Vocabulary read by each
+    reader: a tokenizers.Tokenizer, a transformers tokenizer wrapping it, its tokenizer.json."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tk = tokenizers.Tokenizer.from_file(str(FIXTURES / "tokenizers/stories260K/tokenizer.json"))
+    tk.add_tokens([tokenizers.AddedToken(t, normalized=True) for t in NORMALIZED_ADDED])
+    tk.add_tokens([tokenizers.AddedToken(RAW_ADDED, normalized=False)])
+    tk.add_special_tokens([tokenizers.AddedToken(SPECIAL_ADDED, normalized=False)])
+    tk.save(str(tmp_root / "tokenizer.json"))
+    vocabs = {
+        "tokenizers": Vocabulary.from_tokenizer(tk),
+        "json": Vocabulary.from_tokenizer_json(tmp_root),
+    }
+    transformers = pytest.importorskip("transformers")
+    vocabs["transformers"] = Vocabulary.from_tokenizer(
+        transformers.PreTrainedTokenizerFast(tokenizer_object=tk)
+    )
+    return tk, vocabs
+
+
+class TestAddedTokens:
+    @pytest.fixture(scope="class")
+    def added(self, tmp_path_factory):
+        return stories_with_added(tmp_path_factory.mktemp("added"))
+
+    def test_normalized_added_token_is_word_initial(self, added):
+        """An added token matched on normalized text stands for its normalized content, spelled
+        as text (Llama 2: b" " + content, as a word-initial model token); others for their
+        content."""
+        tk, vocabs = added
+        for vocab in vocabs.values():
+            assert [vocab[tk.token_to_id(t)] for t in NORMALIZED_ADDED] == [b" zzqq", b" a b"]
+            assert vocab[tk.token_to_id(RAW_ADDED)] == b"qqxx"
+            assert tk.token_to_id(SPECIAL_ADDED) in vocab.special_ids
+
+    @property_settings
+    @given(s=added_texts)
+    def test_ids_join_to_the_text(self, added, s):
+        """Texts with normalized added tokens join to b" " + s, as plain text does; with any
+        added token, the ids join to what the tokenizer's own decoder writes (which drops
+        the first ▁'s space)."""
+        tk, vocabs = added
+        ids = tk.encode(s, add_special_tokens=False).ids
+        decoded = tk.decode(ids, skip_special_tokens=False).encode("utf-8")
+        for vocab in vocabs.values():
+            joined = vocab.decode(ids, keep_special=True)
+            assert joined.removeprefix(b" ") == decoded
+            if RAW_ADDED not in s and SPECIAL_ADDED not in s:
+                assert joined == b" " + s.encode("utf-8")
+
+    def test_json_reader_names_a_normalizer_it_cannot_apply(self, tmp_path):
+        """The json-only reader applies Llama-style normalizers; another one, met by a
+        normalized added token, is an error naming it (it would otherwise guess bytes)."""
+        spec = json.loads((FIXTURES / "tokenizers/stories260K/tokenizer.json").read_text())
+        spec["normalizer"] = {"type": "Precompiled", "precompiled_charsmap": None}
+        (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+        plain = Vocabulary.from_tokenizer_json(FIXTURES / "tokenizers/stories260K")
+        # No normalized added token: the normalizer is never needed.
+        assert Vocabulary.from_tokenizer_json(tmp_path).tokens == plain.tokens
+        spec["added_tokens"].append(
+            {"id": 512, "content": "zzqq", "special": False, "normalized": True}
+        )
+        (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+        with pytest.raises(ValueError, match="Precompiled"):
+            Vocabulary.from_tokenizer_json(tmp_path)
 
 
 class TestShapes:

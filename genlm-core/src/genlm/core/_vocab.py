@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping
+import unicodedata
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,74 @@ def _model_vocab(model: Mapping[str, Any]) -> dict[int, str]:
     return {int(i): tok for tok, i in vocab.items()}
 
 
+def _added_texts(
+    added: Mapping[int, tuple[str, bool, bool]],
+    scheme: _Scheme,
+    normalizer: Callable[[], Callable[[str], str] | None],
+) -> dict[int, tuple[str, bool]]:
+    """Added tokens ``id -> (content, special, normalized)`` as ``id -> (text, special)``,
+    ``text`` being what the token stands for in the input.
+
+    A tokenizer matches an added token on the raw input, except a non-special one flagged
+    ``normalized`` (``add_tokens``' default), which it matches on the normalizer's output:
+    under Llama 2's normalizer (``Prepend("▁")``, ``Replace(" ", "▁")``) the added token
+    ``zzqq`` is ``▁zzqq``, so it stands for ``" zzqq"``, as a word-initial model token
+    does. ``normalizer`` makes the normalizer (None: the tokenizer has none); it is called
+    only when such a token exists.
+    """
+    normalize: Callable[[str], str] | None = None  # made for the first such token
+    texts = {}
+    for i, (content, special, normalized) in added.items():
+        if normalized and not special:
+            if normalize is None:
+                normalize = normalizer() or (lambda text: text)
+            content = normalize(content)
+            if scheme.kind == "sentencepiece":
+                content = content.replace(scheme.space, " ")
+        texts[i] = (content, special)
+    return texts
+
+
+def _json_normalizer(node: Any) -> Callable[[str], str] | None:
+    """A tokenizer.json ``normalizer`` as a function, for the json-only reader: the
+    components Llama-style tokenizers use (``Sequence``, ``Prepend``, ``Replace`` of a
+    string) and Unicode normal forms and ``Lowercase``.
+
+    Raises:
+        ValueError: another component (a regex ``Replace``, ``Precompiled``...); the
+            tokenizers library reads it (:meth:`Vocabulary.from_tokenizer`).
+    """
+    if node is None:
+        return None
+    steps: list[Callable[[str], str]] = []
+    for c in _components(node):
+        kind = c.get("type")
+        pattern = (c.get("pattern") or {}).get("String")
+        if kind == "Sequence":
+            continue
+        if kind == "Prepend":
+            steps.append(lambda text, prefix=c["prepend"]: prefix + text if text else text)
+        elif kind == "Replace" and pattern is not None:
+            steps.append(lambda text, old=pattern, new=c["content"]: text.replace(old, new))
+        elif kind in ("NFC", "NFD", "NFKC", "NFKD"):
+            steps.append(lambda text, form=kind: unicodedata.normalize(form, text))
+        elif kind == "Lowercase":
+            steps.append(str.lower)
+        else:
+            raise ValueError(
+                f"tokenizer.json: an added token is matched on normalized text, and its "
+                f"normalizer {kind!r} is not one the json reader applies; read the tokenizer "
+                "with the tokenizers library instead (Vocabulary.from_tokenizer)"
+            )
+
+    def normalize(text: str) -> str:
+        for step in steps:
+            text = step(text)
+        return text
+
+    return normalize
+
+
 def _build(
     model_tokens: Mapping[int, str],
     added: Mapping[int, tuple[str, bool]],
@@ -172,7 +241,8 @@ def _build(
     bos: int | None = None,
     eos: Iterable[int] = (),
 ) -> Vocabulary:
-    """Build a Vocabulary from model tokens, added tokens ``id -> (content, special)``, a scheme."""
+    """Build a Vocabulary from model tokens, added tokens ``id -> (text, special)`` (see
+    :func:`_added_texts`), a scheme."""
     ids = [*model_tokens, *added]
     n = max(ids) + 1 if ids else 0
     if size is None:
@@ -187,8 +257,7 @@ def _build(
     assigned[model_ids] = True
     special = set(extra_special)
     for i, (content, is_special) in added.items():
-        # Added tokens are matched on the raw input text, so their bytes are their content.
-        tokens[i] = content.encode("utf-8")
+        tokens[i] = content.encode("utf-8")  # the text it stands for (see _added_texts)
         assigned[i] = True
         if is_special:
             special.add(i)
@@ -225,13 +294,10 @@ def _is_transformers(tokenizer: Any) -> bool:
 
 def _from_tokenizers_backend(
     tokenizer: Any,
-) -> tuple[dict[int, str], dict[int, tuple[str, bool]], dict]:
-    """Read a ``tokenizers.Tokenizer`` through its getters (``to_str`` is ~1 s on Llama 3)."""
+) -> tuple[dict[int, str], dict[int, tuple[str, bool]], dict, _Scheme]:
+    """Read a ``tokenizers.Tokenizer`` through its getters (``to_str`` is ~1 s on Llama 3):
+    model tokens, added tokens ``id -> (text, special)``, its components' spec, its scheme."""
     model_tokens = {i: tok for tok, i in tokenizer.get_vocab(with_added_tokens=False).items()}
-    added = {
-        int(i): (t.content, bool(t.special))
-        for i, t in tokenizer.get_added_tokens_decoder().items()
-    }
 
     def state(component: Any) -> Any:
         return None if component is None else json.loads(component.__getstate__())
@@ -243,7 +309,16 @@ def _from_tokenizers_backend(
         "post_processor": state(tokenizer.post_processor),
         "model": {"byte_fallback": bool(getattr(tokenizer.model, "byte_fallback", False))},
     }
-    return model_tokens, added, spec
+    scheme = _scheme_from_spec(spec)
+    added = _added_texts(
+        {
+            int(i): (t.content, bool(t.special), bool(t.normalized))
+            for i, t in tokenizer.get_added_tokens_decoder().items()
+        },
+        scheme,
+        lambda: None if tokenizer.normalizer is None else tokenizer.normalizer.normalize_str,
+    )
+    return model_tokens, added, spec, scheme
 
 
 def _from_tiktoken(encoding: Any, size: int | None) -> Vocabulary:
@@ -291,8 +366,7 @@ def _from_transformers(tokenizer: Any, size: int | None) -> Vocabulary:
     eos = [tokenizer.eos_token_id]
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        model_tokens, added, spec = _from_tokenizers_backend(backend)
-        scheme = _scheme_from_spec(spec)
+        model_tokens, added, _, scheme = _from_tokenizers_backend(backend)
     else:
         added = {
             int(i): (t.content, bool(t.special))
@@ -346,7 +420,10 @@ class Vocabulary:
     SentencePiece tokenizers). They are never ordinary text: the tokenizer emits them only when
     it matches their literal in the input or adds them itself, so ``tokens[i]`` holds their
     literal only for display and ``decode`` skips them by default. Added tokens that are not
-    flagged special are ordinary text whose bytes are their content. ``unused_ids`` are holes
+    flagged special are ordinary text whose bytes are their content, or, for one flagged
+    ``normalized`` (matched on the normalizer's output, as ``add_tokens`` does by default),
+    their normalized content spelled as text: ``zzqq`` added to Llama 2 is b" zzqq", like
+    a word-initial model token. ``unused_ids`` are holes
     in the id space and padding rows of a model whose logits are wider than the tokenizer;
     their bytes are b"".
 
@@ -445,10 +522,10 @@ class Vocabulary:
         if _is_transformers(tokenizer):
             return _from_transformers(tokenizer, size)
         if module.startswith("tokenizers") or hasattr(tokenizer, "get_added_tokens_decoder"):
-            model_tokens, added, spec = _from_tokenizers_backend(tokenizer)
+            model_tokens, added, spec, scheme = _from_tokenizers_backend(tokenizer)
             bos_name = _template_bos(spec["post_processor"])
             bos = next((i for i, (c, _) in added.items() if c == bos_name), None)
-            return _build(model_tokens, added, _scheme_from_spec(spec), size, bos=bos)
+            return _build(model_tokens, added, scheme, size, bos=bos)
         raise TypeError(
             f"cannot read a vocabulary from {type(tokenizer).__qualname__} ({module}); "
             "expected a transformers tokenizer, a tokenizers.Tokenizer or a tiktoken Encoding"
@@ -466,10 +543,19 @@ class Vocabulary:
         directory, file = (path, path / "tokenizer.json") if path.is_dir() else (path.parent, path)
         spec = json.loads(file.read_text(encoding="utf-8"))
         model_tokens = _model_vocab(spec.get("model") or {})
-        added = {
-            int(t["id"]): (t["content"], bool(t.get("special", False)))
-            for t in spec.get("added_tokens") or ()
-        }
+        scheme = _scheme_from_spec(spec)
+        added = _added_texts(
+            {
+                int(t["id"]): (
+                    t["content"],
+                    bool(t.get("special", False)),
+                    bool(t.get("normalized", not t.get("special", False))),
+                )
+                for t in spec.get("added_tokens") or ()
+            },
+            scheme,
+            lambda: _json_normalizer(spec.get("normalizer")),
+        )
         names: dict[str, Any] = {}
         for name in (
             "special_tokens_map.json",
@@ -487,7 +573,7 @@ class Vocabulary:
         return _build(
             model_tokens,
             added,
-            _scheme_from_spec(spec),
+            scheme,
             size,
             bos=ids.get(bos_name) if bos_name else None,
             eos=[ids.get(eos_name)] if eos_name else [],
