@@ -18,6 +18,13 @@ class-scoped fixtures defined as instance methods)::
 Every check runs its coroutines with ``asyncio.run``, one event loop per check, so the
 suite also proves the model survives successive event loops. Tolerances are class
 attributes, so a backend with batch-dependent kernels can loosen ``atol`` explicitly.
+
+The contexts are made to catch what state reuse and padding get wrong: their lengths are
+out of order, two are of equal length, one extends an earlier context and one is a prefix
+of an earlier context (a KV cache resumes or crops them), all within the model's
+``max_context_length``. Rows computed one after the other, each after whatever state the
+previous ones left, must equal rows computed from a cleared model, and a row the caller
+holds must not change when later rows are computed.
 """
 
 from __future__ import annotations
@@ -51,15 +58,33 @@ class AsyncLMConformance:
     @pytest.fixture(scope="class")
     @classmethod
     def contexts(cls, lm: AsyncLM) -> list[list[int]]:
-        """A few distinct valid contexts of different lengths (override to choose them)."""
+        """A few distinct valid contexts (override to choose them; see the module): random
+        bodies of 5, 2 and 8 tokens, the 2-token one extended by a token, one more of that
+        length, and the 8-token one's first 4 tokens, after the BOS token if the model has
+        one; lengths are capped at ``max_context_length`` (duplicates the cap makes are
+        dropped)."""
         rng = np.random.default_rng(1234)
         start = [] if lm.vocab.bos_token_id is None else [lm.vocab.bos_token_id]
+        limit = getattr(lm, "max_context_length", None)
+        room = 8 if limit is None else max(1, min(8, limit - len(start)))
         text_ids = np.asarray(lm.vocab.text_ids)
-        out = []
-        for length in (1, 2, 3, 5, 8):
-            body = [int(t) for t in rng.choice(text_ids, size=length)]
-            out.append(start + body)
+
+        def body(length: int) -> list[int]:
+            return [int(t) for t in rng.choice(text_ids, size=min(length, room))]
+
+        five, two, eight = body(5), body(2), body(8)
+        bodies = [five, two, eight, (two + body(1))[:room], body(3), eight[:4]]
+        out: list[list[int]] = []
+        for b in bodies:
+            if start + b not in out:
+                out.append(start + b)
         return out
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def prompt(cls, contexts: list[list[int]]) -> list[int]:
+        """The shortest context: the sampling checks' prompt."""
+        return min(contexts, key=len)
 
     # ---- shape and numerics ------------------------------------------------------
 
@@ -120,15 +145,42 @@ class AsyncLMConformance:
             )
 
     def test_cache_hit_equals_miss(self, lm, contexts):
-        """A repeated request (a cache hit) returns what the first one computed."""
+        """A repeated request returns what the first one computed: exactly where the model
+        has an output cache (a hit), within ``atol`` where it recomputes."""
+        cache = getattr(lm, "output_cache", None)
         lm.clear_cache()
         first = np.array(asyncio.run(lm.next_token_logprobs(contexts[2])))
         again = asyncio.run(lm.next_token_logprobs(contexts[2]))
-        np.testing.assert_array_equal(first, again)
+        if cache is not None and cache.max_bytes > 0:
+            np.testing.assert_array_equal(first, again)
+        else:
+            np.testing.assert_allclose(again, first, atol=self.atol)
         lm.clear_cache()
         np.testing.assert_allclose(
             asyncio.run(lm.next_token_logprobs(contexts[2])), first, atol=self.atol
         )
+
+    def test_reused_state_equals_fresh(self, lm, contexts):
+        """Rows computed one after another, each after the state the previous calls left
+        (KV or other caches resumed, extended, cropped), equal rows from a cleared model."""
+        fresh = []
+        for context in contexts:
+            lm.clear_cache()
+            fresh.append(np.array(asyncio.run(lm.next_token_logprobs(context))))
+        lm.clear_cache()
+        for context, expected in zip(contexts, fresh):
+            row = asyncio.run(lm.next_token_logprobs(context))
+            np.testing.assert_allclose(row, expected, atol=self.atol, err_msg=str(context))
+
+    def test_held_rows_do_not_change(self, lm, contexts):
+        """A row the caller holds stays what it was while later rows are computed (a backend
+        that reuses an output buffer must say so: see ``BatchedLM.stable_batches``)."""
+        lm.clear_cache()
+        held = asyncio.run(lm.next_token_logprobs(contexts[0]))
+        copy = np.array(held)
+        asyncio.run(lm.batch_next_token_logprobs(contexts[1:]))
+        lm.next_token_logprobs_sync(contexts[-1])
+        np.testing.assert_array_equal(held, copy)
 
     # ---- bad input -------------------------------------------------------------------
 
@@ -170,39 +222,47 @@ class AsyncLMConformance:
 
     # ---- sampling --------------------------------------------------------------------
 
-    def test_sample_honours_max_tokens(self, lm, contexts):
-        """A sample never exceeds max_tokens, and max_tokens=0 gives nothing."""
-        out = asyncio.run(lm.sample(contexts[0], max_tokens=4, eos_token_ids=[], seed=0))
-        assert len(out) == 4
-        assert all(0 <= t < len(lm.vocab) for t in out)
-        assert asyncio.run(lm.sample(contexts[0], max_tokens=0, eos_token_ids=[], seed=0)) == []
+    @staticmethod
+    def _room(lm: AsyncLM, prompt: list[int], wanted: int) -> int:
+        """``wanted`` tokens, or fewer where the model's context limit stops a sample
+        (the last token is drawn from a context of exactly the limit)."""
+        limit = getattr(lm, "max_context_length", None)
+        return wanted if limit is None else max(0, min(wanted, limit + 1 - len(prompt)))
 
-    def test_sample_stops_at_eos(self, lm, contexts):
+    def test_sample_honours_max_tokens(self, lm, prompt):
+        """A sample never exceeds max_tokens, and max_tokens=0 gives nothing."""
+        n = self._room(lm, prompt, 4)
+        out = asyncio.run(lm.sample(prompt, max_tokens=4, eos_token_ids=[], seed=0))
+        assert len(out) == n
+        assert all(0 <= t < len(lm.vocab) for t in out)
+        assert asyncio.run(lm.sample(prompt, max_tokens=0, eos_token_ids=[], seed=0)) == []
+
+    def test_sample_stops_at_eos(self, lm, prompt):
         """A sample ends with the first EOS token it draws."""
         everything = list(range(len(lm.vocab)))
-        out = asyncio.run(lm.sample(contexts[0], max_tokens=5, eos_token_ids=everything, seed=0))
+        out = asyncio.run(lm.sample(prompt, max_tokens=5, eos_token_ids=everything, seed=0))
         assert len(out) == 1
-        greedy = asyncio.run(lm.sample(contexts[0], max_tokens=6, eos_token_ids=[], temperature=0))
-        eos = [greedy[2]]
-        stopped = asyncio.run(
-            lm.sample(contexts[0], max_tokens=6, eos_token_ids=eos, temperature=0)
-        )
+        greedy = asyncio.run(lm.sample(prompt, max_tokens=6, eos_token_ids=[], temperature=0))
+        assert len(greedy) == self._room(lm, prompt, 6)
+        eos = [greedy[min(2, len(greedy) - 1)]]
+        stopped = asyncio.run(lm.sample(prompt, max_tokens=6, eos_token_ids=eos, temperature=0))
         assert stopped == greedy[: greedy.index(eos[0]) + 1]
 
-    def test_sample_is_seeded(self, lm, contexts):
+    def test_sample_is_seeded(self, lm, contexts, prompt):
         """The same seed gives the same tokens; batch_sample returns one list per prompt."""
-        a = asyncio.run(lm.sample(contexts[1], max_tokens=6, eos_token_ids=[], seed=7))
-        b = asyncio.run(lm.sample(contexts[1], max_tokens=6, eos_token_ids=[], seed=7))
+        a = asyncio.run(lm.sample(prompt, max_tokens=6, eos_token_ids=[], seed=7))
+        b = asyncio.run(lm.sample(prompt, max_tokens=6, eos_token_ids=[], seed=7))
         assert a == b
-        batch = asyncio.run(lm.batch_sample(contexts[:3], max_tokens=3, eos_token_ids=[], seed=11))
-        again = asyncio.run(lm.batch_sample(contexts[:3], max_tokens=3, eos_token_ids=[], seed=11))
+        prompts = sorted(contexts, key=len)[:3]
+        batch = asyncio.run(lm.batch_sample(prompts, max_tokens=3, eos_token_ids=[], seed=11))
+        again = asyncio.run(lm.batch_sample(prompts, max_tokens=3, eos_token_ids=[], seed=11))
         assert batch == again
-        assert [len(s) for s in batch] == [3, 3, 3]
+        assert [len(s) for s in batch] == [self._room(lm, p, 3) for p in prompts]
 
-    def test_greedy_sample_follows_argmax(self, lm, contexts):
+    def test_greedy_sample_follows_argmax(self, lm, prompt):
         """temperature=0 picks the most likely token at every step."""
-        out = asyncio.run(lm.sample(contexts[0], max_tokens=3, eos_token_ids=[], temperature=0))
-        context = list(contexts[0])
+        out = asyncio.run(lm.sample(prompt, max_tokens=3, eos_token_ids=[], temperature=0))
+        context = list(prompt)
         for token in out:
             row = lm.next_token_logprobs_sync(context)
             assert row[token] >= row.max() - self.atol

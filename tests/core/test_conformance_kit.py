@@ -1,0 +1,181 @@
+"""The conformance kit fails backends with the bugs state reuse and padding make, and passes
+correct ones it used to fail (a short context limit, nondeterministic kernels).
+
+The kit is run on each backend in a child pytest (its checks are pytest tests), and the
+checks that failed are read from the child's summary.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+BACKENDS = textwrap.dedent(
+    '''
+    import numpy as np
+    import pytest
+    from scipy.special import logsumexp
+
+    from genlm.core import Vocabulary
+    from genlm.core.backend import BatchedLM
+    from genlm.core.mock import mock_logprobs
+    from genlm.core.testing import AsyncLMConformance
+
+    V = 512
+    VOCAB = Vocabulary(
+        (b"<s>", b"</s>") + tuple(b"t%d" % i for i in range(V - 2)),
+        special_ids={0, 1}, bos_token_id=0, eos_token_ids=(1,),
+    )
+
+
+    class Correct(BatchedLM):
+        stable_batches = True
+
+        def __init__(self, **options):
+            super().__init__(VOCAB, **options)
+
+        def _logprobs_batch(self, contexts, variant):
+            return np.stack([mock_logprobs(c, V) for c in contexts])
+
+
+    class SortsByLength(Correct):
+        """Pads by sorting the batch by length, and returns the rows in that order."""
+
+        def _logprobs_batch(self, contexts, variant):
+            return super()._logprobs_batch(sorted(contexts, key=len), variant)
+
+
+    class StalePrefixState(Correct):
+        """Resumes a context from a cached prefix's state and returns the prefix's row."""
+
+        def __init__(self, **options):
+            super().__init__(**options)
+            self.state = {}
+
+        def _clear_backend_cache(self):
+            self.state.clear()
+
+        def _logprobs_batch(self, contexts, variant):
+            rows = []
+            for c in contexts:
+                hit = next((c[:k] for k in range(len(c), 0, -1) if c[:k] in self.state), c)
+                rows.append(self.state.setdefault(hit, mock_logprobs(hit, V)))
+                self.state.setdefault(c, rows[-1])
+            return np.stack(rows)
+
+
+    class CacheKeyedByLength(Correct):
+        """Keys its own row cache by the context's length."""
+
+        def __init__(self, **options):
+            super().__init__(**options)
+            self.rows = {}
+
+        def _clear_backend_cache(self):
+            self.rows.clear()
+
+        def _logprobs_batch(self, contexts, variant):
+            return np.stack([self.rows.setdefault(len(c), mock_logprobs(c, V)) for c in contexts])
+
+
+    class ReusesItsBuffer(Correct):
+        """Declares stable_batches but writes each batch into the array it returned last."""
+
+        def __init__(self, **options):
+            super().__init__(**options)
+            self.buffer = np.zeros((64, V), dtype=np.float32)
+
+        def _logprobs_batch(self, contexts, variant):
+            self.buffer[: len(contexts)] = super()._logprobs_batch(contexts, variant)
+            return self.buffer[: len(contexts)]
+
+
+    class Noisy(Correct):
+        """Correct, with kernels that differ by about 1e-6 from call to call."""
+
+        def __init__(self, **options):
+            super().__init__(**options)
+            self.rng = np.random.default_rng(0)
+
+        def _logprobs_batch(self, contexts, variant):
+            rows = super()._logprobs_batch(contexts, variant)
+            rows = rows + self.rng.normal(0, 1e-6, rows.shape)
+            return rows - logsumexp(rows, axis=1, keepdims=True)
+
+
+    def kit(backend, atol=1e-4, **options):
+        class Kit(AsyncLMConformance):
+            @pytest.fixture(scope="class")
+            @classmethod
+            def lm(cls):
+                model = backend(**options)
+                yield model
+                model.close()
+
+        Kit.atol = atol
+        return Kit
+
+
+    TestCorrect = kit(Correct)
+    TestCorrectUncached = kit(Correct, cache_bytes=0)
+    TestShortLimit = kit(Correct, max_context_length=6)
+    TestNoisyUncached = kit(Noisy, atol=1e-3, cache_bytes=0)
+    TestSortsByLength = kit(SortsByLength)
+    TestStalePrefixState = kit(StalePrefixState)
+    TestStalePrefixStateUncached = kit(StalePrefixState, cache_bytes=0)
+    TestCacheKeyedByLength = kit(CacheKeyedByLength, cache_bytes=0)
+    TestReusesItsBuffer = kit(ReusesItsBuffer, cache_bytes=0)
+    '''
+)
+
+
+@pytest.fixture(scope="module")
+def failed_checks(tmp_path_factory) -> dict[str, set[str]]:
+    """Each kit class of the module above and the checks of it that failed."""
+    folder = tmp_path_factory.mktemp("kit")
+    (folder / "test_backends.py").write_text(BACKENDS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", "-c", os.devnull]
+        + ["--rootdir", str(folder), str(folder / "test_backends.py")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=Path(folder),
+        env=env,
+    )
+    assert "passed" in run.stdout, run.stdout + run.stderr
+    failed: dict[str, set[str]] = {}
+    for cls, check in re.findall(r"^FAILED \S+::(\w+)::(\w+)", run.stdout, re.MULTILINE):
+        failed.setdefault(cls, set()).add(check)
+    return failed
+
+
+@pytest.mark.parametrize(
+    "cls", ["TestCorrect", "TestCorrectUncached", "TestShortLimit", "TestNoisyUncached"]
+)
+def test_correct_backends_pass(failed_checks, cls):
+    """A correct backend passes: with or without the output cache, with a context limit
+    of 6 tokens, and with kernels that vary within ``atol`` and no cache."""
+    assert cls not in failed_checks
+
+
+@pytest.mark.parametrize(
+    ("cls", "check"),
+    [
+        ("TestSortsByLength", "test_batch_equals_single"),
+        ("TestStalePrefixState", "test_reused_state_equals_fresh"),
+        ("TestStalePrefixStateUncached", "test_reused_state_equals_fresh"),
+        ("TestCacheKeyedByLength", "test_reused_state_equals_fresh"),
+        ("TestReusesItsBuffer", "test_held_rows_do_not_change"),
+    ],
+)
+def test_broken_backends_fail(failed_checks, cls, check):
+    """Each broken backend fails the check aimed at its bug."""
+    assert check in failed_checks.get(cls, set())
