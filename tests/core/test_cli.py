@@ -260,6 +260,31 @@ def test_smc_with_forbid_shows_weights_ess_and_posterior(capsys, byte_mock):
     assert sum(w for w, _ in report["posterior"]) == pytest.approx(1, abs=1e-3)
 
 
+def test_smc_names_what_it_estimates_at_any_temperature(capsys, byte_mock):
+    """With --forbid the estimate is log P(constraint holds) at every proposal temperature
+    (the weights correct for it; it was called "log Z" unless the temperature was 1), and
+    the constraint line names each forbidden character (not a substring)."""
+    argv = ["smc", "Once", "--backend", "mock", "--forbid", "zy", "--max-tokens", "3"]
+    assert main([*argv, "--temperature", "2", "--seed", "0", "--no-progress"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("constraint: none of 'z', 'y' in the continuation (254 of 256")
+    assert lines[1].startswith("log P(constraint holds) estimate: ")
+
+
+def test_a_reader_leaving_early_ends_the_command_quietly(monkeypatch, capsys, fresh_registry):
+    """`genlm backends --json | head -1`: the closed pipe ends the command with status 1 and
+    no error line (it printed "error: BrokenPipeError"), and stdout no longer raises."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    stdout = open(write_end, "w", buffering=1)  # noqa: SIM115 - line-buffered; closed below
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert main(["backends", "--json"]) == 1
+    print("after the reader left")  # no BrokenPipeError: stdout is now the null device
+    monkeypatch.undo()
+    stdout.close()
+    assert capsys.readouterr().err == ""
+
+
 def test_smc_without_a_constraint_keeps_equal_weights(capsys, byte_mock):
     """At temperature 1 without a constraint the proposal is exact: equal weights, ESS = n."""
     argv = ["smc", "Once", "--backend", "mock", "--particles", "4", "--max-tokens", "5"]

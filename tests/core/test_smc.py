@@ -7,6 +7,7 @@ import pytest
 from scipy.special import logsumexp
 
 from genlm.core import InvalidContextError, Vocabulary
+from genlm.core.backend import BatchedLM
 from genlm.core.mock import MockLM, mock_logprobs
 from genlm.core.smc import effective_sample_size, forbid_bytes, smc, systematic_resample
 
@@ -217,3 +218,102 @@ def test_particles_stop_at_the_models_context_limit():
         asyncio.run(smc(limited, [0] * 6, max_tokens=3))
     limited.close()
     free.close()
+
+
+class TrapLM(BatchedLM):
+    """Over ``a b </s>``: ``a`` then ``b`` for sure, else a:b:</s> = 2:1:1. With ``b``
+    forbidden, a particle that draws ``a`` has no allowed token of positive probability."""
+
+    stable_batches = True
+
+    def __init__(self):
+        super().__init__(Vocabulary((b"a", b"b", b"</s>"), special_ids={2}, eos_token_ids=(2,)))
+
+    def _logprobs_batch(self, contexts, variant):
+        rows = []
+        for context in contexts:
+            if context[-1] == 0:
+                rows.append([-np.inf, 0.0, -np.inf])
+            else:
+                rows.append(np.log([0.5, 0.25, 0.25]))
+        return np.array(rows, dtype=np.float32)
+
+
+def test_every_particle_dead_estimates_zero():
+    """Runs where every particle reaches weight 0 estimate Z as 0 (log -inf), so the mean of
+    exp(log_marginal) over runs stays unbiased; they used to raise RuntimeError, and the runs
+    that returned averaged 0.75 for an exact Z of 0.25 (2 tokens from 'b', 'b' forbidden:
+    only EOS first, probability 1/4)."""
+    lm, mask = TrapLM(), np.array([True, False, True])
+    estimates = []
+    for seed in range(400):
+        result = asyncio.run(smc(lm, [1], n_particles=2, max_tokens=2, seed=seed, token_mask=mask))
+        estimates.append(np.exp(result.log_marginal))
+        if result.log_marginal == -np.inf:
+            assert result.ess == 0.0 and not result.weights.any()
+    lm.close()
+    estimates = np.array(estimates)
+    assert (estimates == 0).any()
+    standard_error = estimates.std() / np.sqrt(len(estimates))
+    assert abs(estimates.mean() - 0.25) < 4 * standard_error
+
+
+def test_a_nan_row_is_an_error_not_a_dead_particle():
+    """An allowed NaN in a row (an AsyncLM that is not a checked backend) raises ValueError
+    naming it; it used to set the particle's weight to 0 silently."""
+
+    class NaNLM(MockLM):
+        async def next_token_logprobs(self, token_ids, **options):
+            row = np.array(await super().next_token_logprobs(token_ids, **options))
+            row[2] = np.nan
+            return row
+
+    lm = NaNLM(VOCAB)
+    with pytest.raises(ValueError, match="NaN"):
+        run_smc(lm, [0], n_particles=2, max_tokens=2, seed=0)
+    forbid_c = np.array([True, True, False, True, True])
+    assert len(run_smc(lm, [0], n_particles=2, max_tokens=2, seed=0, token_mask=forbid_c).particles)
+    lm.close()
+
+
+def test_arguments_of_the_wrong_type_are_rejected(lm):
+    """A fractional or boolean particle count, a boolean ESS threshold, a bare EOS id, a mask
+    of ids or floats and a bad prompt fail before any request, naming the argument."""
+    for n_particles in (2.5, True, np.float64(3.0)):
+        with pytest.raises(TypeError, match="n_particles"):
+            asyncio.run(smc(lm, [0], n_particles=n_particles))
+    with pytest.raises(TypeError, match="ess_threshold"):
+        asyncio.run(smc(lm, [0], ess_threshold=True))
+    with pytest.raises(TypeError, match="eos_token_ids"):
+        asyncio.run(smc(lm, [0], eos_token_ids=2))
+    for mask in ([0, 1, 2, 3, 4], [1, 1, 1, 1, 0.5]):
+        with pytest.raises(TypeError, match="token_mask must be booleans"):
+            asyncio.run(smc(lm, [0], token_mask=mask))
+    for prompt in ([], "hello", [99]):
+        with pytest.raises(InvalidContextError):
+            asyncio.run(smc(lm, prompt, max_tokens=0))
+    assert lm.batches == []
+
+
+class FixedDraw:
+    """An rng whose uniform draw is fixed, for systematic resampling's edge draws."""
+
+    def __init__(self, u: float):
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
+def test_systematic_resampling_never_keeps_a_particle_of_weight_zero():
+    """At the edges of the uniform draw and of rounding, a particle of weight 0 is never
+    kept: a draw of 0 kept a dead first particle, and positions rounding up past the
+    cumulative sum went to a dead last one."""
+    assert list(systematic_resample(np.array([-np.inf, 0.0, 0.0]), FixedDraw(0.0))) == [1, 1, 2]
+    largest = np.nextafter(1.0, 0.0)  # the largest draw random() can make
+    for n in range(2, 40):
+        log_weights = np.log(np.random.default_rng(n).random(n))
+        log_weights[-1] = -np.inf
+        for u in (0.0, largest):
+            keep = systematic_resample(log_weights, FixedDraw(u))
+            assert keep.max() < n - 1 and list(keep) == sorted(keep)

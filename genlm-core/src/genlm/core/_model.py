@@ -19,7 +19,7 @@ import operator
 import sys
 import threading
 import weakref
-from collections.abc import Collection, Hashable, Iterable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -38,7 +38,7 @@ from genlm.core._rows import (
     split_torch,
     stack_output,
 )
-from genlm.core._sampling import check_sampling_args, sample_token
+from genlm.core._sampling import check_sampling_args, eos_id_set, sample_token
 from genlm.core._scheduler import AutoBatcher
 from genlm.core._validation import is_integer, is_unordered, validate_context
 from genlm.core._vocab import Vocabulary
@@ -437,17 +437,8 @@ class BatchedLM(abc.ABC):
         """
         check_sampling_args(max_tokens, temperature)
         request = self.validate_request(prompt_token_ids)
-        eos, rng = self._eos_ids(eos_token_ids), np.random.default_rng(seed)
+        eos, rng = eos_id_set(eos_token_ids, self._vocab.eos_token_ids), np.random.default_rng(seed)
         return await self._sample(request, max_tokens, eos, temperature, rng)
-
-    def _eos_ids(self, eos_token_ids: Iterable[int] | None) -> frozenset[int]:
-        """The ids a sample stops at, read once (an iterator is consumed here, not per
-        prompt): the vocabulary's EOS ids for None."""
-        if eos_token_ids is None:
-            return frozenset(self._vocab.eos_token_ids)
-        if isinstance(eos_token_ids, (int, np.integer)):
-            raise TypeError(f"eos_token_ids must be a list of token ids, got {eos_token_ids!r}")
-        return frozenset(eos_token_ids)
 
     async def _sample(
         self,
@@ -485,7 +476,7 @@ class BatchedLM(abc.ABC):
         ``i`` draws from stream ``i`` of ``numpy.random.SeedSequence(seed).spawn``."""
         check_sampling_args(max_tokens, temperature)
         requests = [self.validate_request(prompt) for prompt in prompts]
-        eos = self._eos_ids(eos_token_ids)
+        eos = eos_id_set(eos_token_ids, self._vocab.eos_token_ids)
         rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(len(requests))]
         return list(
             await asyncio.gather(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 import sys
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -58,6 +59,20 @@ def check_temperature(temperature: object) -> None:
             f"temperature {temperature} is too small: 1/temperature overflows float64 "
             f"(the smallest is {MIN_TEMPERATURE:.4g}); pass 0 for greedy sampling"
         )
+
+
+def eos_id_set(eos_token_ids: Iterable[int] | None, default: Iterable[int]) -> frozenset[int]:
+    """The ids a sampler stops at, read once (an iterator is consumed here, not per prompt):
+    ``default`` (the vocabulary's EOS ids) for None.
+
+    Raises:
+        TypeError: a bare int (``eos_token_ids=2``): a list of ids is meant.
+    """
+    if eos_token_ids is None:
+        return frozenset(default)
+    if isinstance(eos_token_ids, (int, np.integer)):
+        raise TypeError(f"eos_token_ids must be a list of token ids, got {eos_token_ids!r}")
+    return frozenset(eos_token_ids)
 
 
 def sample_token(logprobs: np.ndarray, rng: np.random.Generator, temperature: float = 1.0) -> int:

@@ -11,8 +11,11 @@ likely forbidden tokens loses weight; without a mask and at ``temperature=1`` th
 proposal is the target and the weights stay equal. Particles are resampled (systematic
 resampling) whenever the effective sample size falls below ``ess_threshold *
 n_particles``; a particle that draws an EOS token stops. ``log_marginal`` estimates the
-log of the target's normalizer: at ``temperature=1``, the log probability that the model's
-own continuation satisfies the constraint.
+log of the target's normalizer, the log probability that the model's own continuation
+satisfies the constraint, at every proposal temperature (the weights correct for it), and
+``exp(log_marginal)`` is unbiased. A particle reaching a context where the model gives
+every allowed token probability 0 gets weight 0; if every particle does, the estimate is
+0 (``log_marginal`` is ``-inf``), which keeps the average over runs unbiased.
 
 All particles of a step ask for their next-token distribution at once, so the model's
 scheduler evaluates them as one batch. (One task per particle rather than one
@@ -25,13 +28,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from numbers import Real
 
 import attrs
 import numpy as np
 from scipy.special import logsumexp
 
 from genlm.core._protocol import AsyncLM
-from genlm.core._sampling import check_sampling_args
+from genlm.core._sampling import check_sampling_args, eos_id_set
+from genlm.core._validation import is_integer, validate_context
 from genlm.core._vocab import Vocabulary
 
 
@@ -51,7 +56,8 @@ class SMCResult:
     Attributes:
         particles: final particles (weights not normalized).
         log_marginal: estimate of log Z, the log normalizer of the target (the log
-            probability that a model continuation satisfies the mask, at temperature 1).
+            probability that a model continuation satisfies the mask); ``-inf`` when every
+            particle reached weight 0.
         resampled_at: the steps (1-based) after which particles were resampled.
     """
 
@@ -66,8 +72,10 @@ class SMCResult:
 
     @property
     def weights(self) -> np.ndarray:
-        """Normalized weights, in particle order."""
+        """Normalized weights, in particle order (all 0 when every particle has weight 0)."""
         lw = np.array([p.log_weight for p in self.particles], dtype=np.float64)
+        if np.isneginf(lw).all():
+            return np.zeros_like(lw)
         return np.exp(lw - logsumexp(lw))
 
     @property
@@ -82,7 +90,10 @@ _ESS_RTOL = 1e-9
 
 
 def effective_sample_size(log_weights: np.ndarray) -> float:
-    """``1 / sum(w_i^2)`` of the normalized weights, from unnormalized log-weights."""
+    """``1 / sum(w_i^2)`` of the normalized weights, from unnormalized log-weights (0 when
+    every weight is 0)."""
+    if np.isneginf(log_weights).all():
+        return 0.0
     lw = log_weights - logsumexp(log_weights)
     return float(np.exp(-logsumexp(2 * lw)))
 
@@ -121,12 +132,17 @@ def systematic_resample(log_weights: np.ndarray, rng: np.random.Generator) -> np
 
     One uniform draw places ``n`` evenly spaced positions on the cumulative normalized
     weights; particle ``i`` is kept once per position falling in its share. Returns ``n``
-    indices in non-decreasing order.
+    indices in non-decreasing order. A particle of weight 0 has an empty share, so it is
+    never kept, whatever the draw and the rounding: a position is placed in the first share
+    that ends after it, and one that rounds up to the end goes to the last particle of
+    positive weight.
     """
     n = len(log_weights)
-    w = np.exp(log_weights - logsumexp(log_weights))
+    cdf = np.cumsum(np.exp(log_weights - logsumexp(log_weights)))
+    cdf /= cdf[-1]
     positions = (rng.random() + np.arange(n)) / n
-    return np.minimum(np.searchsorted(np.cumsum(w), positions), n - 1)
+    last = int(np.flatnonzero(np.isfinite(log_weights))[-1])
+    return np.minimum(np.searchsorted(cdf, positions, side="right"), last)
 
 
 async def smc(
@@ -159,28 +175,38 @@ async def smc(
             None allows every token. EOS tokens follow the mask like any other.
         on_step: called after each step with the step number (progress bars).
 
-    Bad arguments raise before any request (``temperature`` must be > 0 and pass
-    :func:`genlm.core.backend.check_temperature`; a mask must allow some token);
-    ``RuntimeError`` when every particle reached a context where the mask allows no token
-    the model gives positive probability.
+    Bad arguments raise before any request: ``TypeError`` for one of the wrong type (a
+    non-integer ``n_particles``, a mask that is not booleans, a bare int of EOS), else
+    ``ValueError`` (``temperature`` must be > 0 and pass
+    :func:`genlm.core.backend.check_temperature`; a mask must allow some token), and the
+    prompt's own :class:`~genlm.core.InvalidContextError`. A row holding NaN or ``+inf``
+    where the mask allows tokens raises ``ValueError``.
     """
+    if not is_integer(n_particles):
+        raise TypeError(f"n_particles must be an integer, got {n_particles!r}")
     if n_particles < 1:
         raise ValueError(f"n_particles must be >= 1, got {n_particles}")
     check_sampling_args(max_tokens, temperature)  # NaN, inf, bools, 2.5 tokens
     if temperature == 0:
         raise ValueError("temperature must be > 0 (SMC proposes by sampling), got 0")
+    if isinstance(ess_threshold, (bool, np.bool_)) or not isinstance(ess_threshold, Real):
+        raise TypeError(f"ess_threshold must be a real number, got {ess_threshold!r}")
     if not 0 <= ess_threshold <= 1:
         raise ValueError(f"ess_threshold must be in [0, 1], got {ess_threshold}")
     mask = None
     if token_mask is not None:
-        mask = np.asarray(token_mask, dtype=bool)
+        mask = np.asarray(token_mask)
+        if mask.dtype != bool:
+            raise TypeError(
+                f"token_mask must be booleans (forbid_bytes builds one), got {mask.dtype} values"
+            )
         if mask.shape != (len(lm.vocab),):
             raise ValueError(f"token_mask needs {len(lm.vocab)} entries, got shape {mask.shape}")
         if not mask.any():
             raise ValueError("token_mask allows no token")
+    eos = eos_id_set(eos_token_ids, lm.vocab.eos_token_ids)
+    prompt = list(validate_context(prompt, len(lm.vocab)))
     rng = np.random.default_rng(seed)
-    eos = set(lm.vocab.eos_token_ids if eos_token_ids is None else eos_token_ids)
-    prompt = list(prompt)
     limit = getattr(lm, "max_context_length", None)
     if limit is not None and len(prompt) <= limit:  # a longer prompt raises at step 1
         # Like sample: stop once the contexts would pass the model's limit (the last
@@ -196,8 +222,8 @@ async def smc(
         for particle, logp in zip(active, rows):
             _extend(particle, logp.astype(np.float64), mask, temperature, eos, rng)
         log_weights = np.array([p.log_weight for p in particles])
-        if np.isneginf(log_weights).all():
-            raise RuntimeError("every particle reached a context where the mask allows no token")
+        if np.isneginf(log_weights).all():  # Z estimated as 0: no step can change that
+            break
         if effective_sample_size(log_weights) < ess_threshold * n_particles * (1 - _ESS_RTOL):
             log_marginal += logsumexp(log_weights) - np.log(n_particles)
             keep = systematic_resample(log_weights, rng)
@@ -223,12 +249,20 @@ def _extend(
     A particle whose allowed tokens all have probability 0 gets weight 0 (log -inf) and
     stops: it cannot reach the target. The allowed log-probabilities are shifted to a
     maximum of 0 before dividing, so a tiny temperature cannot overflow them all to -inf.
+
+    Raises:
+        ValueError: an allowed entry of the row is NaN or ``+inf`` (no weight is right).
     """
     allowed = logp if mask is None else np.where(mask, logp, -np.inf)
-    top = allowed.max()
+    top = allowed.max()  # NaN if any allowed entry is
     if not np.isfinite(top):
-        particle.log_weight, particle.done = -np.inf, True
-        return
+        if top == -np.inf:
+            particle.log_weight, particle.done = -np.inf, True
+            return
+        raise ValueError(
+            f"the model returned log-probabilities holding {'NaN' if np.isnan(top) else '+inf'}"
+            f" after {len(particle.tokens)} new tokens"
+        )
     with np.errstate(over="ignore"):  # -inf: a probability below float64's range
         logq = (allowed - top) / temperature
     logq -= logsumexp(logq)

@@ -7,7 +7,8 @@ Imports stay light so that ``genlm backends`` starts fast.
 Errors a user can fix (a bad argument, an unknown backend, a missing model) end the
 command with one line on stderr, ``genlm: error: ...``, and a non-zero exit status:
 2 for bad arguments (argparse's convention), 1 for everything else. ``-v`` adds the
-traceback.
+traceback. A reader that leaves early (``genlm backends --json | head -1``) ends the
+command quietly with status 1.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -118,6 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("genlm: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (`genlm backends --json | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 1
     except Exception as exc:  # one line for the user; -v shows where it came from
         if args.verbose:
             traceback.print_exc()

@@ -82,8 +82,10 @@ async def _main(args: argparse.Namespace) -> int:
         mask = None
         if args.forbid is not None:
             mask = forbid_bytes(lm.vocab, args.forbid)
+            chars = args.forbid.decode()
+            which = f"no {chars!r}" if len(chars) == 1 else f"none of {', '.join(map(repr, chars))}"
             print(
-                f"constraint: no {args.forbid.decode()!r} in the continuation "
+                f"constraint: {which} in the continuation "
                 f"({int(mask.sum())} of {len(mask)} tokens allowed)"
             )
         with tqdm(total=args.max_tokens, desc="smc", unit="tok", disable=args.no_progress) as bar:
@@ -111,8 +113,10 @@ def print_result(lm, args: argparse.Namespace, result) -> None:
     """Weights, effective sample size, resampling steps and the posterior over texts."""
     texts = [decode(lm, p.tokens) for p in result.particles]
     weights = result.weights
-    what = "log P(constraint holds)" if args.forbid and args.temperature == 1 else "log Z"
+    what = "log P(constraint holds)" if args.forbid else "log Z"
     print(f"{what} estimate: {result.log_marginal:.4f}")
+    if not weights.any():
+        print("every particle reached a context where no allowed token has positive probability")
     steps = ", ".join(map(str, result.resampled_at))
     print(f"resampled {result.resampled} times" + (f" (after steps {steps})" if steps else ""))
     print(f"effective sample size: {result.ess:.2f} of {len(weights)} particles")
