@@ -599,6 +599,31 @@ class TestSamplingArguments:
             run(lm.sample([1], max_tokens=2, eos_token_ids=5))
         lm.close()
 
+    def test_a_failing_prompt_stops_the_rest_of_batch_sample(self):
+        """When one prompt's sampling fails, batch_sample cancels the others before it
+        raises: no task of it is left and the backend gets no more calls (a bare gather
+        left them sampling, 141 more forward passes in the review's run)."""
+
+        class FailsOnThirdStep(FaultyLM):
+            def _logprobs_batch(self, contexts, variant):
+                if any(c[0] == 7 and len(c) == 3 for c in contexts):
+                    raise RuntimeError("prompt 7's third step")
+                return super()._logprobs_batch(contexts, variant)
+
+        lm = FailsOnThirdStep(vocab_size=8, cache_bytes=0, max_batch_size=1)
+
+        async def scenario():
+            with pytest.raises(RuntimeError, match="third step"):
+                await lm.batch_sample([[1], [2], [3], [7]], 50, eos_token_ids=[], seed=0)
+            left = asyncio.all_tasks() - {asyncio.current_task()}
+            calls = len(lm.batches)
+            for _ in range(20):  # a task left behind would queue more batches meanwhile
+                await asyncio.sleep(0.001)
+            return left, len(lm.batches) - calls
+
+        assert run(scenario()) == (set(), 0)
+        lm.close()
+
     def test_sample_over_a_nan_row_raises_not_token_0(self, lm):
         """A NaN row from the backend makes sample raise BackendError, not return [0]."""
         lm.fail_context((1,), Fault(bad_row="nan"))

@@ -11,7 +11,6 @@ float32 tensors on the device the backend computed them on) unless the caller na
 
 from __future__ import annotations
 
-import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Self
@@ -24,6 +23,7 @@ from genlm.core import Vocabulary
 from genlm.core.backend import (
     BatchedLM,
     check_sampling_args,
+    gather_all,
     get_registry,
     resolve_model_path,
     sample_token,
@@ -62,7 +62,7 @@ class AsyncLM(ABC):
         self, token_ids_list: Sequence[Sequence[int]]
     ) -> torch.Tensor:
         """One row per context, concurrently: a ``(len(token_ids_list), V)`` tensor."""
-        rows = await asyncio.gather(*(self.next_token_logprobs(ids) for ids in token_ids_list))
+        rows = await gather_all(self.next_token_logprobs(ids) for ids in token_ids_list)
         return torch.stack(rows)
 
     def batch_next_token_logprobs_sync(
@@ -121,13 +121,9 @@ class AsyncLM(ABC):
         seed: int | None = None,
     ) -> list[list[int]]:
         """:meth:`sample` for each prompt, concurrently, each with the same ``seed``."""
-        return list(
-            await asyncio.gather(
-                *(
-                    self.sample(p, max_tokens, eos_token_ids, temperature, seed)
-                    for p in prompt_token_ids_list
-                )
-            )
+        return await gather_all(
+            self.sample(p, max_tokens, eos_token_ids, temperature, seed)
+            for p in prompt_token_ids_list
         )
 
 

@@ -12,12 +12,11 @@ False (prefilling), they count as the text they spell.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import numbers
 import sys
-from collections.abc import Awaitable, Iterable, Sequence
-from typing import Any, Self, TypeVar
+from collections.abc import Sequence
+from typing import Any, Self
 
 import numpy as np
 
@@ -25,36 +24,14 @@ from genlm.bytes._eos import split_eos
 from genlm.bytes._mass_cache import MassCache
 from genlm.bytes._types import NextTokens
 from genlm.core import TokenByteTrie
-from genlm.core.backend import compact_row
+from genlm.core.backend import compact_row, gather_all
 from genlm.core.backend import is_torch as _is_torch
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 
 class ByteLMClosedError(RuntimeError):
     """The :class:`ByteLM` was closed; make a new one."""
-
-
-async def gather_all(aws: Iterable[Awaitable[T]]) -> list[T]:
-    """Await all concurrently; on any failure or cancellation, cancel the rest and wait.
-
-    Unlike a bare ``asyncio.gather``, no task outlives the call, so a failed or
-    cancelled step leaves nothing pending behind. The first failure is raised itself (e.g.
-    ``InvalidContextError``), not the ``ExceptionGroup`` a ``TaskGroup`` wraps it in, so
-    callers can catch it as documented; the group is its ``__context__``.
-    """
-    try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(_as_coroutine(a)) for a in aws]
-    except ExceptionGroup as failures:
-        raise failures.exceptions[0]  # noqa: B904 - the group stays as __context__
-    return [t.result() for t in tasks]
-
-
-async def _as_coroutine(aw: Awaitable[T]) -> T:
-    return await aw
 
 
 def check_beam_options(

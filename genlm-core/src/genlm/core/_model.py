@@ -10,7 +10,6 @@ sampling and cleanup.
 from __future__ import annotations
 
 import abc
-import asyncio
 import concurrent.futures
 import enum
 import logging
@@ -25,6 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from genlm.core._errors import BackendError, InvalidContextError, ModelClosedError
+from genlm.core._gather import gather_all
 from genlm.core._output_cache import OutputCache
 from genlm.core._request import Request
 from genlm.core._rows import (
@@ -478,13 +478,8 @@ class BatchedLM(abc.ABC):
         requests = [self.validate_request(prompt) for prompt in prompts]
         eos = eos_id_set(eos_token_ids, self._vocab.eos_token_ids)
         rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(len(requests))]
-        return list(
-            await asyncio.gather(
-                *(
-                    self._sample(r, max_tokens, eos, temperature, rng)
-                    for r, rng in zip(requests, rngs)
-                )
-            )
+        return await gather_all(
+            self._sample(r, max_tokens, eos, temperature, rng) for r, rng in zip(requests, rngs)
         )
 
     def clear_cache(self) -> None:

@@ -11,10 +11,10 @@ caches and the byte-bounded LRU under them, the row planner for KV reuse, the pl
 registry, ``BackendSpec``, the plugin API version it declares (``PLUGIN_API``) and
 ``backend_hook`` (a plugin's registration hook made from its specs), and small helpers
 (``is_torch``, ``compact_row``, ``resolve_model_path``, the sampler and its argument checks,
-``lazy_exports`` and ``type_checking_exports``). Command plugins use :mod:`genlm.core.cli`
-(``Command``, ``command_hook``) and :mod:`genlm.core.hookspecs`. A distribution other
-than genlm-core uses only these public modules, never a ``genlm.core._private`` one
-(``tests/test_private_access.py`` checks).
+``gather_all``, ``lazy_exports`` and ``type_checking_exports``). Command plugins use
+:mod:`genlm.core.cli` (``Command``, ``command_hook``) and :mod:`genlm.core.hookspecs`. A
+distribution other than genlm-core uses only these public modules, never a
+``genlm.core._private`` one (``tests/test_private_access.py`` checks).
 
 Names load lazily, as in :mod:`genlm.core`: a backend's plugin module imports
 ``BackendSpec`` from here without loading numpy, and nothing here imports torch.
@@ -30,6 +30,7 @@ from genlm.core._lazy import type_checking_exports as _type_checking_exports
 if _TYPE_CHECKING:
     from genlm.core._backend_spec import BackendSpec as BackendSpec
     from genlm.core._embedded import resolve_model_path as resolve_model_path
+    from genlm.core._gather import gather_all as gather_all
     from genlm.core._lazy import lazy_exports as lazy_exports
     from genlm.core._lazy import type_checking_exports as type_checking_exports
     from genlm.core._lru import Block as Block
