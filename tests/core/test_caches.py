@@ -7,7 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genlm.core.backend import OutputCache, PrefixCache
+from genlm.core.backend import (
+    BatchRows,
+    OutputCache,
+    PrefixCache,
+    Request,
+    compact_row,
+    key_nbytes,
+)
 
 
 class TestOutputCache:
@@ -69,6 +76,41 @@ class TestOutputCache:
         assert len(cache) == 0 and cache.nbytes == 0
         with pytest.raises(ValueError, match="max_bytes must be >= 0"):
             cache.resize(-1)
+
+    def test_a_failed_row_copy_leaves_the_byte_count_exact(self, monkeypatch):
+        """When an eviction ends a batch's run and the copy of one of its rows held elsewhere
+        fails (MemoryError, a device out of memory), the error reaches the caller and the
+        cache still counts exactly what it holds. It swapped copies in one by one and fixed
+        its count after the loop: the count stayed wrong, 768 bytes with nothing held."""
+        cache = OutputCache(10_000)
+        keys = [Request(None, (i,)) for i in range(4)]
+        batch = np.zeros((4, 64), np.float32)
+        batch.setflags(write=False)
+        cache.put_many(keys, BatchRows(batch, batch))  # one block of 4 rows
+        cache.put(Request(None, (9,)), np.zeros(64, np.float32))
+        for key in keys[1:]:
+            cache.get(key)  # LRU order: (0,), (9,), (1,), (2,), (3,)
+        copies = []
+
+        def copy_or_fail(row):
+            copies.append(row)
+            if len(copies) == 2:
+                raise MemoryError("copy failed")
+            return compact_row(row)
+
+        monkeypatch.setattr(cache, "_detach", copy_or_fail)
+        with pytest.raises(MemoryError):
+            cache.resize(cache.nbytes - 1)  # evicts (0,): the rest of its batch is copied
+
+        def held_bytes() -> int:  # keys, plus each distinct array memory once
+            bases = {id(v.base if v.base is not None else v): v for _, v in cache.items()}
+            arrays = sum((v.base if v.base is not None else v).nbytes for v in bases.values())
+            return arrays + sum(key_nbytes(k) for k, _ in cache.items())
+
+        assert cache.nbytes == held_bytes()
+        for key in [*keys, Request(None, (9,))]:
+            cache.pop(key)
+        assert len(cache) == 0 and cache.nbytes == 0
 
     def test_zero_budget_disables_caching(self):
         """max_bytes=0 stores nothing."""

@@ -335,6 +335,48 @@ class TestClose:
         with pytest.raises(ModelClosedError):
             lm.next_token_logprobs_sync([1])
 
+    def test_no_batch_runs_after_the_backend_is_released(self, monkeypatch):
+        """A blocking caller that is between two batches when close starts gets
+        ModelClosedError for the next one: no batch runs on the released backend. close
+        queued the release, then closed the worker in a second step, and a batch submitted
+        between the two ran after the release (1 in 300 trials in the review). Here the
+        caller's next batch is forced into that moment: its running batch is let go only
+        once the worker's close is reached, and the close waits for the caller."""
+        lm = FaultyLM(cache_bytes=0, max_batch_size=1)
+        gate = threading.Event()
+        lm.fail_next_call(Fault(block=gate))
+        after_release: list[list[tuple[int, ...]]] = []
+        run_batch = lm._logprobs_batch
+
+        def recording(contexts, variant):
+            if lm.released.is_set():
+                after_release.append(list(contexts))
+            return run_batch(contexts, variant)
+
+        outcome: list[object] = []
+
+        def caller() -> None:  # three batches of one context each, the first blocked
+            try:
+                outcome.append(lm.batch_next_token_logprobs_sync([[2], [3], [4]]))
+            except ModelClosedError as exc:
+                outcome.append(exc)
+
+        close = lm.worker.close
+
+        def close_once_the_caller_is_done(wait: bool = True) -> None:
+            gate.set()
+            thread.join(5)
+            close(wait)
+
+        monkeypatch.setattr(lm, "_logprobs_batch", recording)
+        thread = threading.Thread(target=caller)
+        thread.start()
+        assert lm.started.wait(5)
+        monkeypatch.setattr(lm.worker, "close", close_once_the_caller_is_done)
+        lm.close()
+        assert lm.released.is_set() and after_release == []
+        assert len(outcome) == 1 and isinstance(outcome[0], ModelClosedError)
+
     def test_clear_cache_racing_close_does_not_raise(self, lm):
         """clear_cache() after close started is a no-op for the backend, not an error."""
         lm.next_token_logprobs_sync([1])

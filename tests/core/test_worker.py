@@ -189,6 +189,36 @@ class TestClose:
         worker._thread.join(5)
         assert not worker._thread.is_alive()
 
+    def test_waiting_for_the_stop_does_not_keep_the_loop_alive(self):
+        """Each loop that awaited wait_stopped() (every aclose does) is freed with its
+        asyncio.run while the worker lives on: the done-callback the worker's future keeps
+        for good held the loop and its future."""
+        worker = ModelWorker("test")
+        gate = threading.Event()
+        worker.submit(gate.wait, 5)
+        worker.close(wait=False)
+        loops = []
+
+        async def wait_then_stop():
+            loops.append(weakref.ref(asyncio.get_running_loop()))
+            if len(loops) == 2:  # the first wait was cut short; this one sees the stop
+                gate.set()
+                await asyncio.wait_for(worker.wait_stopped(), 5)
+            else:
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(worker.wait_stopped(), 0.01)
+
+        asyncio.run(wait_then_stop())
+        asyncio.run(wait_then_stop())
+
+        async def after_the_stop():  # a wait that starts once the worker has stopped
+            loops.append(weakref.ref(asyncio.get_running_loop()))
+            await worker.wait_stopped()
+
+        asyncio.run(after_the_stop())
+        gc.collect()
+        assert [ref() for ref in loops] == [None, None, None]
+
 
 # ---- random interleavings ---------------------------------------------------------------
 

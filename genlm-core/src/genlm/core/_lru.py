@@ -378,14 +378,19 @@ class ByteLRU(Generic[K, V]):
             value, nbytes, _ = entry
             return self._detach(value), nbytes + block.covers, None  # type: ignore[misc]
 
+        # Every copy is made before any entry changes: one that fails (MemoryError, a
+        # device out of memory) leaves the block and the byte count as they were.
+        copies: list[tuple[dict, K, Any]] = []
         for key in block.keys:
             entry = self._lru.get(key)
             if entry is not None and entry[2] is block:
-                self._lru[key] = detached(entry)
+                copies.append((self._lru, key, detached(entry)))
                 continue
             pinned = self._pinned.get(key) if self._pinned else None
             if pinned is not None and pinned[0][2] is block:
-                self._pinned[key] = (detached(pinned[0]), pinned[1])
+                copies.append((self._pinned, key, (detached(pinned[0]), pinned[1])))
+        for table, key, value in copies:
+            table[key] = value  # an existing key: its place in LRU order is kept
         # Every held entry of the block was detached: each now counts the part it covered.
         self._bytes += block.covers * block.held - block.nbytes
         block.held = 0

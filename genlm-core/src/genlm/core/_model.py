@@ -493,20 +493,20 @@ class BatchedLM(abc.ABC):
 
     def _begin_close(self) -> concurrent.futures.Future[None]:
         """Start closing, once: refuse new requests, fail queued ones, and queue the
-        backend's release on the worker right behind the calls already there, then stop
-        the worker. Nothing here waits, so a cancelled :meth:`aclose` still releases the
-        backend as soon as the running batch ends. Returns the release's future.
+        backend's release on the worker right behind the calls already there as its last
+        call (one step with the worker's close, so no batch can run after the release).
+        Nothing here waits, so a cancelled :meth:`aclose` still releases the backend as soon
+        as the running batch ends. Returns the release's future.
         """
         with self._close_lock:
             if self._release is None:
                 self.batcher.reject_new()
                 self._closed = True
-                try:
-                    self._release = self.worker.submit(self._close_backend)
+                try:  # the release is the worker's last call: none can follow it
+                    self._release = self.worker.close_after(self._close_backend)
                 except ModelClosedError:  # the worker was closed directly: nothing to run on
                     self._release = concurrent.futures.Future()
                     self._release.set_result(None)
-                self.worker.close(wait=False)
             return self._release
 
     async def aclose(self) -> None:

@@ -57,6 +57,18 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def _resolver(future: concurrent.futures.Future[Any]) -> Deliver:
+    """A delivery that resolves a thread-safe ``future`` with the call's outcome."""
+
+    def deliver(result: Any, exc: BaseException | None) -> None:
+        if exc is None:
+            future.set_result(result)
+        else:
+            future.set_exception(exc)
+
+    return deliver
+
+
 class ModelWorker:
     """A single named daemon thread that runs submitted calls in order.
 
@@ -154,14 +166,7 @@ class ModelWorker:
             ModelClosedError: the worker is closed.
         """
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        def deliver(result: Any, exc: BaseException | None) -> None:
-            if exc is None:
-                future.set_result(result)
-            else:
-                future.set_exception(exc)
-
-        self._put(fn, args, future.set_running_or_notify_cancel, deliver)
+        self._put(fn, args, future.set_running_or_notify_cancel, _resolver(future))
         return future
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -239,14 +244,34 @@ class ModelWorker:
     def _put(
         self, fn: Callable[..., Any], args: tuple, start: Callable[[], bool], deliver: Deliver
     ) -> None:
-        item = (contextvars.copy_context(), fn, args, start, deliver)
         with self._lock:
-            if self._closed:
-                raise ModelClosedError(f"{self.name} is closed")
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-                self._thread.start()
-            self._queue.put(item)
+            self._put_locked(fn, args, start, deliver)
+
+    def _put_locked(
+        self, fn: Callable[..., Any], args: tuple, start: Callable[[], bool], deliver: Deliver
+    ) -> None:
+        """Queue a call, starting the thread on first use (the lock is held)."""
+        if self._closed:
+            raise ModelClosedError(f"{self.name} is closed")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+        self._queue.put((contextvars.copy_context(), fn, args, start, deliver))
+
+    def close_after(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Queue ``fn()`` as the last call and close, in one step: a call another thread
+        submits meanwhile is refused (:class:`ModelClosedError`) rather than run after
+        ``fn`` (a model's release of its backend must be the last thing its worker runs).
+        Does not wait; returns the future of ``fn``'s outcome.
+
+        Raises:
+            ModelClosedError: the worker was already closed (``fn`` is not run).
+        """
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            self._put_locked(fn, (), future.set_running_or_notify_cancel, _resolver(future))
+            self._close_locked()
+        return future
 
     async def wait_stopped(self) -> None:
         """Wait, without blocking the event loop, until the thread has stopped.
@@ -255,15 +280,25 @@ class ModelWorker:
         """
         loop = asyncio.get_running_loop()
         stopped: asyncio.Future[None] = loop.create_future()
+        # The done-callback stays on ``self.stopped`` for good (a concurrent future keeps
+        # its callbacks), so it reaches the loop through this list, emptied after the wait:
+        # a model must not keep every loop that ever awaited its close alive.
+        waiting = [loop, stopped]
 
         def wake(_: concurrent.futures.Future) -> None:
+            target = waiting[:]  # one atomic copy: the wait may end meanwhile
+            if not target:
+                return
             try:
-                loop.call_soon_threadsafe(_resolve, stopped)
+                target[0].call_soon_threadsafe(_resolve, target[1])
             except RuntimeError:  # that loop is closed: nobody is waiting
                 pass
 
         self.stopped.add_done_callback(wake)
-        await stopped
+        try:
+            await stopped
+        finally:
+            waiting.clear()
 
     def close(self, wait: bool = True) -> None:
         """Refuse new calls, finish the queued ones, then stop the thread. Idempotent.
@@ -273,12 +308,17 @@ class ModelWorker:
                 the first) waits, except on the worker thread itself, which cannot.
         """
         with self._lock:
-            if not self._closed:
-                self._closed = True
-                if self._thread is None:
-                    self.stopped.set_result(None)
-                else:
-                    self._queue.put(_STOP)
+            self._close_locked()
             thread = self._thread
         if wait and thread is not None and threading.current_thread() is not thread:
             thread.join()
+
+    def _close_locked(self) -> None:
+        """Refuse new calls and queue the thread's stop behind the queued ones, once (the
+        lock is held)."""
+        if not self._closed:
+            self._closed = True
+            if self._thread is None:
+                self.stopped.set_result(None)
+            else:
+                self._queue.put(_STOP)
