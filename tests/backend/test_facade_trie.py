@@ -127,6 +127,44 @@ def test_visualize_draws_every_node():
     )
 
 
+def test_visualize_labels_nodes_with_per_node_masses():
+    """genlm-backend's README draws ``trie.visualize(mass)`` with the masses a sum returned,
+    one per node (it was refused: per-entry weights were the only form); per-entry weights
+    give the same picture."""
+    pytest.importorskip("graphviz")
+    trie = TokenCharacterTrie([b"cat", b"cats", b"dog"])
+    mass = trie.weight_sum([0.4, 0.1, 0.5])
+    drawn = trie.visualize(mass)
+    assert drawn.source == trie.visualize([0.4, 0.1, 0.5]).source
+    assert "0.5" in drawn.source and f"{mass[0]:.3g}" == "1"
+
+
+def test_async_trie_from_vocab_and_after_cleanup():
+    """from_vocab picks the sequential or parallel trie (another name is a ValueError), and
+    a trie cleaned up serves again, as genlm-backend's restarts (ours raised
+    ModelClosedError)."""
+    vocab = [Token(i, b) for i, b in enumerate(VOCAB)]
+    assert type(AsyncTokenCharacterTrie.from_vocab(vocab, "sequential").trie) is TokenCharacterTrie
+    parallel = AsyncTokenCharacterTrie.from_vocab(vocab)
+    assert type(parallel.trie) is ParallelTokenCharacterTrie
+    with pytest.raises(ValueError, match="backend"):
+        AsyncTokenCharacterTrie.from_vocab(vocab, "gpu")
+    row = np.random.default_rng(0).random(len(vocab))
+
+    async def twice():
+        first = await parallel.weight_sum(row)
+        await parallel.cleanup()
+        again = await parallel.weight_sum(row)
+        parallel.shutdown()
+        return first, again, await parallel.weight_max(row)
+
+    first, again, maxes = asyncio.run(twice())
+    np.testing.assert_array_equal(first, parallel.trie.weight_sum(row))
+    np.testing.assert_array_equal(again, first)
+    np.testing.assert_array_equal(maxes, parallel.trie.weight_max(row))
+    parallel.shutdown()
+
+
 def test_torch_rows_give_the_masses_of_host_rows(monkeypatch):
     """Tensors are reduced where they live and give the host rows' masses: CPU tensors by
     core's C kernel (the same values, bit for bit), GPU tensors by core's torch kernel on

@@ -6,6 +6,7 @@ project); this module only wraps them as :class:`Token` objects and derives the 
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -21,7 +22,8 @@ class Token(bytes):
     Two ids may spell the same bytes, so a token's identity is its id: tokens hash by
     ``token_id`` and two tokens are equal when both id and bytes are. A token still compares
     equal to plain bytes with the same content, but it does not hash like them, so a dict or
-    set of tokens is not found by plain bytes (use ``byte_string`` keys for that).
+    set of tokens is not found by plain bytes (use ``byte_string`` keys for that). Tokens
+    order by id, as genlm-backend's do (``sorted`` gives id order).
 
     Args:
         token_id: the id of the token in its model's vocabulary.
@@ -29,19 +31,28 @@ class Token(bytes):
 
     Attributes:
         token_id (int): the token id.
-        byte_string (bytes): the bytes, as a plain ``bytes`` object.
+        byte_string (bytes): the bytes, as a plain ``bytes`` object (read-only).
+
+    Raises:
+        TypeError: ``token_id`` is not an integer (a float or a bool) or ``byte_string`` is
+            not bytes.
     """
 
     token_id: int
-    byte_string: bytes
 
     def __new__(cls, token_id: int, byte_string: bytes) -> Token:
+        if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral):
+            raise TypeError(f"token_id must be an integer, got {token_id!r}")
         if not isinstance(byte_string, bytes):
             raise TypeError(f"byte_string must be bytes, got {type(byte_string).__name__}")
         self = super().__new__(cls, byte_string)
         self.token_id = int(token_id)
-        self.byte_string = bytes(byte_string)
         return self
+
+    @property
+    def byte_string(self) -> bytes:
+        """The token's bytes as a plain ``bytes`` (read-only: they are the token)."""
+        return bytes(self)
 
     def __hash__(self) -> int:
         return hash(self.token_id)
@@ -53,6 +64,20 @@ class Token(bytes):
 
     def __ne__(self, other: object) -> bool:
         return not self == other
+
+    # Ordered by id among tokens, as genlm-backend's: sorting a vocabulary's tokens gives id
+    # order. Against plain bytes, the bytes' own order applies.
+    def __lt__(self, other: object) -> bool:
+        return self.token_id < other.token_id if isinstance(other, Token) else NotImplemented
+
+    def __le__(self, other: object) -> bool:
+        return self.token_id <= other.token_id if isinstance(other, Token) else NotImplemented
+
+    def __gt__(self, other: object) -> bool:
+        return self.token_id > other.token_id if isinstance(other, Token) else NotImplemented
+
+    def __ge__(self, other: object) -> bool:
+        return self.token_id >= other.token_id if isinstance(other, Token) else NotImplemented
 
     def __repr__(self) -> str:
         return f"Token({self.token_id}, {self.byte_string!r})"
@@ -94,7 +119,8 @@ def decode_vocab(
     Args:
         tokenizer: a transformers tokenizer (fast or slow).
         byte2str_fallback: how ``str_vocab`` spells tokens whose bytes are not valid UTF-8
-            (a piece of a multi-byte character): ``"tokenizer"`` (``tokenizer.decode([id])``),
+            (a piece of a multi-byte character): ``"tokenizer"`` (the tokenizer's name for it,
+            ``convert_ids_to_tokens``: ``<0x80>``, ``Ġ``),
             ``"latin1"`` (one character per byte) or ``"replace"`` (U+FFFD).
 
     Returns:
@@ -134,7 +160,9 @@ def _to_str(token: Token, tokenizer: Any, fallback: str) -> str:
         if fallback == "latin1":
             return token.byte_string.decode("latin1")
         if fallback == "tokenizer" and tokenizer is not None:
-            return tokenizer.decode([token.token_id])
+            # The tokenizer's name for the token (``<0x80>``, ``Ġ``...): distinct per id,
+            # where decoding a piece of a character gives U+FFFD for all of them.
+            return tokenizer.convert_ids_to_tokens(token.token_id)
         return token.byte_string.decode("utf-8", errors="replace")
 
 

@@ -202,13 +202,23 @@ class TokenCharacterTrie:
         return self._with_leaves(self.core.batch_weight_max(w), w, use_max=True)
 
     def visualize(self, ws: Any = None) -> Any:
-        """A graphviz ``Digraph`` of the trie, nodes labelled with ``ws``'s sums if given.
+        """A graphviz ``Digraph`` of the trie, each node labelled with its value in ``ws``.
+
+        Args:
+            ws: one value per node (``(num_nodes,)``, e.g. what :meth:`weight_sum`
+                returned, as genlm-backend's README passes its masses), or one weight per
+                entry (``(V,)``), whose sums are shown; None draws the bare trie. A trie
+                has more nodes than entries, so the two cannot be confused.
 
         Meant for small vocabularies (it draws every node). Needs the ``graphviz`` package.
         """
         import graphviz
 
-        mass = None if ws is None else self.weight_sum(ws)
+        mass = None
+        if ws is not None:
+            values = ws.detach().cpu().numpy() if is_torch(ws) else np.asarray(ws)
+            per_node = values.shape == (self.num_nodes,)
+            mass = values.astype(np.float64) if per_node else self.weight_sum(ws)
         dot = graphviz.Digraph(graph_attr={"rankdir": "LR"})
         for node, edges in enumerate(self.children):
             label = "" if mass is None else f"{mass[node]:.3g}"
@@ -233,13 +243,15 @@ class ParallelTokenCharacterTrie(TokenCharacterTrie):
 
     Args:
         decode: as for :class:`TokenCharacterTrie`.
-        device: accepted for compatibility (``"cpu"`` or ``"cuda"``): a tensor on a GPU is
-            reduced on its GPU by core's torch kernel, host rows by core's threaded C kernel;
-            results are numpy float64.
+        device: ``"cpu"``, ``"cuda"`` or None, for compatibility (another is a
+            ``ValueError``): a tensor on a GPU is reduced on its GPU by core's torch kernel,
+            host rows by core's threaded C kernel; results are numpy float64.
         **kwargs: accepted for compatibility (e.g. ``max_batch_size``) and ignored.
     """
 
     def __init__(self, decode: Sequence[Any], device: str | None = None, **kwargs: Any):
+        if device not in (None, "cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu', 'cuda' or None, got {device!r}")
         super().__init__(decode)
         self.device = device or "cpu"
 
@@ -257,7 +269,32 @@ class AsyncTokenCharacterTrie:
 
     def __init__(self, trie: TokenCharacterTrie, **kwargs: Any):
         self.trie = trie
-        self.core = AsyncTokenByteTrie(trie.core, **kwargs)
+        self._options = kwargs
+        self._core: AsyncTokenByteTrie | None = None
+
+    @classmethod
+    def from_vocab(
+        cls, vocab: Sequence[Any], backend: str = "parallel", **kwargs: Any
+    ) -> AsyncTokenCharacterTrie:
+        """An async trie over ``vocab``: a :class:`ParallelTokenCharacterTrie` (``backend=
+        "parallel"``) or a :class:`TokenCharacterTrie` (``"sequential"``), ``kwargs`` going
+        to its constructor.
+
+        Raises:
+            ValueError: another ``backend``.
+        """
+        if backend == "sequential":
+            return cls(TokenCharacterTrie(vocab, **kwargs))
+        if backend == "parallel":
+            return cls(ParallelTokenCharacterTrie(vocab, **kwargs))
+        raise ValueError(f"backend must be 'sequential' or 'parallel', got {backend!r}")
+
+    @property
+    def core(self) -> AsyncTokenByteTrie:
+        """The batching machinery, made on first use and again after :meth:`cleanup`."""
+        if self._core is None:
+            self._core = AsyncTokenByteTrie(self.trie.core, **self._options)
+        return self._core
 
     async def weight_sum(self, ws: Any) -> np.ndarray:
         """:meth:`TokenCharacterTrie.weight_sum`, batched with concurrent calls."""
@@ -273,11 +310,19 @@ class AsyncTokenCharacterTrie:
         """Nothing to start: batches run when requests arrive (kept for compatibility)."""
 
     async def cleanup(self) -> None:
-        """Release the batching machinery; later calls raise."""
-        await self.core.aclose()
+        """Release the batching machinery (its worker thread); a later call makes it
+        anew, as genlm-backend's trie restarts its task."""
+        core, self._core = self._core, None
+        if core is not None:
+            await core.aclose()
 
     def shutdown(self) -> None:
-        """Kept for compatibility; :meth:`cleanup` releases everything."""
+        """:meth:`cleanup` without awaiting: queued calls fail, the running one finishes,
+        then the worker thread stops; a later call makes the machinery anew."""
+        core, self._core = self._core, None
+        if core is not None:
+            core.batcher.reject_new()  # queued calls fail with ModelClosedError
+            core.worker.close(wait=False)
 
 
 def _spelling(entry: Any) -> bytes:
