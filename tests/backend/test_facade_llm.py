@@ -266,3 +266,61 @@ def test_load_model_by_name_lets_the_registry_choose(monkeypatch):
         facade.load_model_by_name("stories260K", backend="vllm")
     with pytest.raises(ValueError, match="Invalid backend"):
         facade.load_model_by_name("stories260K", backend="foo")
+
+
+def test_a_missing_engine_plugin_is_an_import_error(monkeypatch):
+    """backend="vllm" or "mlx" without its GenLM plugin raises ImportError naming what to
+    install, as genlm-backend does without the engine (it was only a ValueError, so a
+    caller falling back on ImportError broke); it stays a BackendNotFoundError too. The
+    classes' from_name say the same."""
+    import importlib
+
+    import genlm.backend.llm as facade
+    from genlm.core import BackendNotFoundError
+    from genlm.core.backend import Registry
+
+    monkeypatch.setattr(facade, "get_registry", Registry)  # no plugin registered at all
+    real_import = importlib.import_module
+
+    def without_plugins(name, *args):
+        if name.startswith("genlm.backends."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", without_plugins)
+    for backend, cls in (("vllm", AsyncVirtualLM), ("mlx", AsyncMlxLM)):
+        with pytest.raises(ImportError, match=f"genlm-backend-{backend}") as raised:
+            load_model_by_name("stories260K", backend=backend)
+        assert isinstance(raised.value, BackendNotFoundError)
+        with pytest.raises(ImportError, match=f"pip install genlm-backend-{backend}"):
+            cls.from_name("stories260K")
+
+
+def test_batch_size_and_timeout_are_readable_and_settable(hf_llm):
+    """genlm-backend's documented attributes: they read and set core's batcher options,
+    and refuse values the batcher could not use."""
+    batcher = hf_llm.core_lm.batcher
+    before = (hf_llm.batch_size, hf_llm.timeout)
+    assert before == (batcher.max_batch_size, batcher.max_wait_s)
+    hf_llm.batch_size, hf_llm.timeout = 7, 0.25
+    assert (batcher.max_batch_size, batcher.max_wait_s) == (7, 0.25)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="batch_size"):
+            hf_llm.batch_size = bad
+    for bad in (-1.0, float("nan"), float("inf"), "1"):
+        with pytest.raises(ValueError, match="timeout"):
+            hf_llm.timeout = bad
+    hf_llm.batch_size, hf_llm.timeout = before
+
+
+def test_clear_cache_drops_the_kv_cache_kv_kept(hf_llm):
+    """clear_cache clears "log probabilities and key/value pairs", as documented: a prompt
+    kept by cache_kv is dropped too (its KV stayed, and an extension reused it)."""
+    prompt = CONTEXTS[0]
+    hf_llm.cache_kv(prompt)
+    assert hf_llm.core_lm.kv.nbytes > 0
+    hf_llm.clear_cache()
+    assert hf_llm.core_lm.kv.nbytes == 0 and len(hf_llm.core_lm.output_cache) == 0
+    before = hf_llm.core_lm.kv_stats["computed_tokens"]
+    hf_llm.next_token_logprobs_sync(prompt + [40])
+    assert hf_llm.core_lm.kv_stats["computed_tokens"] - before == len(prompt) + 1

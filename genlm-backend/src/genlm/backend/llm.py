@@ -11,15 +11,18 @@ float32 tensors on the device the backend computed them on) unless the caller na
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from math import inf
+from types import ModuleType
 from typing import Any, Self
 
 import numpy as np
 import torch
 
 from genlm.backend.tokenization import decode_vocab, vocab_lists
-from genlm.core import Vocabulary
+from genlm.core import BackendNotFoundError, Vocabulary
 from genlm.core.backend import (
     BatchedLM,
     check_sampling_args,
@@ -172,6 +175,30 @@ class _CoreBacked(AsyncLM):
         return {"output": "torch", **options}
 
     @property
+    def batch_size(self) -> int:
+        """Most contexts per forward pass: core's ``max_batch_size`` (settable)."""
+        return self.core_lm.batcher.max_batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {value!r}")
+        self.core_lm.batcher.max_batch_size = value
+
+    @property
+    def timeout(self) -> float:
+        """Longest wait of a partial batch for company, in seconds: core's ``max_wait_s``
+        (settable; genlm-backend waited this long after the latest request, core waits at
+        most this long after the oldest)."""
+        return self.core_lm.batcher.max_wait_s
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < inf:
+            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {value!r}")
+        self.core_lm.batcher.max_wait_s = float(value)
+
+    @property
     def device_rows(self) -> bool:
         """Whether the core model keeps its rows on a device (``HFLM`` on a GPU): byte-level
         models then ask for torch rows and compute where they lie."""
@@ -238,8 +265,10 @@ class _CoreBacked(AsyncLM):
         )
 
     def clear_cache(self) -> None:
-        """Forget cached rows and the backend's unpinned KV (prompts pinned by cache_kv stay)."""
+        """Forget cached rows and the backend's KV, prompts kept by :meth:`cache_kv`
+        included (genlm-backend's documented "log probabilities and key/value pairs")."""
         self.core_lm.clear_cache()
+        self.clear_kv_cache()
 
     def clear_kv_cache(self) -> None:
         """Drop the backend's KV cache, pinned prompts included (output rows stay cached)."""
@@ -440,7 +469,7 @@ class AsyncVirtualLM(_CoreBacked):
                 default, disables it), ``cache_opts`` (ignored), ``batch_size``, ``timeout``
                 and core options.
         """
-        from genlm.backends.vllm import VLLMLM
+        VLLMLM = _plugin("vllm").VLLMLM  # noqa: N806 - a class
 
         cache_size = kwargs.pop("cache_size", 0)
         kwargs.pop("cache_opts", None)
@@ -475,20 +504,16 @@ class AsyncMlxLM(_CoreBacked):
         cache_size: int = 400,
         **opts: Any,
     ):
-        from genlm.backends.mlx import MLXLM
-
         opts = _core_opts(batch_size, timeout, prefill_chunk_size=prefill_step_size, **opts)
-        self._attach(MLXLM(mlx_lm_model, tokenizer, **opts))
+        self._attach(_plugin("mlx").MLXLM(mlx_lm_model, tokenizer, **opts))
 
     @classmethod
     def from_name(cls, model_name: str, **kwargs: Any) -> AsyncMlxLM:
         """Load an mlx-lm model by name or path; options as for the constructor."""
-        from genlm.backends.mlx import MLXLM
-
         kwargs.pop("cache_size", None)
         if "prefill_step_size" in kwargs:
             kwargs["prefill_chunk_size"] = kwargs.pop("prefill_step_size")
-        return cls._wrap(MLXLM.from_name(model_name, **_core_opts(**kwargs)))
+        return cls._wrap(_plugin("mlx").MLXLM.from_name(model_name, **_core_opts(**kwargs)))
 
 
 class MockAsyncLM(_CoreBacked):
@@ -543,10 +568,44 @@ def load_model_by_name(
     Raises:
         ValueError: an unknown backend, or (``genlm.core.BackendNotFoundError``) none of
             them installed.
-        genlm.core.BackendUnavailableError: the backend cannot run here (its packages
-            are missing, e.g. vllm or mlx not installed); the message says what to install.
+        ImportError: ``"vllm"`` or ``"mlx"`` whose GenLM plugin is not installed (also a
+            ``BackendNotFoundError``); the message says what to install.
+        genlm.core.BackendUnavailableError: the backend cannot run here (e.g. vllm without
+            a GPU, or its engine package missing); the message says why.
     """
     if backend is not None and backend not in _CLASSES:
         raise ValueError(f"Invalid backend: {backend!r}; choose one of {sorted(_CLASSES)}")
-    spec = get_registry().select(backend, among=_CLASSES)
+    try:
+        spec = get_registry().select(backend, among=_CLASSES)
+    except BackendNotFoundError as exc:
+        if backend in _PLUGINS:  # genlm-backend raises ImportError when its engine is missing
+            raise _NotInstalledError(str(exc)) from exc
+        raise
     return _CLASSES[spec.name].from_name(name, **(llm_opts or {}))
+
+
+#: The backends whose engine comes in a plugin distribution of its own.
+_PLUGINS = {"vllm": "genlm-backend-vllm", "mlx": "genlm-backend-mlx"}
+
+
+class _NotInstalledError(BackendNotFoundError, ImportError):
+    """A backend named by genlm-backend whose GenLM plugin is not installed: an
+    ``ImportError``, as genlm-backend raises when vllm or mlx is missing, and core's
+    ``BackendNotFoundError``."""
+
+
+def _plugin(backend: str) -> ModuleType:
+    """The GenLM plugin module of ``backend`` (``genlm.backends.vllm``...).
+
+    Raises:
+        ImportError: it is not installed; the message names the distribution to install.
+    """
+    module = f"genlm.backends.{backend}"
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module.startswith(exc.name):
+            raise  # the plugin is there; something it imports is not: its own message
+        raise ImportError(
+            f"the {backend} backend is not installed: pip install {_PLUGINS[backend]}"
+        ) from exc
