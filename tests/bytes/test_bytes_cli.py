@@ -61,6 +61,28 @@ def test_cli_sample_stops_at_the_context_limit_and_prints_what_it_drew(capsys, m
     assert stopped and int(stopped[1]) > 0
 
 
+class _TextOnlyTokenizer:
+    """The tokenizer backends document: ``encode(text) -> list[int]``, no keywords (one
+    token per UTF-8 byte)."""
+
+    def encode(self, text):
+        return list(text.encode("utf-8"))
+
+
+def test_cli_takes_a_tokenizer_whose_encode_takes_the_text_alone(capsys, monkeypatch):
+    """A tokenizer with ``encode(text)`` only (tiktoken's shape) serves ``genlm bytes`` as
+    it serves ``genlm smc``; it failed with a TypeError on ``add_special_tokens``. Its ids
+    but the last are the context, the last one's bytes prefilled."""
+    vocab = [bytes([b]) for b in range(256)]
+    monkeypatch.setattr(
+        MockLM,
+        "from_name",
+        classmethod(lambda cls, name, **kw: cls(vocab, tokenizer=_TextOnlyTokenizer(), **kw)),
+    )
+    assert main(["bytes", "Once", "--backend", "mock"]) == 0
+    assert "prompt as the model sees it: b'Onc' + b'e' prefilled" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

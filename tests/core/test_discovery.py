@@ -143,6 +143,18 @@ class TestPrecedence:
         with pytest.raises(BackendNotFoundError, match="broken plugins: a, b"):
             reg.select("foo")
 
+    def test_asking_for_a_broken_plugins_backend_says_it_failed(self, make_module, installed):
+        """backend='foo' whose installed plugin fails to import names that failure, not a
+        pip install of the distribution already installed."""
+        broken = make_module("raise ImportError('genlm_missing_dependency_1f2e')")
+        installed([("foo", broken, "genlm-backend-foo")])
+        reg = Registry.discover()
+        with pytest.raises(BackendNotFoundError) as raised:
+            reg.select("foo")
+        message = str(raised.value)
+        assert "installed but its plugin failed to load" in message
+        assert "genlm_missing_dependency_1f2e" in message and "pip install" not in message
+
     def test_a_single_third_party_claim_is_used(self, make_module, installed):
         """An unowned name claimed once is simply that plugin's backend."""
         mod = backend_plugin(make_module, "foo", "genlm-a", "a")

@@ -453,6 +453,9 @@ class Registry:
     def _not_found_message(self, backend: str) -> str:
         if self.allowlist_note and str(backend).casefold() in {h.casefold() for h in self.hidden}:
             return f"backend {backend!r} is installed but not loaded: {self.allowlist_note}"
+        broken = [e for e in self.errors if e.plugin.casefold() == str(backend).casefold()]
+        if broken:  # installed: a pip install would not help
+            return f"backend {backend!r} is installed but its plugin failed to load: {broken[0]}"
         return (
             f"unknown backend {backend!r}"
             + self._installed_hint()
