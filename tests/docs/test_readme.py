@@ -27,6 +27,7 @@ READMES = [
     ROOT / "README.md",
     ROOT / "genlm-core" / "README.md",
     ROOT / "genlm-bytes" / "README.md",
+    ROOT / "genlm-backend" / "README.md",
     *sorted(ROOT.glob("genlm-backend-*/README.md")),
 ]
 RUNNABLE = {"python", "bash"}

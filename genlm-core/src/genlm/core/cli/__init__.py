@@ -6,9 +6,10 @@ Imports stay light so that ``genlm backends`` starts fast.
 
 Errors a user can fix (a bad argument, an unknown backend, a missing model) end the
 command with one line on stderr, ``genlm: error: ...``, and a non-zero exit status:
-2 for bad arguments (argparse's convention), 1 for everything else. ``-v`` adds the
-traceback. A reader that leaves early (``genlm backends --json | head -1``) ends the
-command quietly with status 1.
+2 for arguments refused while parsing (argparse's convention), 1 for everything else
+(a plugin command that checks an argument itself, as ``genlm bytes --beam 0``, exits 1).
+``-v`` adds the traceback. A reader that leaves early (``genlm backends --json | head -1``)
+ends the command quietly with status 1.
 """
 
 from __future__ import annotations
