@@ -189,6 +189,22 @@ class TestClose:
         worker._thread.join(5)
         assert not worker._thread.is_alive()
 
+    def test_a_parked_worker_stops_serving_but_its_thread_stays(self):
+        """park=True (the mlx backend's, whose engine aborts the process when a thread that
+        ran it ends): close returns once the queued calls ran, later calls are refused, and
+        the thread waits on, holding no reference to its worker."""
+        worker = ModelWorker("test-park", park=True)
+        assert worker.call(lambda: threading.current_thread().name) == "test-park"
+        thread = worker._thread
+        worker.close(wait=True)
+        assert worker.stopped.done() and thread.is_alive() and thread.daemon
+        with pytest.raises(ModelClosedError):
+            worker.submit(lambda: 1)
+        ref = weakref.ref(worker)
+        del worker
+        gc.collect()
+        assert ref() is None and thread.is_alive()
+
     def test_waiting_for_the_stop_does_not_keep_the_loop_alive(self):
         """Each loop that awaited wait_stopped() (every aclose does) is freed with its
         asyncio.run while the worker lives on: the done-callback the worker's future keeps

@@ -103,6 +103,10 @@ class BatchedLM(abc.ABC):
     #: which the output cache counts as the returned array's bytes: a stable backend returns
     #: arrays that are their own memory (not slices of a larger one it does not keep).
     stable_batches: ClassVar[bool] = False
+    #: Whether the worker thread, once the model is closed, parks until the process exits
+    #: instead of ending (``ModelWorker(park=True)``): for engines whose per-thread state
+    #: breaks when a thread that used it ends (the mlx backend sets it).
+    park_worker_thread: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -130,7 +134,7 @@ class BatchedLM(abc.ABC):
         self._vocab_size = len(vocab)
         self._tokenizer = tokenizer
         self.name = name or type(self).__name__
-        self.worker = ModelWorker(f"genlm-{self.name}")
+        self.worker = ModelWorker(f"genlm-{self.name}", park=self.park_worker_thread)
         # A model dropped without close() must not leave its thread idling forever. The
         # finalizer holds the worker, never the model, so it cannot keep the model alive.
         weakref.finalize(self, self.worker.close, wait=False)

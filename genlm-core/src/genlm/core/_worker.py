@@ -69,6 +69,21 @@ def _resolver(future: concurrent.futures.Future[Any]) -> Deliver:
     return deliver
 
 
+#: Never set: what a parked thread waits on (see ``ModelWorker(park=True)``).
+_NEVER = threading.Event()
+
+
+def _thread_main(box: list[Callable[[], None]], park: bool) -> None:
+    """A worker thread's body: serve until stopped (``box`` holds the worker's loop, taken
+    out so that the thread's own arguments keep nothing of a stopped worker alive), then
+    end, or park for good."""
+    run = box.pop()
+    run()
+    del run
+    if park:
+        _NEVER.wait()
+
+
 class ModelWorker:
     """A single named daemon thread that runs submitted calls in order.
 
@@ -77,10 +92,16 @@ class ModelWorker:
 
     Args:
         name: the thread's name (shows in logs, debuggers and ``threading.enumerate()``).
+        park: once stopped, the thread does not end but waits, holding nothing, until the
+            process exits: for engines whose per-thread state breaks when a thread that
+            used it ends (MLX aborts the process at exit then, ml-explore/mlx#3126).
+            Stopped is stopped either way: :attr:`stopped` resolves and ``close(wait=True)``
+            returns.
     """
 
-    def __init__(self, name: str = "genlm-model"):
+    def __init__(self, name: str = "genlm-model", *, park: bool = False):
         self.name = name
+        self._park = park
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # makes "closed? start, queue" atomic with close()
@@ -254,7 +275,9 @@ class ModelWorker:
         if self._closed:
             raise ModelClosedError(f"{self.name} is closed")
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread = threading.Thread(
+                target=_thread_main, args=([self._run], self._park), name=self.name, daemon=True
+            )
             self._thread.start()
         self._queue.put((contextvars.copy_context(), fn, args, start, deliver))
 
@@ -311,7 +334,10 @@ class ModelWorker:
             self._close_locked()
             thread = self._thread
         if wait and thread is not None and threading.current_thread() is not thread:
-            thread.join()
+            if self._park:
+                self.stopped.result()  # a parked thread never ends
+            else:
+                thread.join()
 
     def _close_locked(self) -> None:
         """Refuse new calls and queue the thread's stop behind the queued ones, once (the

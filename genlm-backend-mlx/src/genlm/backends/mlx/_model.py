@@ -55,6 +55,9 @@ class MLXLM(BatchedLM):
 
     #: Each batch views a new (immutable) MLX array: core keeps it without a copy.
     stable_batches = True
+    #: MLX aborts the process at exit when a thread that ran it has ended
+    #: (ml-explore/mlx#3126, mlx 0.32.4): the closed model's worker thread parks instead.
+    park_worker_thread = True
 
     def __init__(
         self,
