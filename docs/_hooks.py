@@ -34,7 +34,10 @@ _DIRECTIVE = re.compile(r"<!--\s*([a-z-]+):?\s*(.*?)\s*-->")
 
 #: Links from included README text to repository files that are not site pages, and where
 #: the site shows the same text.
-_LINK_REWRITES = {"](ARCHITECTURE.md#guarantees)": "](concepts.md#guarantees)"}
+_LINK_REWRITES = {
+    "](ARCHITECTURE.md#guarantees)": "](concepts.md#guarantees)",
+    "](genlm-bytes/README.md#": "](distributions/bytes.md#",
+}
 
 
 def readme_section(heading: str, file: str = "README.md") -> str | None:
