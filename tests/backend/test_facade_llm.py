@@ -302,13 +302,13 @@ def test_batch_size_and_timeout_are_readable_and_settable(hf_llm):
     batcher = hf_llm.core_lm.batcher
     before = (hf_llm.batch_size, hf_llm.timeout)
     assert before == (batcher.max_batch_size, batcher.max_wait_s)
-    hf_llm.batch_size, hf_llm.timeout = 7, 0.25
+    hf_llm.batch_size, hf_llm.timeout = np.int64(7), 0.25
     assert (batcher.max_batch_size, batcher.max_wait_s) == (7, 0.25)
-    for bad in (0, 2.5, True):
-        with pytest.raises(ValueError, match="batch_size"):
+    for bad, error in ((0, ValueError), (2.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="batch_size"):
             hf_llm.batch_size = bad
-    for bad in (-1.0, float("nan"), float("inf"), "1"):
-        with pytest.raises(ValueError, match="timeout"):
+    for bad, error in ((-1.0, ValueError), (float("nan"), ValueError), ("1", TypeError)):
+        with pytest.raises(error, match="timeout"):
             hf_llm.timeout = bad
     hf_llm.batch_size, hf_llm.timeout = before
 
@@ -324,3 +324,14 @@ def test_clear_cache_drops_the_kv_cache_kv_kept(hf_llm):
     before = hf_llm.core_lm.kv_stats["computed_tokens"]
     hf_llm.next_token_logprobs_sync(prompt + [40])
     assert hf_llm.core_lm.kv_stats["computed_tokens"] - before == len(prompt) + 1
+
+
+def test_clearing_a_closed_model_is_a_no_op():
+    """clear_cache and clear_kv_cache after close do nothing, as core's clear_cache does:
+    the facade's clear_cache, which now clears the KV too, raised ModelClosedError."""
+    llm = AsyncTransformer.from_name("stories260K")
+    llm.next_token_logprobs_sync(CONTEXTS[0])
+    llm.close()
+    llm.clear_cache()
+    llm.clear_kv_cache()
+    assert len(llm.core_lm.output_cache) == 0 and llm.core_lm.kv.nbytes == 0

@@ -83,6 +83,30 @@ def test_cli_takes_a_tokenizer_whose_encode_takes_the_text_alone(capsys, monkeyp
     assert "prompt as the model sees it: b'Onc' + b'e' prefilled" in capsys.readouterr().out
 
 
+class _AddsBOS(_TextOnlyTokenizer):
+    """``encode(text)`` that puts the BOS id (0 here) first itself."""
+
+    def encode(self, text):
+        return [0, *super().encode(text)]
+
+
+def test_cli_keeps_one_bos_when_the_tokenizer_adds_it(capsys, monkeypatch):
+    """A tokenizer whose plain ``encode`` starts with the BOS gets one BOS, as ``genlm smc``
+    gives it, not two."""
+    from genlm.core import Vocabulary
+
+    vocab = Vocabulary([b"<s>", *(bytes([b]) for b in range(1, 256))], {0}, bos_token_id=0)
+    monkeypatch.setattr(
+        MockLM,
+        "from_name",
+        classmethod(lambda cls, name, **kw: cls(vocab, tokenizer=_AddsBOS(), **kw)),
+    )
+    assert main(["bytes", "Once", "--backend", "mock"]) == 0
+    out = capsys.readouterr().out
+    assert "prompt as the model sees it: b'<s>Onc' + b'e' prefilled" in out
+    assert "context tokens: '<s>'#0 | 'O'#79 |" in out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -285,6 +285,21 @@ def test_a_reader_leaving_early_ends_the_command_quietly(monkeypatch, capsys, fr
     assert capsys.readouterr().err == ""
 
 
+def test_a_broken_pipe_that_is_not_stdout_is_reported(monkeypatch, capsys, fresh_registry):
+    """A BrokenPipeError from anything but the reader of stdout (a subprocess, an engine's
+    worker) is an error line like any other, not a quiet exit."""
+    import attrs
+
+    from genlm.core.cli import _backends
+
+    def broken(args):
+        raise BrokenPipeError(32, "the engine's worker process died")
+
+    monkeypatch.setattr(_backends, "COMMAND", attrs.evolve(_backends.COMMAND, run=broken))
+    assert main(["backends"]) == 1
+    assert "BrokenPipeError: [Errno 32] the engine's worker process died" in capsys.readouterr().err
+
+
 def test_smc_without_a_constraint_keeps_equal_weights(capsys, byte_mock):
     """At temperature 1 without a constraint the proposal is exact: equal weights, ESS = n."""
     argv = ["smc", "Once", "--backend", "mock", "--particles", "4", "--max-tokens", "5"]

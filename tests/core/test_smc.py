@@ -295,6 +295,32 @@ def test_arguments_of_the_wrong_type_are_rejected(lm):
     assert lm.batches == []
 
 
+def test_a_failing_request_leaves_no_other_running():
+    """When one particle's request fails, smc cancels the others before it raises: no task
+    is left queueing forward passes (a bare gather left them running)."""
+
+    class FailsSecond(MockLM):  # step 2's first batch: the other particles' are queued
+        def _logprobs_batch(self, contexts, variant):
+            self.calls = getattr(self, "calls", 0) + 1
+            if self.calls == 2:
+                raise RuntimeError("the second batch failed")
+            return super()._logprobs_batch(contexts, variant)
+
+    lm = FailsSecond([bytes([b]) for b in range(256)], max_batch_size=1, cache_bytes=0)
+
+    async def scenario():
+        with pytest.raises(RuntimeError, match="second batch"):
+            await smc(lm, [0], n_particles=4, max_tokens=3, seed=0, eos_token_ids=[])
+        left = asyncio.all_tasks() - {asyncio.current_task()}
+        calls = lm.calls
+        for _ in range(20):
+            await asyncio.sleep(0.001)
+        return left, lm.calls - calls
+
+    assert asyncio.run(scenario()) == (set(), 0)
+    lm.close()
+
+
 class FixedDraw:
     """An rng whose uniform draw is fixed, for systematic resampling's edge draws."""
 
@@ -310,6 +336,8 @@ def test_systematic_resampling_never_keeps_a_particle_of_weight_zero():
     kept: a draw of 0 kept a dead first particle, and positions rounding up past the
     cumulative sum went to a dead last one."""
     assert list(systematic_resample(np.array([-np.inf, 0.0, 0.0]), FixedDraw(0.0))) == [1, 1, 2]
+    with pytest.raises(ValueError, match="every weight is 0"):
+        systematic_resample(np.full(3, -np.inf), FixedDraw(0.5))
     largest = np.nextafter(1.0, 0.0)  # the largest draw random() can make
     for n in range(2, 40):
         log_weights = np.log(np.random.default_rng(n).random(n))

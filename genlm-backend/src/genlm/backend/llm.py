@@ -15,6 +15,7 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from math import inf
+from numbers import Integral, Real
 from types import ModuleType
 from typing import Any, Self
 
@@ -181,9 +182,11 @@ class _CoreBacked(AsyncLM):
 
     @batch_size.setter
     def batch_size(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {value!r}")
-        self.core_lm.batcher.max_batch_size = value
+        if isinstance(value, bool) or not isinstance(value, Integral):
+            raise TypeError(f"batch_size must be an integer, got {value!r}")
+        if value < 1:
+            raise ValueError(f"batch_size must be >= 1, got {value}")
+        self.core_lm.batcher.max_batch_size = int(value)
 
     @property
     def timeout(self) -> float:
@@ -194,8 +197,10 @@ class _CoreBacked(AsyncLM):
 
     @timeout.setter
     def timeout(self, value: float) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < inf:
-            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, Real):
+            raise TypeError(f"timeout must be a number of seconds, got {value!r}")
+        if not 0 <= value < inf:
+            raise ValueError(f"timeout must be finite and >= 0, got {value}")
         self.core_lm.batcher.max_wait_s = float(value)
 
     @property

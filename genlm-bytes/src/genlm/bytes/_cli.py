@@ -30,6 +30,8 @@ async def prompt_state(byte_lm, prompt: str):
     if lm.tokenizer is not None:
         ids = _encode(lm.tokenizer, prompt)
         bos = lm.vocab.bos_token_id
+        if bos is not None and ids[:1] == [bos]:  # a tokenizer that adds it itself
+            ids = ids[1:]
         context = ([bos] if bos is not None else []) + ids[:-1]
         if context:
             state = await byte_lm.initial(context)

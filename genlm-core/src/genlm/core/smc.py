@@ -26,7 +26,6 @@ into one array, a copy that costs more than the tasks at real vocabulary sizes;
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from numbers import Real
 
@@ -34,6 +33,7 @@ import attrs
 import numpy as np
 from scipy.special import logsumexp
 
+from genlm.core._gather import gather_all
 from genlm.core._protocol import AsyncLM
 from genlm.core._sampling import check_sampling_args, eos_id_set
 from genlm.core._validation import is_integer, validate_context
@@ -137,6 +137,8 @@ def systematic_resample(log_weights: np.ndarray, rng: np.random.Generator) -> np
     that ends after it, and one that rounds up to the end goes to the last particle of
     positive weight.
     """
+    if np.isneginf(log_weights).all():
+        raise ValueError("every weight is 0: there is nothing to resample")
     n = len(log_weights)
     cdf = np.cumsum(np.exp(log_weights - logsumexp(log_weights)))
     cdf /= cdf[-1]
@@ -218,7 +220,8 @@ async def smc(
         active = [p for p in particles if not p.done]
         if not active:
             break
-        rows = await asyncio.gather(*(lm.next_token_logprobs(prompt + p.tokens) for p in active))
+        # One failing request cancels the others: no particle's request outlives the run.
+        rows = await gather_all(lm.next_token_logprobs(prompt + p.tokens) for p in active)
         for particle, logp in zip(active, rows):
             _extend(particle, logp.astype(np.float64), mask, temperature, eos, rng)
         log_weights = np.array([p.log_weight for p in particles])

@@ -145,13 +145,15 @@ class AsyncLMConformance:
             )
 
     def test_cache_hit_equals_miss(self, lm, contexts):
-        """A repeated request returns what the first one computed: exactly where the model
-        has an output cache (a hit), within ``atol`` where it recomputes."""
+        """A repeated request returns what the first one computed: exactly where the model's
+        output cache served it (a hit), within ``atol`` where it was recomputed (no cache,
+        or a budget too small for the row)."""
         cache = getattr(lm, "output_cache", None)
         lm.clear_cache()
         first = np.array(asyncio.run(lm.next_token_logprobs(contexts[2])))
+        hits = getattr(cache, "hits", 0)
         again = asyncio.run(lm.next_token_logprobs(contexts[2]))
-        if cache is not None and cache.max_bytes > 0:
+        if getattr(cache, "hits", 0) > hits:
             np.testing.assert_array_equal(first, again)
         else:
             np.testing.assert_allclose(again, first, atol=self.atol)

@@ -28,7 +28,7 @@ from genlm.backends.hf._kv import (
     group_rows,
     layer_tensors,
 )
-from genlm.core import Vocabulary
+from genlm.core import ModelClosedError, Vocabulary
 from genlm.core.backend import BatchedLM, ResidentRows, plan_rows, resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -314,8 +314,12 @@ class HFLM(BatchedLM):
             )
 
     def clear_kv_cache(self) -> None:
-        """Drop every cached KV entry, pinned prompts included."""
-        self.worker.call(self.kv.clear)
+        """Drop every cached KV entry, pinned prompts included; after close, nothing to do
+        (the release dropped it), as for ``clear_cache``."""
+        try:
+            self.worker.call(self.kv.clear)
+        except ModelClosedError:
+            pass
 
     def _clear_backend_cache(self) -> None:
         """``clear_cache`` drops unpinned KV; prompts pinned by ``cache_kv`` stay."""

@@ -18,6 +18,7 @@ import argparse
 import functools
 import logging
 import os
+import select
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -121,18 +122,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("genlm: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader left (`genlm backends --json | head`): stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+    except BrokenPipeError as exc:
+        if not _reader_left():  # another pipe (a subprocess, an engine): a real error
+            return _report(args, exc)
+        # `genlm backends --json | head`: stop quietly, and write no more at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except Exception as exc:  # one line for the user; -v shows where it came from
-        if args.verbose:
-            traceback.print_exc()
-        from genlm.core._errors import GenLMError
+    except Exception as exc:
+        return _report(args, exc)
 
-        ours = isinstance(exc, (CLIError, GenLMError))
-        prefix = "" if ours else f"{type(exc).__name__}: "
-        print(f"genlm {args.command}: error: {prefix}{one_line(exc)}", file=sys.stderr)
-        return 1
+
+def _report(args: argparse.Namespace, exc: Exception) -> int:
+    """One line for the user (``-v`` shows where it came from); the exit status, 1."""
+    if args.verbose:
+        traceback.print_exception(exc)
+    from genlm.core._errors import GenLMError
+
+    ours = isinstance(exc, (CLIError, GenLMError))
+    prefix = "" if ours else f"{type(exc).__name__}: "
+    print(f"genlm {args.command}: error: {prefix}{one_line(exc)}", file=sys.stderr)
+    return 1
+
+
+def _reader_left() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (POLLERR on its write end)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an object without a file
+        return False
+    if not hasattr(select, "poll"):  # Windows: assume the pipe that broke is stdout
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
 if __name__ == "__main__":
