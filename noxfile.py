@@ -305,6 +305,11 @@ CLIENT_DESELECT = {
             "in most runs every particle dies there; genlm-bytes 0.2 fails it the same way "
             "(tests/clients/test_reference_parity.py: equal ByteLLM rows)"
         ),
+        "tests/sampler/test_awrs.py::test_awrs_with_different_vocabs": (
+            "an unseeded Monte Carlo check of genlm-control's AWRS over its own MockPotential "
+            "(plain bytes: no GenLM model, trie or Token): 10,000 draws against a tolerance of "
+            "about 1.9 standard errors, so it fails about 1 run in 20 (1 of 20 measured)"
+        ),
     },
 }
 
