@@ -114,3 +114,47 @@ def test_seeded_sampling_is_reproducible(vllm_lm):
     c = asyncio.run(vllm_lm.sample(context, max_tokens=8, eos_token_ids=[], seed=124))
     assert a == b and len(a) == 8
     assert a != c
+
+
+def test_a_second_in_process_engine_is_refused_while_one_is_open(vllm_lm, tiny_path):
+    """vLLM keeps an in-process engine's state process-wide: two stepping together crashed
+    the process (double free), and closing one broke the other. A second model while the
+    session's is open is refused before its engine starts, naming the way out."""
+    import pytest
+
+    from genlm.backends.vllm import VLLMLM
+
+    from .conftest import ENGINE_OPTS
+
+    with pytest.raises(RuntimeError, match="VLLM_ENABLE_V1_MULTIPROCESSING=1"):
+        VLLMLM.from_name(str(tiny_path), engine_opts=ENGINE_OPTS)
+    assert vllm_lm.next_token_logprobs_sync([1, 2, 3]).shape == (len(vllm_lm.vocab),)
+
+
+def test_native_sampling_leaves_tiny_temperatures_and_bad_eos_to_core(vllm_lm, monkeypatch):
+    """Unseeded, a temperature below 0.01 (which vLLM raises to 0.01, a far flatter
+    distribution) is drawn by core's sampler; EOS ids as a numpy array work, a bare int
+    is core's TypeError (vLLM refused the array and failed on the int)."""
+    import pytest
+
+    def native(*args, **kwargs):
+        raise AssertionError("vLLM's sampler was used")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(vllm_lm, "_native_sample", native)
+        greedy = asyncio.run(vllm_lm.sample([1, 2, 3], 3, [], temperature=0.0, seed=0))
+        assert asyncio.run(vllm_lm.sample([1, 2, 3], 3, [], temperature=1e-4)) == greedy
+    out = asyncio.run(vllm_lm.sample([1, 2, 3], 4, np.array([greedy[0]]), temperature=0.0))
+    assert out == greedy[:1]  # stopped at the EOS given as an array
+    with pytest.raises(TypeError, match="eos_token_ids must be a list"):
+        asyncio.run(vllm_lm.sample([1, 2, 3], 2, 5))
+
+
+def test_native_sampling_stops_at_the_models_context_limit(vllm_lm, monkeypatch):
+    """Unseeded, as seeded, a sample stops where the context would pass max_context_length
+    (a user's limit below the engine's): it drew past it, and scoring the result failed."""
+    monkeypatch.setattr(vllm_lm, "max_context_length", 100)
+    prompt = [1] + [5] * 94
+    native = asyncio.run(vllm_lm.sample(prompt, 20, [], temperature=1.0))
+    seeded = asyncio.run(vllm_lm.sample(prompt, 20, [], temperature=1.0, seed=0))
+    assert len(native) == len(seeded) == 100 + 1 - len(prompt)

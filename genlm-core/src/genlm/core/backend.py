@@ -55,6 +55,7 @@ if _TYPE_CHECKING:
     from genlm.core._rows import is_torch as is_torch
     from genlm.core._sampling import check_sampling_args as check_sampling_args
     from genlm.core._sampling import check_temperature as check_temperature
+    from genlm.core._sampling import eos_id_set as eos_id_set
     from genlm.core._sampling import sample_token as sample_token
     from genlm.core._scheduler import AutoBatcher as AutoBatcher
     from genlm.core._validation import validate_context as validate_context

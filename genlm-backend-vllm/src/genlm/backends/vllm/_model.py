@@ -34,14 +34,15 @@ import gc
 import itertools
 import logging
 import threading
+import weakref
 from collections.abc import Collection, Hashable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from genlm.core import Vocabulary
-from genlm.core.backend import BatchedLM, check_sampling_args, resolve_model_path
+from genlm.core import ModelClosedError, Vocabulary
+from genlm.core.backend import BatchedLM, check_sampling_args, eos_id_set, resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,16 @@ RowSource = Literal["auto", "processor", "logprobs"]
 DEFAULT_ENGINE_OPTS: dict[str, Any] = {"enable_prefix_caching": True, "max_logprobs": -1}
 
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+#: vLLM's smallest sampling temperature: it raises any positive one below it to it.
+VLLM_MIN_TEMPERATURE = 0.01
+
+#: Models whose vLLM engine core runs in this process, and the lock of their check. vLLM
+#: keeps such an engine's state process-wide (the forward context, the model-parallel
+#: groups, the CPU kernels' handles): two stepping at once corrupt the heap, and closing
+#: one tears down the other's groups. So one is open at a time.
+_IN_PROCESS: weakref.WeakSet[VLLMLM] = weakref.WeakSet()
+_IN_PROCESS_LOCK = threading.Lock()
 
 
 def release_engine_memory() -> None:
@@ -160,11 +171,14 @@ class VLLMLM(BatchedLM):
         self._loras: dict[str, Any] = {}
         self._active_lora: str | None = None
         self._sink = None
+        self.llm = None
+        self._claim_in_process_engine()
         try:
             self.llm = self.worker.call(self._start_engine, model_path, opts)
         except BaseException:
             self.worker.call(release_engine_memory)  # what a half-started engine left
             self.worker.close()
+            _IN_PROCESS.discard(self)
             raise
         # vLLM accepts a prompt only if it leaves room for one output token.
         limit = self.llm.llm_engine.model_config.max_model_len - 1
@@ -201,6 +215,30 @@ class VLLMLM(BatchedLM):
                 :class:`VLLMLM`).
         """
         return cls(resolve_model_path(name), engine_opts, **kwargs)
+
+    def _claim_in_process_engine(self) -> None:
+        """Count this model among those with an engine core in this process, or refuse it
+        while another is open (see :data:`_IN_PROCESS`); nothing to do when the engine
+        core runs in a child process.
+
+        Raises:
+            RuntimeError: another model's in-process engine is open.
+        """
+        import vllm.envs
+
+        if vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING:
+            return
+        with _IN_PROCESS_LOCK:
+            others = [m for m in _IN_PROCESS if m is not self]
+            if others:
+                self.worker.close()
+                raise RuntimeError(
+                    f"vllm: {others[0].name} already runs vLLM's engine in this process, and "
+                    "vLLM keeps an in-process engine's state process-wide (two corrupt each "
+                    "other); close it first, or start Python with "
+                    f"{MULTIPROCESSING_ENV}=1 so that each engine runs in a process of its own"
+                )
+            _IN_PROCESS.add(self)
 
     @staticmethod
     def _choose_row_source(row_source: RowSource, opts: dict[str, Any]) -> str:
@@ -273,6 +311,7 @@ class VLLMLM(BatchedLM):
             if self._sink is not None:
                 self._sink.clear()
             release_engine_memory()
+            _IN_PROCESS.discard(self)  # another model may start its engine here now
 
     # ---- log-probabilities (worker thread) ---------------------------------------
 
@@ -393,7 +432,7 @@ class VLLMLM(BatchedLM):
             ValueError: ``max_tokens`` or ``temperature`` is negative.
             RuntimeError: unseeded, the engine stopped without finishing a request.
         """
-        if seed is not None:
+        if self._core_samples(max_tokens, temperature, seed):
             return await super().sample(
                 prompt_token_ids, max_tokens, eos_token_ids, temperature, seed
             )
@@ -431,9 +470,20 @@ class VLLMLM(BatchedLM):
             ValueError: ``max_tokens`` or ``temperature`` is negative.
             RuntimeError: unseeded, the engine stopped without finishing a request.
         """
-        if seed is not None:
+        if self._core_samples(max_tokens, temperature, seed):
             return await super().batch_sample(prompts, max_tokens, eos_token_ids, temperature, seed)
         return await self._native_sample(prompts, max_tokens, eos_token_ids, temperature)
+
+    @staticmethod
+    def _core_samples(max_tokens: int, temperature: float, seed: int | None) -> bool:
+        """Whether core's sampler draws: seeded, or at a temperature vLLM would raise
+        (it samples any 0 < T < 0.01 at 0.01, far flatter than asked).
+
+        Raises:
+            TypeError, ValueError: a bad ``max_tokens`` or ``temperature`` (core's checks).
+        """
+        check_sampling_args(max_tokens, temperature)
+        return seed is not None or 0 < temperature < VLLM_MIN_TEMPERATURE
 
     async def _native_sample(
         self,
@@ -450,18 +500,19 @@ class VLLMLM(BatchedLM):
         If the caller is cancelled, the run stops at the next engine step and aborts its
         requests (see :meth:`_run`).
         """
-        # Core's checks: NaN or inf temperatures and max_tokens=2.5 must not reach vLLM.
-        check_sampling_args(max_tokens, temperature)
         requests = self.validate_requests(prompts)
+        eos = [int(t) for t in eos_id_set(eos_token_ids, self.vocab.eos_token_ids)]
         if max_tokens == 0 or not requests:
             return [[] for _ in requests]
         from vllm import SamplingParams
 
-        eos = list(self.vocab.eos_token_ids if eos_token_ids is None else eos_token_ids)
         jobs = []
         for _, context in requests:
+            # Like core's sampler, stop where the context would pass max_context_length
+            # (the last token drawn from a context of exactly the limit).
+            room = self.max_context_length + 1 - len(context)
             params = SamplingParams(
-                max_tokens=max_tokens,
+                max_tokens=min(max_tokens, room),
                 temperature=temperature,
                 # Stop on exactly the ids asked for, not also on the tokenizer's own EOS.
                 ignore_eos=True,
@@ -493,6 +544,8 @@ class VLLMLM(BatchedLM):
         """
         from vllm.lora.request import LoRARequest
 
+        if self.llm is None:
+            raise ModelClosedError("this model is closed")
         if not self.llm.llm_engine.vllm_config.lora_config:
             raise ValueError(
                 "this engine was started without LoRA support; "
