@@ -31,6 +31,9 @@ what a change to the per-request path saves; it leaves out the threads' wake-up 
 
 Usage: python benchmarks/core_bench.py [--repeats 5] [--instructions]
 [--out benchmarks/results/core.md]
+
+The tables at the top of ``--out`` are rewritten; the notes of earlier rounds below them
+(from the first ``###`` heading on) are kept.
 """
 
 from __future__ import annotations
@@ -553,8 +556,18 @@ def main() -> None:
         "",
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines))
+    args.out.write_text("\n".join(lines) + kept_notes(args.out))
     print("\n".join(lines))
+
+
+def kept_notes(path: Path) -> str:
+    """What follows the measured tables in ``path``: the hand-written notes of earlier
+    rounds, from the first ``### `` heading on, which a rerun keeps ("" if none)."""
+    if not path.is_file():
+        return ""
+    text = path.read_text(encoding="utf-8")
+    start = text.find("\n### ")
+    return "" if start < 0 else text[start:]
 
 
 if __name__ == "__main__":
