@@ -158,3 +158,23 @@ def test_native_sampling_stops_at_the_models_context_limit(vllm_lm, monkeypatch)
     native = asyncio.run(vllm_lm.sample(prompt, 20, [], temperature=1.0))
     seeded = asyncio.run(vllm_lm.sample(prompt, 20, [], temperature=1.0, seed=0))
     assert len(native) == len(seeded) == 100 + 1 - len(prompt)
+
+
+def test_the_logprobs_route_refuses_engine_options_it_cannot_read(tiny_path):
+    """On the logprobs route, max_logprobs below the vocabulary and a logprobs_mode other
+    than the raw log-probabilities are refused when the model is made, before its engine
+    starts; they failed every request instead."""
+    import pytest
+
+    from genlm.backends.vllm import VLLMLM
+
+    from .conftest import ENGINE_OPTS
+
+    for bad, says in (
+        ({"max_logprobs": 20}, "max_logprobs=-1"),
+        ({"logprobs_mode": "processed_logits"}, "logprobs_mode='raw_logprobs'"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            VLLMLM.from_name(
+                str(tiny_path), engine_opts={**ENGINE_OPTS, **bad}, row_source="logprobs"
+            )

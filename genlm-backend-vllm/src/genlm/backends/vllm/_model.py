@@ -65,6 +65,29 @@ _IN_PROCESS: weakref.WeakSet[VLLMLM] = weakref.WeakSet()
 _IN_PROCESS_LOCK = threading.Lock()
 
 
+def _check_logprobs_options(opts: dict[str, Any]) -> None:
+    """Refuse, before the engine starts, engine options under which the logprobs route
+    cannot read a row: each request asks for every token's log-probability, and vLLM
+    refuses that unless ``max_logprobs=-1``; another ``logprobs_mode`` than
+    ``"raw_logprobs"`` returns logits or processed values, not the model's
+    log-probabilities. Either failed every request, not the load.
+
+    Raises:
+        ValueError: ``max_logprobs`` other than -1, or another ``logprobs_mode``.
+    """
+    if opts.get("max_logprobs", -1) != -1:
+        raise ValueError(
+            "vllm: rows are read through vLLM's logprobs output, which needs "
+            f"engine_opts max_logprobs=-1 (every token), got {opts['max_logprobs']!r}"
+        )
+    mode = opts.get("logprobs_mode", "raw_logprobs")
+    if mode != "raw_logprobs":
+        raise ValueError(
+            "vllm: rows are read through vLLM's logprobs output, which needs "
+            f"engine_opts logprobs_mode='raw_logprobs' (the model's own), got {mode!r}"
+        )
+
+
 def release_engine_memory() -> None:
     """Free what a shut-down engine left in this process, each step on its own.
 
@@ -167,6 +190,8 @@ class VLLMLM(BatchedLM):
         kwargs.setdefault("max_batch_size", 128)
         super().__init__(Vocabulary.from_tokenizer(tokenizer, size=vocab_size), tokenizer, **kwargs)
         self.row_source = self._choose_row_source(row_source, opts)
+        if self.row_source == "logprobs":
+            _check_logprobs_options(opts)
         self._keys = itertools.count()
         self._loras: dict[str, Any] = {}
         self._active_lora: str | None = None
