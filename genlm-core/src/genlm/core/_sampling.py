@@ -11,13 +11,12 @@ up; ``max_tokens`` an integer >= 0. A value of the wrong type (a bool, ``2.5`` t
 from __future__ import annotations
 
 import math
-import numbers
 import sys
 from collections.abc import Iterable
 
 import numpy as np
 
-from genlm.core._validation import is_integer
+from genlm.core._validation import is_integer, is_real
 
 #: The smallest positive temperature, about ``5.6e-309``: below it ``1 / temperature``
 #: overflows float64.
@@ -44,7 +43,7 @@ def check_temperature(temperature: object) -> None:
     the row to a maximum of 0 before dividing, so any temperature accepted here draws
     exactly (a tiny one among the most likely tokens).
     """
-    if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real):
+    if not is_real(temperature):
         raise TypeError(
             f"temperature must be a real number, got {temperature!r} ({type(temperature).__name__})"
         )

@@ -36,6 +36,12 @@ def is_integer(value: object) -> bool:
     return not isinstance(value, (bool, np.bool_)) and isinstance(value, numbers.Integral)
 
 
+def is_real(value: object) -> bool:
+    """Whether ``value`` is a real number (a Python or numpy one) and not a bool: the type
+    test of every real option (a temperature, smc's ``ess_threshold``)."""
+    return not isinstance(value, (bool, np.bool_)) and isinstance(value, numbers.Real)
+
+
 #: Vocabularies up to this size check ids against a set of the valid ones (one C-level
 #: pass, a third of ``min`` plus ``max``; 2**18 ids cost about 16 MiB, once per size).
 _ID_SET_MAX = 2**18

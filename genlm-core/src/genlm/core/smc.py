@@ -27,7 +27,6 @@ into one array, a copy that costs more than the tasks at real vocabulary sizes;
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from numbers import Real
 
 import attrs
 import numpy as np
@@ -36,7 +35,7 @@ from scipy.special import logsumexp
 from genlm.core._gather import gather_all
 from genlm.core._protocol import AsyncLM
 from genlm.core._sampling import check_sampling_args, eos_id_set
-from genlm.core._validation import is_integer, validate_context
+from genlm.core._validation import is_integer, is_real, validate_context
 from genlm.core._vocab import Vocabulary
 
 
@@ -191,7 +190,7 @@ async def smc(
     check_sampling_args(max_tokens, temperature)  # NaN, inf, bools, 2.5 tokens
     if temperature == 0:
         raise ValueError("temperature must be > 0 (SMC proposes by sampling), got 0")
-    if isinstance(ess_threshold, (bool, np.bool_)) or not isinstance(ess_threshold, Real):
+    if not is_real(ess_threshold):
         raise TypeError(f"ess_threshold must be a real number, got {ess_threshold!r}")
     if not 0 <= ess_threshold <= 1:
         raise ValueError(f"ess_threshold must be in [0, 1], got {ess_threshold}")
