@@ -89,6 +89,9 @@ class _Entry:
     #: plus ``max_wait_s``); it also orders batches, oldest first.
     deadline: float
     waiters: list[Waiter]
+    #: The queues' :attr:`_Queues.round` when the entry was queued: its arrival flush has
+    #: run once the queues' round is past it.
+    round: int = 0
     #: Set by the worker when, at pick-up, nobody waited any more; closed to joiners.
     dropped: bool = False
 
@@ -108,6 +111,9 @@ class _Queues:
     #: Queued entries by group, each an insertion-ordered set, oldest first (keyed by the
     #: entry itself: an identity hash costs less than hashing a long key again).
     queues: dict[Hashable, dict[_Entry, None]] = attrs.field(factory=dict)
+    #: Counts the arrival flushes that have run: a partial batch may fire only once its
+    #: oldest entry's round is below it (every request queued with it has arrived).
+    round: int = 1
 
 
 @attrs.define(eq=False)
@@ -290,7 +296,7 @@ class AutoBatcher(Generic[I, R]):
         the worker has room (the rest may grow); the flush of partial batches is scheduled
         with ``call_soon``, after every callback ready now, unless already scheduled."""
         if full and state.running < self.max_in_flight:
-            self._flush(state, float("-inf"))
+            self._flush(state, loop.time())
         if state.queues and state.soon is None:
             state.soon = loop.call_soon(self._on_soon, state)
 
@@ -303,7 +309,7 @@ class AutoBatcher(Generic[I, R]):
         group = self._group(item) if self._group is not None else None
         # Looked up first: a key or group that cannot be hashed fails before any change.
         queue = queues.queues.get(group)
-        entry = _Entry(item, key, group, deadline, [waiter])
+        entry = _Entry(item, key, group, deadline, [waiter], queues.round)
         pending = queues.entries.setdefault(key, entry)  # one hash of the key, new or not
         if pending is not entry:
             with self._lock:
@@ -340,13 +346,17 @@ class AutoBatcher(Generic[I, R]):
 
     def _take(self, queues: _Queues, now: float) -> list[_Entry] | None:
         """Remove and return the batch to fire now, or None: a group's full batch, or a
-        partial one whose oldest request is due at ``now``, the oldest request first."""
+        partial one whose oldest request had its arrival flush and is due at ``now``; the
+        batch holding the oldest request first."""
         best = None
         for group in list(queues.queues):
             batch = self._head(queues, group)
             if not batch:
                 continue
-            ready = len(batch) == self.max_batch_size or batch[0].deadline <= now
+            head = batch[0]
+            ready = len(batch) == self.max_batch_size or (
+                head.round < queues.round and head.deadline <= now
+            )
             if ready and (best is None or batch[0].deadline < best[0].deadline):
                 best = batch
         if best is not None:
@@ -359,13 +369,16 @@ class AutoBatcher(Generic[I, R]):
 
     def _on_soon(self, state: _LoopState) -> None:
         state.soon = None
+        state.round += 1  # every request queued before this callback has arrived
         self._flush(state, asyncio.get_running_loop().time())
 
     def _flush(self, state: _LoopState, now: float) -> None:
         """Fire every batch the rule allows at time ``now``, then arm or cancel the
         ``max_wait_s`` timer.
 
-        ``now``: deadlines up to it count as passed (``-inf``: only full batches fire).
+        ``now``: deadlines up to it count as passed (for partial batches whose oldest
+        request had its arrival flush: requests arriving in this loop iteration wait for
+        theirs, so a partial batch never fires before its whole ``gather`` has submitted).
         """
         if self._closed:
             return
@@ -439,8 +452,9 @@ class AutoBatcher(Generic[I, R]):
             state.idle.set_result(None)  # awaited only through shield: never cancelled
             state.idle = None
         self._deliver_batch(state, batch, outcome, exc, self._on_results)
-        if state.soon is None:  # else requests are still arriving: the flush comes soon
-            self._flush(state, asyncio.get_running_loop().time())
+        # The freed slot goes to the oldest batch that may fire now, even while requests
+        # are still arriving (those wait for their flush, see _take).
+        self._flush(state, asyncio.get_running_loop().time())
 
     def _deliver_batch(
         self,
@@ -501,6 +515,7 @@ class AutoBatcher(Generic[I, R]):
         for order, item in enumerate(items):
             waiters.append(concurrent.futures.Future())
             self._enqueue(queues, item, waiters[-1], float(order))
+        queues.round += 1  # every item has arrived
         on_results = self._on_results if notify else None
         while (batch := self._take(queues, float("inf"))) is not None:
             outcome = self.worker.call(self._pick_up_and_run, batch)
