@@ -76,6 +76,12 @@ class TestOutputCache:
         assert len(cache) == 0 and cache.nbytes == 0
         with pytest.raises(ValueError, match="max_bytes must be >= 0"):
             cache.resize(-1)
+        for bad in (2.5, float("nan"), True, "100"):
+            with pytest.raises(TypeError, match="max_bytes must be an integer"):
+                cache.resize(bad)
+            with pytest.raises(TypeError, match="max_bytes must be an integer"):
+                OutputCache(max_bytes=bad)
+        assert cache.max_bytes == 0
 
     def test_a_failed_row_copy_leaves_the_byte_count_exact(self, monkeypatch):
         """When an eviction ends a batch's run and the copy of one of its rows held elsewhere

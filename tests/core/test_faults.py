@@ -804,7 +804,14 @@ class TestConstructorArguments:
         [
             ({"max_wait_s": float("nan")}, "max_wait_s must be finite"),  # requests hung
             ({"max_wait_s": float("inf")}, "max_wait_s must be finite"),
-            ({"cache_bytes": float("nan")}, "max_bytes must be >= 0"),  # cache silently off
+            ({"cache_bytes": float("nan")}, "cache_bytes must be an integer"),  # cache was off
+            ({"cache_bytes": 2.5}, "cache_bytes must be an integer"),
+            ({"cache_bytes": True}, "cache_bytes must be an integer"),
+            ({"cache_bytes": -1}, "cache_bytes must be >= 0"),
+            ({"max_batch_size": 2.5}, "max_batch_size must be an integer"),  # batches of 3
+            ({"max_batch_size": float("nan")}, "max_batch_size must be an integer"),  # hung
+            ({"max_batch_size": True}, "max_batch_size must be an integer"),
+            ({"max_wait_s": True}, "max_wait_s must be a number of seconds"),  # a 1 s wait
             ({"max_context_length": 2.5}, "max_context_length must be an integer"),
             ({"max_context_length": True}, "max_context_length must be an integer"),
             ({"latency_s": -1}, "latency_s must be finite"),

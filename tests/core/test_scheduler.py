@@ -322,12 +322,42 @@ class TestAutoBatcherDirectly:
         assert gate.batches == [[1], [2]]
 
     def test_bad_arguments_are_rejected(self):
-        """A non-positive batch size or negative wait is a clear ValueError."""
+        """A non-positive batch size or negative wait is a clear ValueError; a value of
+        the wrong type (a fractional or NaN batch size, a bool, a string) a TypeError
+        naming the option, when the batcher is made or the option set later. A NaN batch
+        size or in-flight limit used to be accepted and left every request waiting."""
         worker = ModelWorker("test")
         with pytest.raises(ValueError, match="max_batch_size"):
             AutoBatcher(list, worker, max_batch_size=0)
         with pytest.raises(ValueError, match="max_wait_s"):
             AutoBatcher(list, worker, max_wait_s=-1)
+        for option, bad in [
+            ("max_batch_size", 2.5),
+            ("max_batch_size", float("nan")),
+            ("max_batch_size", True),
+            ("max_batch_size", "3"),
+            ("max_in_flight", float("nan")),
+            ("max_in_flight", 1.5),
+            ("max_wait_s", True),
+            ("max_wait_s", "0.1"),
+        ]:
+            with pytest.raises(TypeError, match=option):
+                AutoBatcher(list, worker, **{option: bad})
+        for option, bad in [("max_wait_s", float("nan")), ("max_wait_s", float("inf"))]:
+            with pytest.raises(ValueError, match=option):
+                AutoBatcher(list, worker, **{option: bad})
+        batcher = AutoBatcher(list, worker, max_batch_size=np.int64(4), max_wait_s=np.float32(0))
+        assert type(batcher.max_batch_size) is int and type(batcher.max_wait_s) is float
+        for option, bad, error in [
+            ("max_batch_size", 0, ValueError),
+            ("max_batch_size", 2.5, TypeError),
+            ("max_in_flight", 0, ValueError),
+            ("max_wait_s", -1.0, ValueError),
+        ]:
+            with pytest.raises(error, match=option):
+                setattr(batcher, option, bad)
+        assert (batcher.max_batch_size, batcher.max_in_flight, batcher.max_wait_s) == (4, 2, 0.0)
+        worker.close()
 
 
 @pytest.fixture

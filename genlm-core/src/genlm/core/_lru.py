@@ -43,6 +43,7 @@ from typing import Any, Generic, TypeVar
 import attrs
 
 from genlm.core._request import Request
+from genlm.core._validation import checked_count
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -122,6 +123,7 @@ class ByteLRU(Generic[K, V]):
             holding memory of its own; needed only by a map given blocks.
 
     Raises:
+        TypeError: ``max_bytes`` is not an integer.
         ValueError: a negative ``max_bytes``.
 
     Attributes:
@@ -137,9 +139,7 @@ class ByteLRU(Generic[K, V]):
         on_evict: Callable[[K, V], None] | None = None,
         detach: Callable[[V], V] | None = None,
     ):
-        if not max_bytes >= 0:  # NaN too: no entry would ever fit
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        self.max_bytes = max_bytes
+        self.max_bytes = checked_count("max_bytes", max_bytes, 0)
         self._on_evict = on_evict
         self._detach = detach
         #: Unpinned entries, key -> (value, counted bytes, block or None), least recently
@@ -275,10 +275,10 @@ class ByteLRU(Generic[K, V]):
         loaded: the genlm-backend facade sizes its output cache in rows).
 
         Raises:
+            TypeError: ``max_bytes`` is not an integer.
             ValueError: a negative ``max_bytes``.
         """
-        if not max_bytes >= 0:  # NaN too: no entry would ever fit
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        max_bytes = checked_count("max_bytes", max_bytes, 0)
         with self.lock:
             self.max_bytes = max_bytes
             self._evict()

@@ -40,7 +40,7 @@ from genlm.core._rows import (
 )
 from genlm.core._sampling import check_sampling_args, eos_id_set, sample_token
 from genlm.core._scheduler import AutoBatcher
-from genlm.core._validation import is_integer, is_unordered, validate_context
+from genlm.core._validation import checked_count, is_integer, is_unordered, validate_context
 from genlm.core._vocab import Vocabulary
 from genlm.core._worker import ModelWorker
 
@@ -93,6 +93,13 @@ class BatchedLM(abc.ABC):
             positions), or None for no limit. Longer contexts raise
             ``InvalidContextError`` when requested, before they reach a batch; backends
             set it from the model's configuration.
+
+    Raises:
+        TypeError: ``max_batch_size`` or ``cache_bytes`` not an integer, ``max_wait_s``
+            not a number.
+        ValueError: an empty vocabulary, or an option out of range (``max_batch_size``
+            below 1, ``cache_bytes`` negative, ``max_wait_s`` negative or not finite,
+            ``max_context_length`` not an integer >= 1).
     """
 
     #: Whether the backend never writes to an array (or tensor) after returning it from
@@ -138,7 +145,7 @@ class BatchedLM(abc.ABC):
         # A model dropped without close() must not leave its thread idling forever. The
         # finalizer holds the worker, never the model, so it cannot keep the model alive.
         weakref.finalize(self, self.worker.close, wait=False)
-        self.output_cache = OutputCache(cache_bytes)
+        self.output_cache = OutputCache(checked_count("cache_bytes", cache_bytes, 0))
         self.batcher: AutoBatcher[Request, np.ndarray] = AutoBatcher(
             self._run_requests,
             self.worker,

@@ -54,7 +54,6 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
-import math
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Sequence
@@ -63,6 +62,7 @@ from typing import Any, Generic, TypeVar
 import attrs
 
 from genlm.core._errors import ModelClosedError
+from genlm.core._validation import checked_count, checked_seconds
 from genlm.core._worker import ModelWorker
 
 logger = logging.getLogger(__name__)
@@ -168,9 +168,14 @@ class AutoBatcher(Generic[I, R]):
             raises, that batch's waiters get the exception.
         max_in_flight: most batches per event loop handed to the worker at once.
 
+    The three options may be set again later (the attributes of the same names); every
+    value is checked where it is set.
+
     Raises:
-        ValueError: ``max_batch_size`` or ``max_in_flight`` below 1, or a negative
-            ``max_wait_s``.
+        TypeError: ``max_batch_size`` or ``max_in_flight`` not an integer, or
+            ``max_wait_s`` not a number.
+        ValueError: ``max_batch_size`` or ``max_in_flight`` below 1, or ``max_wait_s``
+            negative, infinite or NaN.
     """
 
     def __init__(
@@ -185,12 +190,6 @@ class AutoBatcher(Generic[I, R]):
         on_results: Callable[[list[I], Sequence[R]], Any] | None = None,
         max_in_flight: int = 2,
     ):
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        if not 0 <= max_wait_s < math.inf:  # NaN too: its deadlines would never come
-            raise ValueError(f"max_wait_s must be finite and >= 0, got {max_wait_s}")
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.run_batch = run_batch
         self.worker = worker
         self.max_batch_size = max_batch_size
@@ -209,6 +208,36 @@ class AutoBatcher(Generic[I, R]):
         self._closed = False
         #: Counters for tests and benchmarks: batches run and items computed.
         self.stats = {"batches": 0, "items": 0}
+
+    # The options are read on every request as plain attributes (``_max_batch_size``...);
+    # the properties check a value when it is set.
+
+    @property
+    def max_batch_size(self) -> int:
+        """Most distinct items in one batch."""
+        return self._max_batch_size
+
+    @max_batch_size.setter
+    def max_batch_size(self, value: int) -> None:
+        self._max_batch_size = checked_count("max_batch_size", value, 1)
+
+    @property
+    def max_wait_s(self) -> float:
+        """Longest wait of a partial batch after its oldest request (0: none)."""
+        return self._max_wait_s
+
+    @max_wait_s.setter
+    def max_wait_s(self, value: float) -> None:
+        self._max_wait_s = checked_seconds("max_wait_s", value)
+
+    @property
+    def max_in_flight(self) -> int:
+        """Most batches per event loop handed to the worker at once."""
+        return self._max_in_flight
+
+    @max_in_flight.setter
+    def max_in_flight(self, value: int) -> None:
+        self._max_in_flight = checked_count("max_in_flight", value, 1)
 
     def _state(self, loop: asyncio.AbstractEventLoop) -> _LoopState:
         """The loop's state, registered if new; refuses once closed.
@@ -246,9 +275,9 @@ class AutoBatcher(Generic[I, R]):
         loop = asyncio.get_running_loop()
         state = self._loop_state(loop)
         waiter: asyncio.Future[R] = _Future(loop=loop)
-        queue = self._enqueue(state, item, waiter, loop.time() + self.max_wait_s)
+        queue = self._enqueue(state, item, waiter, loop.time() + self._max_wait_s)
         if queue is not None:  # queued anew, else it joined a pending entry
-            full = len(queue) >= self.max_batch_size
+            full = len(queue) >= self._max_batch_size
             # _arrived has nothing to do for a partial batch whose flush is scheduled.
             if full or state.soon is None:
                 self._arrived(state, loop, full)
@@ -258,7 +287,7 @@ class AutoBatcher(Generic[I, R]):
         """:meth:`submit` each of ``items``, in order, as if they arrived together (one
         lookup of the loop's state, one arrival time); a future per item."""
         loop = asyncio.get_running_loop()
-        state, deadline = self._loop_state(loop), loop.time() + self.max_wait_s
+        state, deadline = self._loop_state(loop), loop.time() + self._max_wait_s
         enqueue = self._enqueue
         waiters = []
         full = queued = False
@@ -268,7 +297,7 @@ class AutoBatcher(Generic[I, R]):
                 queue = enqueue(state, item, waiter, deadline)
                 if queue is not None:
                     queued = True
-                    full = full or len(queue) >= self.max_batch_size
+                    full = full or len(queue) >= self._max_batch_size
         except BaseException:
             # An item's key or group raised: nobody gets these futures, so their work is
             # skipped unless others joined it; what was queued still gets its flush.
@@ -295,7 +324,7 @@ class AutoBatcher(Generic[I, R]):
         """Apply the firing rule after new entries were queued: full batches fire now if
         the worker has room (the rest may grow); the flush of partial batches is scheduled
         with ``call_soon``, after every callback ready now, unless already scheduled."""
-        if full and state.running < self.max_in_flight:
+        if full and state.running < self._max_in_flight:
             self._flush(state, loop.time())
         if state.queues and state.soon is None:
             state.soon = loop.call_soon(self._on_soon, state)
@@ -333,7 +362,7 @@ class AutoBatcher(Generic[I, R]):
         for entry in queue:
             if not entry.live():
                 dead.append(entry)
-            elif len(batch) < self.max_batch_size:
+            elif len(batch) < self._max_batch_size:
                 batch.append(entry)
             else:
                 break
@@ -354,7 +383,7 @@ class AutoBatcher(Generic[I, R]):
             if not batch:
                 continue
             head = batch[0]
-            ready = len(batch) == self.max_batch_size or (
+            ready = len(batch) == self._max_batch_size or (
                 head.round < queues.round and head.deadline <= now
             )
             if ready and (best is None or batch[0].deadline < best[0].deadline):
@@ -382,12 +411,12 @@ class AutoBatcher(Generic[I, R]):
         """
         if self._closed:
             return
-        while state.running < self.max_in_flight:
+        while state.running < self._max_in_flight:
             batch = self._take(state, now)
             if batch is None:
                 break
             self._fire(state, batch)
-        if self.max_wait_s and state.queues and state.running < self.max_in_flight:
+        if self._max_wait_s and state.queues and state.running < self._max_in_flight:
             self._arm(state)  # partial batches not yet due are left
         elif state.timer is not None:
             state.timer.cancel()

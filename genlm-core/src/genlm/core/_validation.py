@@ -8,6 +8,7 @@ was not, takes the Python path, which converts numpy integers and names the prob
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -40,6 +41,37 @@ def is_real(value: object) -> bool:
     """Whether ``value`` is a real number (a Python or numpy one) and not a bool: the type
     test of every real option (a temperature, smc's ``ess_threshold``)."""
     return not isinstance(value, (bool, np.bool_)) and isinstance(value, numbers.Real)
+
+
+def checked_count(name: str, value: object, minimum: int) -> int:
+    """``value`` as an ``int``, for an option that counts something (a batch size, a byte
+    budget): options are checked where they are set, so a bad one fails there, by name,
+    instead of in a comparison later (a NaN batch size left every request waiting).
+
+    Raises:
+        TypeError: ``value`` is not an integer (a float, a bool, a string).
+        ValueError: it is below ``minimum``.
+    """
+    if not is_integer(value):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def checked_seconds(name: str, value: object) -> float:
+    """``value`` as a ``float``, for a duration option (finite, >= 0; see
+    :func:`checked_count`).
+
+    Raises:
+        TypeError: ``value`` is not a real number (a bool, a string).
+        ValueError: it is negative, infinite or NaN.
+    """
+    if not is_real(value):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    if not 0 <= value < math.inf:  # NaN too
+        raise ValueError(f"{name} must be finite and >= 0, got {value}")
+    return float(value)
 
 
 #: Vocabularies up to this size check ids against a set of the valid ones (one C-level
