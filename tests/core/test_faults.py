@@ -16,6 +16,7 @@ from support.faulty import Fault, FaultyLM, within
 from genlm.core import BackendError, InvalidContextError, ModelClosedError, _model, _validation
 from genlm.core._sampling import sample_token
 from genlm.core.backend import Request, validate_context
+from genlm.core.mock import mock_logprobs
 
 BAD_ROWS = ["nan", "posinf", "neginf", "logits", "shifted", "wide", "short", "int"]
 
@@ -376,6 +377,29 @@ class TestClose:
         lm.close()
         assert lm.released.is_set() and after_release == []
         assert len(outcome) == 1 and isinstance(outcome[0], ModelClosedError)
+
+    def test_clear_cache_forgets_the_rows_of_the_running_batch(self, blocked):
+        """The model changes while a batch runs, then clear_cache(): the running batch's
+        rows still reach their waiter, but are not stored, so a request made after
+        clear_cache() returned gets a row of the changed model (the stale row came back
+        from the cache)."""
+        lm, gate = blocked
+
+        async def main():
+            running = await start_blocked_batch(lm)
+            lm.seed = 1  # the model changes ...
+            loop = asyncio.get_running_loop()
+            clearing = loop.run_in_executor(None, lm.clear_cache)  # ... and is cleared
+            await until(lambda: lm.output_cache.generation == 1)
+            gate.set()
+            await asyncio.wait_for(clearing, 5)
+            old = await running
+            return old, await lm.next_token_logprobs([1])
+
+        old, new = run(main())
+        np.testing.assert_allclose(old, mock_logprobs((1,), 8, 0), atol=1e-6)
+        np.testing.assert_allclose(new, mock_logprobs((1,), 8, 1), atol=1e-6)
+        assert lm.batches == [[(1,)], [(1,)]]
 
     def test_clear_cache_racing_close_does_not_raise(self, lm):
         """clear_cache() after close started is a no-op for the backend, not an error."""

@@ -403,8 +403,15 @@ class BatchedLM(abc.ABC):
         """
         variant = requests[0].variant
         contexts = [r.ids for r in requests]
-        out = self._logprobs_batch(contexts, variant)
-        expected = (len(requests), self._vocab_size)
+        generation = self.output_cache.generation  # read first: a clear from now on wins
+        rows = self._check_batch(self._logprobs_batch(contexts, variant), contexts)
+        rows.generation = generation
+        return rows
+
+    def _check_batch(self, out: Any, contexts: list[tuple[int, ...]]) -> BatchRows:
+        """The backend's batch ``out`` as :class:`BatchRows`, checked (see
+        :meth:`_run_requests`)."""
+        expected = (len(contexts), self._vocab_size)
         if is_torch(out):  # rows stay on the backend's device
             rows = split_torch(out, expected, self._label(), self.stable_batches)
             check_rows(*row_summary(rows.batch), expected[1], contexts, self._label())

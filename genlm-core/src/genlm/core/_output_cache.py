@@ -39,6 +39,18 @@ class OutputCache(ByteLRU[Hashable, np.ndarray]):
 
     def __init__(self, max_bytes: int = 256 * 2**20):
         super().__init__(max_bytes, detach=compact_row)
+        #: Counts :meth:`clear` calls. A batch records it when it starts computing
+        #: (:attr:`BatchRows.generation`); rows of a batch that started before the last
+        #: clear are not stored, so a clear also forgets the rows still being computed.
+        self.generation = 0
+
+    def clear(self) -> None:
+        """Drop every entry, and store no row of a batch that started computing before
+        this call (:attr:`generation`): ``clear_cache`` after a change to the model must
+        not see the running batch's stale rows come back."""
+        with self.lock:
+            self.generation += 1
+            super().clear()
 
     def put(self, key: Hashable, value: np.ndarray) -> np.ndarray:
         """Make ``value`` read-only and hold it for ``key``, evicting the least recently used.
@@ -60,7 +72,9 @@ class OutputCache(ByteLRU[Hashable, np.ndarray]):
         batch's rows); what each ``put`` returns.
 
         ``values`` may be :class:`~genlm.core.backend.BatchRows`, the views of one batch
-        (read-only already): they share its memory as one block.
+        (read-only already): they share its memory as one block. Those of a batch that
+        started before the last :meth:`clear` (an older ``generation``) are returned
+        unheld.
         """
         if not isinstance(values, BatchRows):
             for value in values:
@@ -69,6 +83,9 @@ class OutputCache(ByteLRU[Hashable, np.ndarray]):
             return self.add_many(
                 (key, value, value.nbytes + key_nbytes(key)) for key, value in zip(keys, values)
             )
+        generation = values.generation
+        if generation is not None and generation != self.generation:
+            return list(values)  # computed before a clear: not stored
         covers = values[0].nbytes if values else 0
         costs = [covers + key_nbytes(key) for key in keys]
         return self.add_many(zip(keys, values, costs), Block(values.batch.nbytes, covers))

@@ -53,12 +53,15 @@ class BatchRows(list):
     batch is read-only, so are its rows.
     """
 
-    __slots__ = ("batch",)
+    __slots__ = ("batch", "generation")
 
     def __init__(self, batch: Any, rows: Any):
         super().__init__(rows)
         #: The ``(B, V)`` array or tensor the rows view.
         self.batch = batch
+        #: The output cache's ``generation`` when the batch started computing (set by
+        #: ``BatchedLM``; None: unknown, always storable).
+        self.generation: int | None = None
 
 
 def numpy_rows(out: np.ndarray, stable: bool) -> BatchRows:
