@@ -863,12 +863,32 @@ class TestConstructorArguments:
             lm.batch_next_token_logprobs_sync([[0], [1]])
         lm.close()
 
-    @pytest.mark.parametrize("contexts", [{(0,), (1,)}, {(0,): 1, (1,): 2}])
+    @pytest.mark.parametrize("contexts", [{(0,), (1,)}, {(0,): 1, (1,): 2}, 5, None])
     def test_a_batch_of_contexts_must_be_ordered(self, contexts):
-        """Row i answers contexts[i], so a set or dict of contexts is refused."""
+        """Row i answers contexts[i], so a set or dict of contexts is refused, and so is
+        something that is not a collection at all (it was a bare "not iterable")."""
         from genlm.core.mock import MockLM
 
         lm = MockLM([b"a", b"b"])
-        with pytest.raises(TypeError, match="ordered sequence"):
+        with pytest.raises(TypeError, match="contexts must be an ordered sequence"):
             lm.batch_next_token_logprobs_sync(contexts)
+        with pytest.raises(TypeError, match="contexts must be an ordered sequence"):
+            run(lm.batch_next_token_logprobs(contexts))
+        lm.close()
+
+    @pytest.mark.parametrize(
+        ("bad", "says"), [([True], "is True"), ([5], "id 5"), ([], "empty"), ([[0]], "nested|int")]
+    )
+    def test_a_bad_context_of_a_batch_is_named_by_its_index(self, bad, says):
+        """Which context of a batch call is bad: its index leads the message, whichever
+        path (the C check or Python's) found it."""
+        from genlm.core.mock import MockLM
+
+        lm = MockLM([b"a", b"b"])
+        contexts = [[0], (1, 0), bad, [1]]
+        with pytest.raises(InvalidContextError, match=rf"^contexts\[2\]: .*({says})"):
+            lm.batch_next_token_logprobs_sync(contexts)
+        with pytest.raises(InvalidContextError, match=rf"^contexts\[2\]: .*({says})"):
+            run(lm.batch_next_token_logprobs(contexts))
+        assert lm.batches == []  # every context is checked before any is computed
         lm.close()

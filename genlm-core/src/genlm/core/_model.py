@@ -18,7 +18,7 @@ import operator
 import sys
 import threading
 import weakref
-from collections.abc import Collection, Hashable, Sequence
+from collections.abc import Collection, Hashable, Iterable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -259,21 +259,32 @@ class BatchedLM(abc.ABC):
         ids, copies and hashes them in one pass; whatever it does not accept (numpy ints,
         bad input) is checked in Python, which converts it or names the problem.
         """
-        if is_unordered(contexts):  # row i answers contexts[i]
+        if is_unordered(contexts) or not isinstance(contexts, Iterable):  # row i: contexts[i]
             raise TypeError(
-                f"contexts must be an ordered sequence (a list), got a {type(contexts).__name__}"
+                "contexts must be an ordered sequence (a list) of contexts, not a "
+                f"{type(contexts).__name__}"
             )
         variant = self._request_variant(variant)
-        size, check = self._vocab_size, self._validate_ids
+        size = self._vocab_size
         if _make_request is None:
-            return [Request(variant, check(c, size)) for c in contexts]
+            return [Request(variant, self._validate_at(i, c, size)) for i, c in enumerate(contexts)]
         longest = self.max_context_length or sys.maxsize
         return [
             request
             if (request := _make_request(variant, c, size, longest)) is not None
-            else Request(variant, check(c, size))
-            for c in contexts
+            else Request(variant, self._validate_at(i, c, size))
+            for i, c in enumerate(contexts)
         ]
+
+    def _validate_at(
+        self, index: int, token_ids: Sequence[int], vocab_size: int
+    ) -> tuple[int, ...]:
+        """:meth:`_validate_ids` for ``contexts[index]`` of a batch call: an error names the
+        context's index."""
+        try:
+            return self._validate_ids(token_ids, vocab_size)
+        except InvalidContextError as exc:
+            raise InvalidContextError(f"contexts[{index}]: {exc}") from None
 
     def _request_variant(self, variant: Hashable) -> Hashable:
         """The variant a request is made for, checked first (the model must be open)."""
