@@ -44,7 +44,7 @@ import torch
 # transformers >= 4.56 (we require 4.57.1): caches are lists of layer objects we can subclass.
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
-from genlm.core.backend import PrefixCache, RowPlan, group_padded
+from genlm.core.backend import PrefixCache, RowPlan, group_equal, group_padded
 
 logger = logging.getLogger(__name__)
 
@@ -317,6 +317,10 @@ class BatchInputs:
         return torch.cat([past, self.buffer[:, :, i, :, new_begin:]], dim=3)
 
 
-def group_rows(rows: list[Row], max_tokens: int) -> list[list[Row]]:
-    """Rows split into forward passes with little padding (core's :func:`group_padded`)."""
-    return [[rows[i] for i in group] for group in group_padded([r.new for r in rows], max_tokens)]
+def group_rows(rows: list[Row], max_tokens: int, equal_new: bool = False) -> list[list[Row]]:
+    """Rows split into forward passes with little padding (core's :func:`group_padded`), or,
+    with ``equal_new``, into passes of rows that add the same number of tokens (core's
+    :func:`group_equal`): no padding then separates a row's past from its new tokens."""
+    news = [r.new for r in rows]
+    groups = group_equal(news) if equal_new else group_padded(news, max_tokens)
+    return [[rows[i] for i in group] for group in groups]

@@ -107,6 +107,11 @@ class HFLM(BatchedLM):
                 "pass the tokenizer that belongs to this model"
             )
         _check_full_attention(model.config)
+        #: Whether the model's attention depends on how far apart two columns of the KV
+        #: buffer are (see :func:`_attends_by_column`): then only rows that add the same
+        #: number of tokens share a forward, so no padding separates a row's past from its
+        #: new tokens.
+        self._equal_new = _attends_by_column(model.config)
         kwargs.setdefault("name", getattr(model, "name_or_path", None) or type(model).__name__)
         kwargs.setdefault("max_context_length", _max_positions(model.config))
         super().__init__(vocab, tokenizer, **kwargs)
@@ -342,7 +347,7 @@ class HFLM(BatchedLM):
             return sum(used for _, used in pieces), pieces
 
         rows = plan_rows(contexts, lookup)
-        groups = group_rows(rows, self.max_forward_tokens)
+        groups = group_rows(rows, self.max_forward_tokens, self._equal_new)
         with torch.inference_mode(), self._use_variant(variant):
             results = [self._forward(group, marker) for group in groups]
         order = [row.index for group in groups for row in group]
@@ -515,16 +520,37 @@ def _check_full_attention(config: Any) -> None:
         )
 
 
-def _max_positions(config: Any) -> int | None:
-    """The model's maximum positions, or None where its configuration names none.
-
-    ``max_position_embeddings`` is the transformers name for it (configs with another
-    name, such as GPT-2's ``n_positions``, map it through their ``attribute_map``);
-    models without position limits (state-space models, say) have none.
-    """
+def _attends_by_column(config: Any) -> bool:
+    """Whether the model masks or biases attention by the distance between KV buffer
+    columns rather than by positions: a sliding window that ``layer_types`` does not
+    describe (Mistral-style ``sliding_window``; its mask counts columns), or ALiBi
+    computed from column indices (MPT). Padding between a row's past and its new tokens
+    would change what such a model computes. (Bloom builds ALiBi from the attention mask:
+    padding is harmless there.)"""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    value = getattr(text, "max_position_embeddings", None)
-    return value if isinstance(value, int) and value > 0 else None
+    attn_config = getattr(text, "attn_config", None)
+    return bool(
+        getattr(text, "sliding_window", None)
+        or getattr(text, "alibi", False)
+        or getattr(attn_config, "alibi", False)
+    )
+
+
+#: Where configurations state the model's maximum positions: ``max_position_embeddings``
+#: is the transformers name (configs with another name, such as GPT-2's ``n_positions``,
+#: map it through their ``attribute_map``); MPT's ``max_seq_len`` is not mapped.
+_MAX_POSITIONS_NAMES = ("max_position_embeddings", "max_seq_len")
+
+
+def _max_positions(config: Any) -> int | None:
+    """The model's maximum positions, or None where its configuration names none (models
+    without position limits: state-space models, Bloom's ALiBi)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for name in _MAX_POSITIONS_NAMES:
+        value = getattr(text, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def _pad_id(tokenizer: Any) -> int:

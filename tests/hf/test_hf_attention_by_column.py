@@ -1,0 +1,120 @@
+"""Models whose attention depends on the distance between KV columns (a Mistral-style
+``sliding_window``, MPT's ALiBi): a batch that mixes a row resuming from cached KV with a
+fresh, longer context must not put padding between the first row's past and its new token.
+Rows are held to a plain full forward of the same model (fp64; MPT in fp32, as transformers
+4.57 cannot build its mask in fp64)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from genlm.backends.hf import HFLM
+from genlm.core.backend import resolve_model_path
+
+SMALL = dict(
+    vocab_size=512,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+
+
+def _configs():
+    """name -> (config, dtype, atol): fp64 leaves only the float32 rounding of the row;
+    fp32 rows of different batch shapes differ by float32 noise (the error this file
+    guards against was 0.35 nats or more)."""
+    yield "mistral", (transformers.MistralConfig(sliding_window=4, **SMALL), torch.float64, 1e-12)
+    yield (
+        "phi3",
+        (
+            transformers.Phi3Config(sliding_window=4, pad_token_id=0, **SMALL),
+            torch.float64,
+            1e-12,
+        ),
+    )
+    mpt = transformers.MptConfig(
+        vocab_size=512, d_model=32, n_heads=4, n_layers=2, max_seq_len=64, expansion_ratio=2
+    )
+    yield "mpt", (mpt, torch.float32, 2e-5)
+
+
+CONFIGS = dict(_configs())
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return transformers.AutoTokenizer.from_pretrained(resolve_model_path("stories260K"))
+
+
+def random_model(name: str) -> torch.nn.Module:
+    """A random model whose attention is far from uniform (weights scaled up), so a
+    window or a bias that counts the wrong columns changes the rows."""
+    config, dtype, _ = CONFIGS[name]
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() >= 2:
+                parameter.mul_(3.0)
+    return model
+
+
+def plain_forward(model, context) -> np.ndarray:
+    with torch.inference_mode():
+        logits = model(torch.tensor([list(context)])).logits[0, -1, :512]
+    return torch.log_softmax(logits.double(), -1).numpy()
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_a_cached_row_batched_with_a_longer_fresh_one_equals_a_plain_forward(name, tokenizer):
+    """Row [5, 6, 7, 8] resumes from the KV of [5, 6, 7] in the batch that also computes an
+    8-token fresh context: both rows equal a plain forward (the first was off by about 1
+    nat when padding separated its past from its new token)."""
+    model = random_model(name)
+    lm = HFLM(model, tokenizer, cache_bytes=0)
+    cached, fresh = [5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16]
+
+    async def main():
+        await lm.next_token_logprobs(cached)
+        return await asyncio.gather(
+            lm.next_token_logprobs(cached + [8]), lm.next_token_logprobs(fresh)
+        )
+
+    try:
+        rows = asyncio.run(main())
+        assert lm.kv_stats["reused_tokens"] == 3  # the first row did resume from its past
+    finally:
+        lm.close()
+    for context, row in zip([cached + [8], fresh], rows):
+        atol = CONFIGS[name][2]
+        np.testing.assert_allclose(row, plain_forward(model, context), atol=atol, rtol=1.2e-7)
+
+
+def test_mpt_takes_its_context_limit_from_max_seq_len(tokenizer):
+    """MPT states its maximum positions as ``max_seq_len``: a longer context is refused
+    alone, before it reaches a batch (it failed the good request batched with it)."""
+    from genlm.core import InvalidContextError
+
+    lm = HFLM(random_model("mpt"), tokenizer, cache_bytes=0)
+
+    async def main():
+        return await asyncio.gather(
+            lm.next_token_logprobs([1, 2, 3]),
+            lm.next_token_logprobs([1] * 65),
+            return_exceptions=True,
+        )
+
+    try:
+        assert lm.max_context_length == 64
+        good, long = asyncio.run(main())
+    finally:
+        lm.close()
+    assert isinstance(good, np.ndarray) and isinstance(long, InvalidContextError)
