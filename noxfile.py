@@ -396,7 +396,8 @@ def dist(session: nox.Session) -> None:
 
     ``python -m build`` makes each sdist, then the wheel from that sdist (not from the
     tree), so a file the sdist forgets breaks the wheel here. ``twine check`` reads the
-    metadata PyPI renders. All wheels go into one fresh venv (torch's CPU build, mlx's CPU
+    metadata PyPI renders; every artifact must carry the licence text and every wheel its
+    ``py.typed``. All wheels go into one fresh venv (torch's CPU build, mlx's CPU
     build; vllm's 3.4 GB engine is left out and its smoke test checks the wheel without it)
     and each distribution's smoke test runs there. Then genlm-core's sdist is built again
     with no C compiler (``CC=false``), installed into a second fresh venv, and its smoke
@@ -411,6 +412,7 @@ def dist(session: nox.Session) -> None:
     session.run("twine", "check", "--strict", *sorted(str(p) for p in out.iterdir()))
     [core_sdist] = out.glob("genlm_core-*.tar.gz")
     session.run("python", "tests/dist/check_sdist.py", str(core_sdist))
+    session.run("python", "tests/dist/check_artifacts.py", str(out))
 
     python = fresh_venv(session, tmp / "wheels")
     install_torch(session, f"{python.parent}/pip")
