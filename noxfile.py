@@ -1,7 +1,7 @@
 """The test matrix: one session per distribution, plus lint and benchmarks.
 
 `nox` runs the default sessions (lint, core, hf, bytes, mlx, vllm, backend, clients,
-docs, dist): the README's test command and what CI runs. core, hf and mlx run at both
+docs, dist): the README's test command and what CI runs. core, hf, mlx and vllm run at both
 ends of their tested range (`core(oldest)`, `core(newest)`...). Benchmark sessions
 (`bench_*`) run only when named.
 Sessions that need torch install its CPU build first (`install_torch`): on Linux, PyPI's
