@@ -472,16 +472,20 @@ class TestInputValidation:
     )
     def test_a_batch_is_validated_as_each_context_would_be(self, contexts, variant):
         """``validate_requests`` gives what ``validate_request`` gives each context, or
-        raises what the first refused one raises (a variant the model lacks: its
-        ValueError, even for no contexts)."""
+        raises what the first refused one raises, its index first (a variant the model
+        lacks: its ValueError, even for no contexts)."""
         lm = FaultyLM(max_context_length=4)
         try:
+            prefix = ""
             lm.validate_request([1], variant)  # the variant is checked first
-            expected = [lm.validate_request(c, variant) for c in contexts]
+            expected = []
+            for i, context in enumerate(contexts):
+                prefix = f"contexts[{i}]: "
+                expected.append(lm.validate_request(context, variant))
         except (InvalidContextError, ValueError) as error:
             with pytest.raises(type(error)) as raised:
                 lm.validate_requests(contexts, variant)
-            assert str(raised.value) == str(error)
+            assert str(raised.value) == prefix + str(error)
         else:
             assert lm.validate_requests(contexts, variant) == expected
         finally:
