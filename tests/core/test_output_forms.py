@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from genlm.core import InvalidContextError
+from genlm.core import InvalidContextError, UnknownVariantError
 from genlm.core.mock import MockLM, mock_logprobs
 
 VOCAB = [b"a", b"b", b"c", b"ab", b"<eos>"]
@@ -59,6 +59,12 @@ def test_a_request_names_a_served_variant():
     assert len(lm.output_cache) == 3
     with pytest.raises(KeyError, match="'c'; loaded: 'a', 'b'"):
         lm.next_token_logprobs_sync([0], variant="c")
+    # Also the ValueError genlm-backend 0.3.1 raised, and its message is the plain text
+    # (a KeyError's str is the repr of its message).
+    with pytest.raises(ValueError) as raised:
+        lm.next_token_logprobs_sync([0], variant="c")
+    assert isinstance(raised.value, UnknownVariantError)
+    assert str(raised.value) == f"{lm.name} has no variant (adapter) 'c'; loaded: 'a', 'b'"
     lm.close()
     unloaded = type("Unloaded", (AdapterMock,), {"_served_variants": lambda self: ()})(VOCAB)
     with pytest.raises(KeyError, match="'a'; loaded: none"):  # adapters, none loaded yet

@@ -229,7 +229,8 @@ class _CoreBacked(AsyncLM):
             ValueError: an empty or invalid context (``genlm.core.InvalidContextError``),
                 a backend without adapters given a ``lora_name``, or ``lora_name`` and a
                 different ``variant``.
-            KeyError: no adapter named ``lora_name`` is loaded.
+            UnknownVariantError: no adapter named ``lora_name`` is loaded (both a
+                ``KeyError`` and the ``ValueError`` genlm-backend 0.3.1 raised).
         """
         return await self.core_lm.next_token_logprobs(
             token_ids, **self._options(lora_name, options)

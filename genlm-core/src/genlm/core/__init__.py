@@ -26,6 +26,7 @@ if _TYPE_CHECKING:
     from genlm.core._errors import InvalidContextError as InvalidContextError
     from genlm.core._errors import ModelClosedError as ModelClosedError
     from genlm.core._errors import PluginLoadError as PluginLoadError
+    from genlm.core._errors import UnknownVariantError as UnknownVariantError
     from genlm.core._errors import VocabularyMismatchError as VocabularyMismatchError
     from genlm.core._protocol import AsyncLM as AsyncLM
     from genlm.core._registry import load_model_by_name as load_model_by_name

@@ -66,5 +66,15 @@ class BackendError(GenLMError, RuntimeError):
     """
 
 
+class UnknownVariantError(GenLMError, KeyError, ValueError):
+    """A request or ``set_lora`` named a variant (a LoRA adapter) the model has not
+    loaded. Both a ``KeyError`` (GenLM's documented error: no such key among the loaded
+    adapters) and a ``ValueError`` (what genlm-backend 0.3.1 raised), so code written for
+    either catches it."""
+
+    def __str__(self) -> str:  # the message itself, not KeyError's repr of it
+        return str(self.args[0]) if self.args else ""
+
+
 class ModelClosedError(GenLMError, RuntimeError):
     """The model was closed; create a new one to make further requests."""

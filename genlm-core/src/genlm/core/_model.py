@@ -23,7 +23,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from genlm.core._errors import BackendError, InvalidContextError, ModelClosedError
+from genlm.core._errors import (
+    BackendError,
+    InvalidContextError,
+    ModelClosedError,
+    UnknownVariantError,
+)
 from genlm.core._gather import gather_all
 from genlm.core._output_cache import OutputCache
 from genlm.core._request import Request
@@ -74,7 +79,8 @@ class BatchedLM(abc.ABC):
     (a batch call validates every context before computing any). Errors:
     ``InvalidContextError`` for bad ids or a context longer than ``max_context_length``;
     ``ValueError`` for an unknown ``output`` or a ``variant`` the model does not serve
-    (hf: ``KeyError`` for an adapter not loaded); ``ModelClosedError`` once closed;
+    (an adapter not loaded: ``UnknownVariantError``, also a ``KeyError``);
+    ``ModelClosedError`` once closed;
     ``BackendError`` when the backend returns rows that are not normalized
     log-probabilities of the vocabulary's width. Sampling arguments are checked by
     ``check_sampling_args`` (``TypeError``/``ValueError``) before any work.
@@ -193,7 +199,8 @@ class BatchedLM(abc.ABC):
 
         Raises:
             ValueError: the backend has no variants (:meth:`_served_variants` is None).
-            KeyError: it has, but not this one (those loaded are listed).
+            UnknownVariantError: it has, but not this one (those loaded are listed); a
+                ``KeyError`` and a ``ValueError``.
         """
         if variant is None:
             return variant
@@ -202,7 +209,9 @@ class BatchedLM(abc.ABC):
             raise ValueError(f"{self.name} has no variants (adapters); got variant={variant!r}")
         if variant not in served:
             loaded = ", ".join(sorted(map(repr, served))) or "none"
-            raise KeyError(f"{self.name} has no variant (adapter) {variant!r}; loaded: {loaded}")
+            raise UnknownVariantError(
+                f"{self.name} has no variant (adapter) {variant!r}; loaded: {loaded}"
+            )
         return variant
 
     def _clear_backend_cache(self) -> None:  # noqa: B027 - optional hook, no-op by default

@@ -28,7 +28,7 @@ from genlm.backends.hf._kv import (
     group_rows,
     layer_tensors,
 )
-from genlm.core import ModelClosedError, Vocabulary
+from genlm.core import ModelClosedError, UnknownVariantError, Vocabulary
 from genlm.core.backend import BatchedLM, ResidentRows, plan_rows, resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -255,7 +255,9 @@ class HFLM(BatchedLM):
     def set_lora(self, name: str) -> None:
         """Make the loaded adapter ``name`` active for the requests made from now on."""
         if name not in self._adapters:
-            raise KeyError(f"no LoRA adapter named {name!r}; loaded: {sorted(self._adapters)}")
+            raise UnknownVariantError(
+                f"no LoRA adapter named {name!r}; loaded: {sorted(self._adapters)}"
+            )
         self._active_lora = name
 
     def clear_lora(self) -> None:

@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from genlm.core import ModelClosedError, Vocabulary
+from genlm.core import ModelClosedError, UnknownVariantError, Vocabulary
 from genlm.core.backend import BatchedLM, check_sampling_args, eos_id_set, resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -590,11 +590,11 @@ class VLLMLM(BatchedLM):
             name: a name registered with :meth:`add_lora`.
 
         Raises:
-            KeyError: no adapter is registered under ``name``.
+            UnknownVariantError: no adapter is registered under ``name`` (a ``KeyError``).
         """
         if name not in self._loras:
             known = ", ".join(sorted(self._loras)) or "none"
-            raise KeyError(f"no LoRA adapter named {name!r} (registered: {known})")
+            raise UnknownVariantError(f"no LoRA adapter named {name!r} (registered: {known})")
         self._active_lora = name
 
     def clear_lora(self) -> None:
