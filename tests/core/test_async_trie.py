@@ -44,3 +44,39 @@ def test_wrong_row_length_is_rejected():
 
     with pytest.raises(ValueError, match="7 weights"):
         asyncio.run(main())
+
+
+def brute_log_sums(trie: TokenByteTrie, vocab: list[bytes], lp: np.ndarray) -> np.ndarray:
+    """Brute force: log of the total probability of the tokens starting with each node's prefix."""
+    out = np.full(trie.num_nodes, -np.inf)
+    for v in range(trie.num_nodes):
+        ids = [i for i, b in enumerate(vocab) if b and b.startswith(trie.prefix(v))]
+        if ids:
+            out[v] = np.log(np.exp(lp[ids]).sum())
+    return out
+
+
+@pytest.mark.parametrize("bad", [np.array(["x"] * 7), [object()] * 7])
+def test_a_row_that_is_not_numbers_fails_alone(bad):
+    """A row of the right shape that is not numbers fails its own call, before it is batched;
+    the calls made with it get their results (they failed with it when it was stacked)."""
+    trie = TokenByteTrie(VOCAB)
+    lp = np.log(np.random.default_rng(2).random((2, len(VOCAB))))
+
+    async def main():
+        async with AsyncTokenByteTrie(trie) as atrie:
+            out = await asyncio.gather(
+                atrie.log_weight_sum(lp[0]),
+                atrie.log_weight_sum(bad),
+                atrie.log_weight_sum(lp[1]),
+                return_exceptions=True,
+            )
+            return out, atrie.batcher.stats
+
+    (first, error, last), stats = asyncio.run(main())
+    for got, row in ((first, lp[0]), (last, lp[1])):
+        assert isinstance(got, np.ndarray), got
+        np.testing.assert_allclose(got, brute_log_sums(trie, VOCAB, row), rtol=1e-13)
+    assert isinstance(error, (TypeError, ValueError))
+    assert "weights must be an array of numbers" in str(error)
+    assert stats["items"] == 2 and stats["batches"] == 1

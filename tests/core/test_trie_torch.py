@@ -151,6 +151,58 @@ def test_async_trie_batches_torch_rows_on_their_device(device):
     assert stats["batches"] == 2  # torch rows and numpy rows never share a call
 
 
+def async_sums(trie: TokenByteTrie, rows: list) -> list:
+    """Concurrent ``weight_sum`` calls of an async trie over ``rows`` (errors returned)."""
+
+    async def main():
+        async with AsyncTokenByteTrie(trie) as atrie:
+            calls = (atrie.weight_sum(row) for row in rows)
+            return await asyncio.gather(*calls, return_exceptions=True)
+
+    return asyncio.run(main())
+
+
+def brute_sums(trie: TokenByteTrie, vocab: list[bytes], w) -> np.ndarray:
+    """Brute force: the total weight of the tokens starting with each node's prefix."""
+    w = np.asarray(w, dtype=np.float64)
+    return np.array(
+        [
+            w[[i for i, b in enumerate(vocab) if b.startswith(trie.prefix(v))]].sum()
+            for v in range(trie.num_nodes)
+        ]
+    )
+
+
+def test_async_float8_row_is_widened_alone():
+    """A float8 row is widened to float64 when it is submitted, so it batches with float32
+    rows; all get their sums (torch cannot stack float8 with float32: the batch failed)."""
+    vocab = [b"a", b"ab", b"b"]
+    trie = TokenByteTrie(vocab)
+    rows = [torch.tensor([0.5, 0.25, 0.125]), torch.tensor([0.0625, 1.0, 2.0])]
+    float8 = torch.tensor([0.5, 1.0, 2.0]).to(torch.float8_e4m3fn)  # exactly representable
+    first, eighth, last = async_sums(trie, [rows[0], float8, rows[1]])
+    for got, w in ((first, rows[0]), (eighth, [0.5, 1.0, 2.0]), (last, rows[1])):
+        assert isinstance(got, torch.Tensor), got
+        np.testing.assert_array_equal(got.numpy(), brute_sums(trie, vocab, w))
+
+
+@pytest.mark.filterwarnings("ignore:.*quantize_per_tensor:UserWarning")
+def test_async_torch_row_that_is_not_float_fails_alone():
+    """A quantized row (not readable as float64) fails its own call with a TypeError; the
+    rows batched with it get their sums."""
+    if not hasattr(torch, "quantize_per_tensor"):
+        pytest.skip("this torch has no quantized tensors")
+    vocab = [b"a", b"ab", b"b"]
+    trie = TokenByteTrie(vocab)
+    rows = [torch.tensor([0.5, 0.25, 0.125]), torch.tensor([0.0625, 1.0, 2.0])]
+    quantized = torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8)
+    first, error, last = async_sums(trie, [rows[0], quantized, rows[1]])
+    for got, w in ((first, rows[0]), (last, rows[1])):
+        assert isinstance(got, torch.Tensor), got
+        np.testing.assert_array_equal(got.numpy(), brute_sums(trie, vocab, w))
+    assert isinstance(error, TypeError) and "float64" in str(error)
+
+
 def test_core_and_the_numpy_path_never_import_torch():
     """torch loads only when a caller hands the trie a torch tensor."""
     numpy_path = (

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from genlm.core._scheduler import AutoBatcher
-from genlm.core._trie import TokenByteTrie, _is_torch
+from genlm.core._trie import TokenByteTrie, _as_float64, _is_torch
 from genlm.core._worker import ModelWorker
 
 #: Operation name -> the batched trie method computing it.
@@ -37,7 +37,9 @@ class AsyncTokenByteTrie:
     batched with the other calls on its device) and returns what the
     :class:`TokenByteTrie` method of the same name returns for it: one float64 value per
     node (a tensor on the input's device for torch input). A row of another shape raises
-    ``ValueError``; after :meth:`aclose`, ``ModelClosedError``.
+    ``ValueError``, one that is not numbers (a string array, a quantized tensor) a
+    ``TypeError`` or ``ValueError`` saying so, before it is batched, so the calls batched
+    with it are unaffected; after :meth:`aclose`, ``ModelClosedError``.
 
     Each result is a row view of its batch's output, so a row that is kept keeps the
     whole batch's memory alive (and out of the trie's output pool); ``.copy()`` rows
@@ -73,13 +75,22 @@ class AsyncTokenByteTrie:
         return operation(self.trie, torch.stack(rows))
 
     async def _submit(self, operation: str, row: np.ndarray) -> np.ndarray:
+        # Each row is read as float64 here, on its own: a row that is not numbers fails
+        # alone instead of failing the stack of every row batched with it.
         where = str(row.device) if _is_torch(row) else "numpy"
         if where == "numpy":
-            row = np.asarray(row)
+            row = _as_float64(row)
         if tuple(row.shape) != (self.trie.vocab_size,):
             raise ValueError(
                 f"expected one row of {self.trie.vocab_size} weights, got shape {tuple(row.shape)}"
             )
+        if where != "numpy":
+            try:
+                row = row.detach().double()  # on its device; float8 rows do not stack with others
+            except RuntimeError as error:  # e.g. a quantized tensor
+                raise TypeError(
+                    f"a torch row of dtype {row.dtype} cannot be read as float64 weights: {error}"
+                ) from error
         return await self.batcher.submit((operation, where, row))
 
     async def weight_sum(self, weights: np.ndarray) -> np.ndarray:

@@ -472,7 +472,7 @@ class TokenByteTrie:
         return out if batched else out[0]
 
     def _row(self, weights: np.ndarray) -> np.ndarray:
-        w = np.asarray(weights, dtype=np.float64)
+        w = _as_float64(weights)
         if w.shape != (self.vocab_size,):
             raise ValueError(f"expected weights of shape ({self.vocab_size},), got {w.shape}")
         return w
@@ -485,7 +485,7 @@ class TokenByteTrie:
         work, and where the output is fresh memory (not a pooled block), each
         thread also takes the page faults of its own part of it.
         """
-        w = np.asarray(weights, dtype=np.float64)
+        w = _as_float64(weights)
         if w.ndim != 2 or w.shape[1] != self.vocab_size:
             raise ValueError(f"expected weights of shape (B, {self.vocab_size}), got {w.shape}")
         out = _empty((w.shape[0], self.num_nodes))
@@ -661,6 +661,20 @@ def _executor() -> ThreadPoolExecutor:
                 max_workers=_usable_cpus(), thread_name_prefix="genlm-trie"
             )
         return _EXECUTOR
+
+
+def _as_float64(weights: object) -> np.ndarray:
+    """``weights`` as a float64 array (no copy if they are one).
+
+    Raises:
+        TypeError, ValueError: they are not numbers (numpy's error class, with a message
+            that says so).
+    """
+    try:
+        return np.asarray(weights, dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        cls = TypeError if isinstance(error, TypeError) else ValueError
+        raise cls(f"weights must be an array of numbers: {error}") from error
 
 
 def _check_id(i: int, V: int, what: str) -> int:
