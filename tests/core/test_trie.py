@@ -447,6 +447,59 @@ class TestLogSpace:
         assert np.all(trie.log_weight_sum(np.full(3, -np.inf)) == -np.inf)
 
 
+def brute_log_sum(values: np.ndarray) -> float:
+    """Brute force: a node's log-mass from its tokens' logprobs, under the documented rule
+    for non-finite ones (NaN wins, then +inf; -inf tokens weigh nothing)."""
+    if np.isnan(values).any():
+        return np.nan
+    if np.isposinf(values).any():
+        return np.inf
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return -np.inf
+    top = values.max()
+    return top + np.log(np.exp(values - top).sum())
+
+
+#: Logprobs 1600 nats apart, and the three non-finite values.
+wide_logprobs = st.one_of(
+    st.floats(-800, 800), st.sampled_from([np.nan, np.inf, -np.inf]), st.just(0.0)
+)
+
+
+class TestNonFiniteLogSums:
+    @given(tries(), st.data())
+    @settings(deadline=None)
+    @pytest.mark.filterwarnings("ignore:invalid value encountered")
+    def test_only_the_nodes_above_a_nan_or_inf_change(self, tv, data):
+        """With NaN and +inf in a row, the nodes above them are NaN (or +inf), and every
+        other node keeps its exact log-mass, in both kernels, batched or not (a NaN or +inf
+        anywhere used to cancel the row's shift: 800 became +inf, -800 -inf)."""
+        trie, vocab = tv
+        rows = np.array(
+            [
+                data.draw(st.lists(wide_logprobs, min_size=len(vocab), max_size=len(vocab)))
+                for _ in range(2)
+            ]
+        )
+        want = [[brute_log_sum(row[expected(trie, vocab, v)]) for v in range(trie.num_nodes)]
+                for row in rows]  # fmt: skip
+        for got in (trie.batch_log_weight_sum(rows), [trie.log_weight_sum(r) for r in rows]):
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)  # NaN where NaN
+
+    @pytest.mark.parametrize("kernel", KERNELS)
+    @pytest.mark.parametrize("bad", [np.nan, np.inf])
+    def test_nan_or_inf_leaves_far_masses_exact(self, kernel, bad):
+        """One NaN or +inf token beside tokens at +800 and -800 nats: only its own node and
+        the root take its value; the others are 800 and -800 exactly."""
+        trie = TokenByteTrie([b"a", b"b", b"c", b"cd"], kernel=kernel)
+        ls = trie.log_weight_sum(np.array([bad, 800.0, -800.0, -800.0]))
+        assert ls[trie.node_of(b"b")] == 800.0
+        assert ls[trie.node_of(b"c")] == pytest.approx(-800.0 + np.log(2.0), rel=1e-15)
+        assert ls[trie.node_of(b"cd")] == -800.0
+        np.testing.assert_array_equal(ls[[trie.root, trie.node_of(b"a")]], [bad, bad])
+
+
 @pytest.fixture(scope="module")
 def gpt2_vocab() -> list[bytes]:
     """The byte strings of the real GPT-2 vocabulary (50,257 tokens), read by genlm-core."""

@@ -123,6 +123,37 @@ def test_random_tries_equal_the_numpy_kernel(vocab, data):
     assert_same(trie.batch_log_weight_sum(rows), expected_logs, "cpu", log=True)
 
 
+def brute_log_sum(values: np.ndarray) -> float:
+    """Brute force: a node's log-mass from its tokens' logprobs (NaN wins, then +inf)."""
+    if np.isnan(values).any():
+        return np.nan
+    if np.isposinf(values).any():
+        return np.inf
+    values = values[np.isfinite(values)]
+    top = values.max() if len(values) else -np.inf
+    return top + np.log(np.exp(values - top).sum()) if len(values) else -np.inf
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=100, deadline=None)
+@given(vocab=st.lists(byte_strings, min_size=1, max_size=30), data=st.data())
+def test_log_sums_of_nan_and_inf_rows_equal_brute_force(device, vocab, data):
+    """NaN and +inf reach exactly the nodes above them, as in the CPU kernels; the other
+    nodes keep their exact log-mass (a NaN child was dropped by the shallow folds)."""
+    trie = TokenByteTrie(vocab)
+    values = st.one_of(st.floats(-800, 800), st.sampled_from([np.nan, np.inf, -np.inf]))
+    lp = np.array(data.draw(st.lists(values, min_size=len(vocab), max_size=len(vocab))))
+    below = [
+        [i for i, b in enumerate(vocab) if b and b.startswith(trie.prefix(v))]
+        for v in range(trie.num_nodes)
+    ]
+    want = np.array([brute_log_sum(lp[ids]) for ids in below])
+    got = trie.log_weight_sum(torch.from_numpy(lp).to(device))
+    assert got.device.type == device
+    np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(trie.log_weight_sum(lp), want, rtol=1e-12, atol=1e-12)
+
+
 def test_wrong_shapes_are_rejected():
     trie = TokenByteTrie([b"a", b"b"])
     with pytest.raises(ValueError, match=r"shape \(2,\)"):

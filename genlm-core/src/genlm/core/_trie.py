@@ -44,6 +44,13 @@ different orders, so their sums may differ in the last bits (maxes never do):
 Batched calls split their rows over threads (:attr:`TokenByteTrie.threads`);
 both kernels release the GIL for the bulk of their work.
 
+Non-finite values: a NaN makes its node and every ancestor NaN (sums, maxes and log
+sums); else a +inf makes them +inf (a weight sum that also meets a -inf weight is NaN,
+as float addition gives); a ``-inf`` log-probability is a token of probability zero.
+Every other node keeps its exact value: log sums shift each row by its largest *finite*
+value, so a NaN or +inf in a row changes no node it is not below. Both kernels, and
+the torch kernel's log sums, give the same non-finite values.
+
 Output memory
 -------------
 Where the C module is built, outputs live in its blocks (``_trie_kernel.empty``):
@@ -72,14 +79,14 @@ divides small masses by each other, so that trade is not worth it.)
 
 Log space
 ---------
-``log_weight_sum`` shifts by the row max, exponentiates in float64, sums as
-above and takes the log. A node whose shifted mass falls below ``2**-960``
-(about ``1e-289``, i.e. its log-mass is more than ~665 nats below the row max)
-may have lost precision to underflow, so exactly those nodes are recomputed
-with a per-node shift (the node's own max), from the list of tokens below
-them. The result is exact for any finite logprobs, e.g. a node with mass
-``1e-300`` or with log-mass ``-800``, and ``-inf`` for nodes whose tokens are
-all ``-inf``.
+``log_weight_sum`` shifts by the row max (of the finite values; see "Kernels"
+for NaN and +inf), exponentiates in float64, sums as above and takes the log. A
+node whose shifted mass falls below ``2**-960`` (about ``1e-289``, i.e. its
+log-mass is more than ~665 nats below the row max) may have lost precision to
+underflow, so exactly those nodes are recomputed with a per-node shift (the
+node's own max), from the list of tokens below them. The result is exact for
+any finite logprobs, e.g. a node with mass ``1e-300`` or with log-mass
+``-800``, and ``-inf`` for nodes whose tokens are all ``-inf``.
 
 Special tokens
 --------------
@@ -446,7 +453,8 @@ class TokenByteTrie:
 
         Equal to ``log(weight_sum(exp(logprobs)))`` computed without underflow: correct
         for masses far below float64's range (a node at -800 nats when another token is
-        at 0), and -inf only where every token below the node is -inf.
+        at 0), and -inf only where every token below the node is -inf. A NaN below a node
+        makes it NaN, else a +inf below it +inf; other nodes are unaffected by them.
         """
         if _is_torch(logprobs):
             return self._on_torch("log_weight_sum", logprobs, batched=False)
@@ -556,24 +564,30 @@ class TokenByteTrie:
     def _log_sum(self, lp: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Exact log-space weight sums of logprobs (V,) or (B, V) into out (.., num_nodes).
 
-        Each row is shifted by its own max (rows whose max is not finite, e.g.
-        all -inf, are not shifted).
+        Each row is shifted by the largest of its finite values (0 if it has none), so a
+        NaN or +inf in a row leaves the nodes it is not below exact (module docstring).
         """
         L, res = lp.reshape(-1, self.vocab_size), out.reshape(-1, self.num_nodes)
-        m = L.max(axis=1, keepdims=True)
-        finite = np.isfinite(m[:, 0])
-        shift = np.where(finite[:, None], m, 0.0)
+        shift = L.max(axis=1)
+        has_finite = np.isfinite(shift)
+        for b in np.flatnonzero(~has_finite):  # rare: a NaN or +inf in the row, or all -inf
+            values = L[b][np.isfinite(L[b])]
+            has_finite[b] = len(values) > 0
+            shift[b] = values.max() if has_finite[b] else 0.0
+        shift = shift[:, None]
         with np.errstate(invalid="ignore"):
             self._reduce(np.exp(L - shift), np.add, 0.0, res)
         tiny = res < _TINY
         with np.errstate(divide="ignore", invalid="ignore"):
             np.log(res, out=res)
         res += shift
-        for b in np.flatnonzero(finite & tiny.any(axis=1)):
+        for b in np.flatnonzero(has_finite & tiny.any(axis=1)):
             # Nodes whose tokens are all -inf are already right (-inf); skip them
             # so that masked distributions do not pay for the exact path.
             nodes = np.flatnonzero(tiny[b])
-            nodes = nodes[self._reduce(L[b], np.maximum, -np.inf)[nodes] > -np.inf]
+            with np.errstate(invalid="ignore"):  # a NaN in the row: its ancestors are not tiny
+                peak = self._reduce(L[b], np.maximum, -np.inf)
+            nodes = nodes[peak[nodes] > -np.inf]
             res[b, nodes] = self._exact_log_sum(L[b], nodes)
         return out
 

@@ -36,7 +36,8 @@ arithmetic; float32 would halve the bytes but lose small masses next to large on
 Log space: each node is shifted by its own maximum logprob (from the max kernel), so no
 node underflows however far below the row maximum it lies; a child folds into its
 parent scaled by ``exp(max_child - max_parent) <= 1``. Exact for any finite logprobs,
-``-inf`` only where every token below a node is ``-inf``.
+``-inf`` only where every token below a node is ``-inf``; NaN and +inf reach exactly the
+nodes above them, as in the CPU kernels (``_trie``'s "Kernels").
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ class TorchTrieKernel:
         for up, lo, hi, parent in folds:
             child = scaled[:, lo:hi]
             factor = torch.exp(shift[:, lo:hi] - shift[:, up:lo][:, parent])
-            # A child with no mass adds nothing (its factor may overflow next to it).
-            scaled[:, up:lo].index_add_(1, parent, torch.where(child > 0, child * factor, 0.0))
+            # A child with no mass adds nothing (its factor may overflow next to it); a NaN
+            # child adds NaN, as the CPU kernels' sums do.
+            scaled[:, up:lo].index_add_(1, parent, torch.where(child != 0, child * factor, 0.0))
         return torch.log(scaled) + shift
