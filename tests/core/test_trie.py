@@ -244,6 +244,23 @@ class TestWeights:
         for method in (trie.batch_weight_sum, trie.batch_weight_max, trie.batch_log_weight_sum):
             assert method(np.ones((0, 2))).shape == (0, trie.num_nodes)
 
+    @pytest.mark.parametrize("kernel", KERNELS)
+    def test_empty_vocabulary_has_a_root_of_no_mass(self, kernel):
+        """A trie of no tokens is its root alone: sum 0, max and log forms -inf, one row or
+        a batch (the log sums failed with numpy's reshape error)."""
+        trie = TokenByteTrie([], kernel=kernel)
+        assert trie.num_nodes == 1 and trie.vocab_size == 0
+        row, rows = np.zeros(0), np.zeros((2, 0))
+        np.testing.assert_array_equal(trie.weight_sum(row), [0.0])
+        np.testing.assert_array_equal(trie.batch_weight_sum(rows), [[0.0], [0.0]])
+        for single, batched in (
+            (trie.weight_max, trie.batch_weight_max),
+            (trie.log_weight_max, trie.batch_log_weight_max),
+            (trie.log_weight_sum, trie.batch_log_weight_sum),
+        ):
+            np.testing.assert_array_equal(single(row), [-np.inf])
+            np.testing.assert_array_equal(batched(rows), [[-np.inf], [-np.inf]])
+
     def test_shape_is_checked(self):
         """Weights of the wrong shape are rejected with the expected shape in the message."""
         trie = TokenByteTrie([b"a", b"b"])

@@ -154,6 +154,16 @@ def test_log_sums_of_nan_and_inf_rows_equal_brute_force(device, vocab, data):
     np.testing.assert_allclose(trie.log_weight_sum(lp), want, rtol=1e-12, atol=1e-12)
 
 
+def test_empty_vocabulary_is_a_root_of_no_mass():
+    """A trie of no tokens: the torch kernel gives its root sum 0, and max and log sum -inf,
+    as the CPU kernels do (``test_trie``)."""
+    trie = TokenByteTrie([])
+    row, rows = torch.zeros(0), torch.zeros(2, 0)
+    for name, want in (("weight_sum", 0.0), ("weight_max", -np.inf), ("log_weight_sum", -np.inf)):
+        np.testing.assert_array_equal(getattr(trie, name)(row).numpy(), [want])
+        np.testing.assert_array_equal(getattr(trie, f"batch_{name}")(rows).numpy(), [[want]] * 2)
+
+
 def test_wrong_shapes_are_rejected():
     trie = TokenByteTrie([b"a", b"b"])
     with pytest.raises(ValueError, match=r"shape \(2,\)"):

@@ -144,7 +144,8 @@ class TokenByteTrie:
 
     Args:
         vocab: ``vocab[i]`` is the byte string of token id ``i``. Empty strings
-            (holes) are allowed and contribute nowhere.
+            (holes) are allowed and contribute nowhere. An empty vocabulary makes a
+            trie of the root alone (sum 0; max and log sum -inf).
         eos_token_ids: ids whose weight goes to the virtual EOS child of the
             root instead of to their bytes. Giving any enables EOS mode
             (:attr:`eos_node` is not None).
@@ -567,8 +568,8 @@ class TokenByteTrie:
         Each row is shifted by the largest of its finite values (0 if it has none), so a
         NaN or +inf in a row leaves the nodes it is not below exact (module docstring).
         """
-        L, res = lp.reshape(-1, self.vocab_size), out.reshape(-1, self.num_nodes)
-        shift = L.max(axis=1)
+        L, res = (lp, out) if lp.ndim == 2 else (lp[None], out[None])
+        shift = L.max(axis=1, initial=-np.inf)  # initial: an empty vocabulary's rows
         has_finite = np.isfinite(shift)
         for b in np.flatnonzero(~has_finite):  # rare: a NaN or +inf in the row, or all -inf
             values = L[b][np.isfinite(L[b])]
