@@ -154,6 +154,46 @@ class TestStructure:
         with pytest.raises(ValueError, match="atomic_ids"):
             TokenByteTrie([b"a"], atomic_ids=[-1])
 
+    @pytest.mark.parametrize(
+        ("entry", "message"),
+        [
+            (3, r"vocab\[1\] is int 3, not bytes"),  # bytes(3) is three zero bytes
+            (None, r"vocab\[1\] is None, not bytes \(a hole is b''\)"),
+            ("b", r"vocab\[1\] is str 'b', not bytes"),
+            (2.0, r"vocab\[1\] is float 2.0, not bytes"),
+        ],
+    )
+    def test_entries_that_are_not_bytes_are_rejected(self, entry, message):
+        """A vocabulary entry that is not bytes is a TypeError naming its position (an int n
+        became n zero bytes, None a hole, a str failed inside bytes())."""
+        with pytest.raises(TypeError, match=message):
+            TokenByteTrie([b"a", entry, b"c"])
+
+    def test_bytes_subclasses_count_as_their_bytes(self):
+        """A bytes subclass (as genlm-backend's Token) is accepted and spelled by its bytes."""
+
+        class Tagged(bytes):
+            pass
+
+        trie = TokenByteTrie([Tagged(b"ab"), b"a"])
+        assert (
+            trie.node_of(b"ab") == trie.token_node[0] and trie.prefix(trie.token_node[0]) == b"ab"
+        )
+
+    @pytest.mark.parametrize("what", ["eos_token_ids", "atomic_ids"])
+    @pytest.mark.parametrize("ids", [[1.7], [1.0], [True], 1, np.int64(1)])
+    def test_ids_that_are_not_integers_are_rejected(self, what, ids):
+        """EOS and atomic ids must be a collection of integers: 1.7 was truncated to 1."""
+        with pytest.raises(TypeError, match=what):
+            TokenByteTrie([b"a", b"b"], **{what: ids})
+
+    def test_numpy_integer_ids_are_accepted(self):
+        """numpy integer ids (and arrays of them) are ids like Python ints."""
+        trie = TokenByteTrie(
+            [b"a", b"b", b"c"], eos_token_ids=np.array([2]), atomic_ids=[np.int32(1)]
+        )
+        assert trie.eos_token_ids == (2,) and trie.atomic_ids == frozenset({1})
+
 
 class TestWeights:
     @given(tries(), st.integers(0, 2**32 - 1))

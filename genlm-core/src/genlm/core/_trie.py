@@ -113,6 +113,7 @@ from typing import Literal
 import numpy as np
 
 from genlm.core._rows import is_torch as _is_torch
+from genlm.core._validation import is_integer
 
 try:
     from genlm.core import _trie_kernel
@@ -145,7 +146,8 @@ class TokenByteTrie:
     Args:
         vocab: ``vocab[i]`` is the byte string of token id ``i``. Empty strings
             (holes) are allowed and contribute nowhere. An empty vocabulary makes a
-            trie of the root alone (sum 0; max and log sum -inf).
+            trie of the root alone (sum 0; max and log sum -inf). Entries must be
+            ``bytes`` (a subclass, such as genlm-backend's ``Token``, counts as its bytes).
         eos_token_ids: ids whose weight goes to the virtual EOS child of the
             root instead of to their bytes. Giving any enables EOS mode
             (:attr:`eos_node` is not None).
@@ -157,6 +159,13 @@ class TokenByteTrie:
             may differ in the last bits: the terms are added in other orders).
         threads: how many threads a batched call splits its rows over (None:
             one per CPU this process may use). Single rows use one thread.
+
+    Raises:
+        TypeError: an entry of ``vocab`` is not bytes (``None`` included: a hole is
+            ``b""``), an EOS or atomic id is not an integer (a float, a bool), or
+            ``eos_token_ids``/``atomic_ids`` is a bare id instead of a collection.
+        ValueError: an EOS or atomic id is outside the vocabulary; an unknown
+            ``kernel``, or ``threads`` below 1.
 
     Attributes:
         root: the root node id (always 0).
@@ -206,9 +215,12 @@ class TokenByteTrie:
             raise ValueError(f"threads must be at least 1, got {threads}")
         self.threads = threads or _usable_cpus()
         V = len(vocab)
-        eos = sorted({_check_id(i, V, "eos_token_ids") for i in eos_token_ids})
+        _check_bytes(vocab)
+        eos = sorted(
+            {_check_id(i, V, "eos_token_ids") for i in _ids(eos_token_ids, "eos_token_ids")}
+        )
         eos_set = set(eos)
-        atomic = {_check_id(i, V, "atomic_ids") for i in atomic_ids} - eos_set
+        atomic = {_check_id(i, V, "atomic_ids") for i in _ids(atomic_ids, "atomic_ids")} - eos_set
         self.vocab_size = V
         self.eos_token_ids: tuple[int, ...] = tuple(eos)
         self.atomic_ids: frozenset[int] = frozenset(atomic)
@@ -692,7 +704,31 @@ def _as_float64(weights: object) -> np.ndarray:
         raise cls(f"weights must be an array of numbers: {error}") from error
 
 
+def _check_bytes(vocab: Sequence[bytes]) -> None:
+    """Raise TypeError naming the first entry of ``vocab`` that is not ``bytes``.
+
+    Bytes subclasses (genlm-backend's ``Token``) are bytes; a hole is ``b""``, as in
+    :class:`~genlm.core.Vocabulary`. ``bytes(3)`` would be three zero bytes, ``None`` a hole.
+    """
+    if set(map(type, vocab)) <= {bytes}:
+        return
+    for i, entry in enumerate(vocab):
+        if entry is None:
+            raise TypeError(f"vocab[{i}] is None, not bytes (a hole is b'')")
+        if not isinstance(entry, bytes):
+            raise TypeError(f"vocab[{i}] is {type(entry).__name__} {entry!r:.60}, not bytes")
+
+
+def _ids(ids: Iterable[int], what: str) -> Iterable[int]:
+    """``ids``, a collection of token ids; a bare id is a TypeError (a list is meant)."""
+    if is_integer(ids) or isinstance(ids, (str, bytes)):
+        raise TypeError(f"{what} must be a collection of token ids, got {ids!r}")
+    return ids
+
+
 def _check_id(i: int, V: int, what: str) -> int:
+    if not is_integer(i):
+        raise TypeError(f"{what} contains {i!r} ({type(i).__name__}), not an integer token id")
     i = int(i)
     if not 0 <= i < V:
         raise ValueError(f"{what} contains {i}, outside the vocabulary range [0, {V})")
