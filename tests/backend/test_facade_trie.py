@@ -63,7 +63,7 @@ def test_layout_and_masses_match_brute_force(cls):
         else:
             key, letters, tid = entry, [entry], p
         parent = walk(trie, letters)
-        leaf = trie.children[parent][(None, tid)]
+        leaf = trie.children[parent][(None, p)]
         assert trie.word2leaf[key] == leaf and trie.leaf2word[leaf] == key
         assert trie.token_id_to_leaf[p].tolist() == [tid, leaf]
     rng = np.random.default_rng(0)
@@ -95,6 +95,37 @@ def test_plain_bytes_and_str_entries_are_keyed_by_themselves():
     assert maxes[walk(trie, ["a", "b"])] == 1.0
     with pytest.raises(ValueError, match="weights"):
         trie.weight_sum([1.0, 2.0])
+
+
+@pytest.mark.parametrize(
+    "vocab",
+    [
+        [Token(1, b"a"), b"a"],  # Token id 1 and a plain entry at position 1, one node
+        [Token(7, b"x"), Token(1, b""), "EOS"],  # a decode_vocab subset and a word
+        [Token(1, b""), ""],  # an empty Token and an empty word, both at the root
+        [Token(5, b"ab"), Token(0, b"ab"), b"ab", "ab"],
+    ],
+)
+def test_every_entry_has_its_own_leaf_keyed_by_position(vocab):
+    """Each entry's leaf hangs off its last node under ``(None, position)``, as in
+    genlm-backend 0.3.1, so every leaf is reachable through ``children`` (a Token's leaf was
+    keyed by its id and a plain entry's by its position: the two collided, one leaf lost)."""
+    trie = TokenCharacterTrie(vocab)
+    reachable, stack = {}, [trie.root]
+    while stack:
+        node = stack.pop()
+        for key, child in trie.children[node].items():
+            if isinstance(key, tuple) and key[0] is None:
+                reachable[key[1]] = child
+            else:
+                stack.append(child)
+    assert sorted(reachable) == list(range(len(vocab)))
+    for position, entry in enumerate(vocab):
+        key = (entry.byte_string, entry.token_id) if isinstance(entry, Token) else entry
+        assert reachable[position] == trie.word2leaf[key]
+        assert trie.children[walk(trie, list(entry))][(None, position)] == reachable[position]
+    ws = np.arange(1.0, len(vocab) + 1)
+    assert trie.weight_sum(ws)[trie.root] == ws.sum()
 
 
 def test_async_trie_batches_and_equals_the_sync_trie():

@@ -1,7 +1,9 @@
 """genlm-backend's token-character tries, as facades over :class:`genlm.core.TokenByteTrie`.
 
 Node layout (what genlm-backend documents and its clients walk): ``children[node]`` maps a byte
-(an int) to the child node, and ``(None, token_id)`` to the *leaf* of that token; ``root`` is 0.
+(an int) to the child node, and ``(None, position)`` to the *leaf* of the vocabulary entry at that
+position (keyed by position, as in genlm-backend 0.3.1, so two entries ending at one node never
+share a key); ``root`` is 0.
 The prefix nodes are core's (same ids: ``0 .. core.num_nodes - 1``); token ``i``'s leaf is node
 ``core.num_nodes + i``. ``weight_sum``/``weight_max`` return one value per node: core's prefix
 masses (float64), then each token's own weight at its leaf. There is one trie implementation,
@@ -70,8 +72,8 @@ class TokenCharacterTrie:
         decode (list): the vocabulary, as given.
         root (int): the root node (0).
         children (list[dict]): ``children[node]`` maps a letter (a byte as an int, or another
-            entry's item) to a child, and ``(None, token_id)`` to that token's leaf (``(None,
-            position)`` for entries that are not Tokens).
+            entry's item) to a child, and ``(None, position)`` to the leaf of the entry at that
+            position in ``decode`` (a Token's id is in ``word2leaf``'s key instead).
         word2leaf (dict): ``(byte_string, token_id)`` for a Token, else the entry -> leaf.
         leaf2word (dict): leaf node -> its ``word2leaf`` key.
         token_id_to_leaf (np.ndarray): ``(V, 2)`` rows of ``(token_id or position, leaf)``.
@@ -107,7 +109,7 @@ class TokenCharacterTrie:
             tid = entry.token_id if isinstance(entry, Token) else position
             if key in self.word2leaf:
                 raise ValueError(f"vocabulary entry {position} repeats {key!r}")
-            self.children[parent][(None, tid)] = leaf
+            self.children[parent][(None, position)] = leaf
             self.word2leaf[key] = leaf
             ids.append(tid)
         self._words = _Words.of(word_pairs)
