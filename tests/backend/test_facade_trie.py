@@ -128,6 +128,37 @@ def test_every_entry_has_its_own_leaf_keyed_by_position(vocab):
     assert trie.weight_sum(ws)[trie.root] == ws.sum()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn])
+def test_cpu_tensors_of_any_float_dtype(dtype):
+    """CPU tensors numpy cannot hold (bfloat16, float8) give the sums and maxes of their
+    values, one row, a batch, or through the async trie (``tensor.numpy()`` raised
+    TypeError for them; core's trie takes them)."""
+    trie = TokenCharacterTrie([Token(i, b) for i, b in enumerate(VOCAB)] + [End()])
+    values = 2.0 ** -np.arange(len(trie.decode))  # powers of two: exact in every dtype
+    rows = np.stack([values, values[::-1]])
+    tensor = torch.tensor(rows).to(dtype)
+
+    def check(sums, maxes, w):
+        for node in range(trie.num_nodes):
+            members = below(trie, node)
+            assert sums[node] == pytest.approx(w[members].sum(), rel=1e-15)
+            assert maxes[node] == (w[members].max() if members else -np.inf)
+
+    check(trie.weight_sum(tensor[0]), trie.weight_max(tensor[0]), rows[0])
+    for b, (sums, maxes) in enumerate(
+        zip(trie.batch_weight_sum(tensor), trie.batch_weight_max(tensor))
+    ):
+        check(sums, maxes, rows[b])
+
+    async def run():
+        atrie = AsyncTokenCharacterTrie(trie)
+        out = await asyncio.gather(atrie.weight_sum(tensor[1]), atrie.weight_max(tensor[1]))
+        await atrie.cleanup()
+        return out
+
+    check(*asyncio.run(run()), rows[1])
+
+
 def test_async_trie_batches_and_equals_the_sync_trie():
     trie = TokenCharacterTrie([Token(i, b) for i, b in enumerate(VOCAB)] + [End()])
     rng = np.random.default_rng(1)

@@ -146,7 +146,7 @@ class TokenCharacterTrie:
         if is_torch(ws):
             ws = ws.detach()
             if ws.device.type == "cpu":  # core's C kernel beats its torch kernel on the CPU
-                ws = ws.numpy()
+                ws = ws.double().numpy()  # widened by torch: numpy has no bfloat16
         else:
             ws = np.asarray(ws, dtype=np.float64)
         if ws.ndim != (2 if batched else 1) or ws.shape[-1] != len(self.decode):
