@@ -194,6 +194,23 @@ class TestPrefixCache:
         with pytest.raises(KeyError):
             cache.unpin([1])
 
+    def test_remove_below_drops_exactly_the_entries_under_a_prefix(self):
+        """remove_below((7,)) drops every entry whose key starts with 7, pinned or not, and
+        nothing else (checked against the list of keys); the trie keeps no empty branch."""
+        cache = PrefixCache(max_bytes=10**6)
+        keys = [(7,), (7, 1), (7, 1, 2), (7, 2), (8,), (8, 7), (9, 7, 1), (1,)]
+        for i, key in enumerate(keys):
+            cache.insert(key, f"v{i}", 10 + i)
+        cache.pin((7, 1, 2))
+        cache.pin((8, 7))
+        assert cache.remove_below((7,)) == 4
+        kept = [k for k in keys if k[0] != 7]
+        assert [k for k in keys if k in cache] == kept
+        assert cache.nbytes == sum(10 + keys.index(k) for k in kept)
+        assert 7 not in cache._root.children  # the emptied branch is pruned
+        assert cache.remove_below((7,)) == 0 and cache.remove_below((2, 3)) == 0
+        assert cache.remove_below(()) == len(kept) and len(cache) == 0 and cache.nbytes == 0
+
     def test_entry_larger_than_budget_is_refused(self):
         """insert returns False for an entry that cannot fit, and stores nothing."""
         cache = PrefixCache(max_bytes=5)

@@ -155,3 +155,47 @@ def test_per_request_variant_without_touching_state(lm, adapters, base_model, ch
     check(base_model, CONTEXTS[1], lm.next_token_logprobs_sync(CONTEXTS[1], variant=None))
     with pytest.raises(KeyError, match="nope"):
         lm.next_token_logprobs_sync(CONTEXTS[1], variant="nope")
+
+
+def test_remove_lora_drops_its_state_and_the_name_can_be_loaded_again(adapters, check):
+    """remove_lora("a") unloads it with its KV (a pinned prompt included) and its cached
+    rows; "a" loaded again from b's weights serves b's rows, never a's stale KV or rows;
+    "b" is untouched, and an active adapter removed leaves the base model active."""
+    import torch
+    import transformers
+
+    from genlm.core import UnknownVariantError
+
+    tok = transformers.AutoTokenizer.from_pretrained(STORIES)
+    lm = HFLM(load_base(torch, transformers, torch.float64), tok)  # output cache on
+    try:
+        for name, (path, _) in adapters.items():
+            lm.add_lora(path, name)
+        prompt = CONTEXTS[2]
+        lm.cache_kv(prompt, variant="a")  # pinned under "a", whatever is active
+        assert lm.active_lora is None
+        check(
+            adapters["a"][1], prompt + [40], lm.next_token_logprobs_sync(prompt + [40], variant="a")
+        )
+        check(
+            adapters["b"][1], prompt + [40], lm.next_token_logprobs_sync(prompt + [40], variant="b")
+        )
+        kv_entries = len(lm.kv)
+        lm.set_lora("a")
+        lm.remove_lora("a")
+        assert lm.loaded_loras == ("b",) and lm.active_lora is None
+        assert 0 < len(lm.kv) < kv_entries and len(lm.output_cache) == 0
+        with pytest.raises(UnknownVariantError, match="'a'"):
+            lm.next_token_logprobs_sync(prompt, variant="a")
+        with pytest.raises(UnknownVariantError, match="'a'"):
+            lm.remove_lora("a")
+        lm.add_lora(adapters["b"][0], "a")  # the name again, other weights
+        before = lm.kv_stats["computed_tokens"]
+        row = lm.next_token_logprobs_sync(prompt + [40], variant="a")
+        assert lm.kv_stats["computed_tokens"] - before == len(prompt) + 1  # nothing reused
+        check(adapters["b"][1], prompt + [40], row)
+        check(
+            adapters["b"][1], prompt + [41], lm.next_token_logprobs_sync(prompt + [41], variant="b")
+        )
+    finally:
+        lm.close()

@@ -232,6 +232,29 @@ class PrefixCache(Generic[V]):
             self._forget(node)
             return True
 
+    def remove_below(self, tokens: Sequence[int]) -> int:
+        """Drop every entry whose prefix starts with ``tokens`` (the entry for exactly
+        ``tokens`` included), pinned or not: a backend forgets one variant's state (the hf
+        backend keys KV by ``(variant marker, *context)``).
+
+        Returns:
+            How many entries were dropped.
+        """
+        with self._lru.lock:
+            top = self._find(tokens)
+            if top is None:
+                return 0
+            found, stack = [], [top]
+            while stack:  # iterative: chains may be long
+                node = stack.pop()
+                if node.has_value:
+                    found.append(node)
+                stack.extend(node.children.values())
+            for node in reversed(found):  # deepest first: _forget prunes emptied branches
+                self._lru.pop(node)
+                self._forget(node)
+            return len(found)
+
     def clear(self, keep_pinned: bool = False) -> None:
         """Drop every entry.
 

@@ -36,6 +36,7 @@ if _TYPE_CHECKING:
     from genlm.core._lru import Block as Block
     from genlm.core._lru import ByteLRU as ByteLRU
     from genlm.core._lru import key_nbytes as key_nbytes
+    from genlm.core._model import CURRENT_VARIANT as CURRENT_VARIANT
     from genlm.core._model import BatchedLM as BatchedLM
     from genlm.core._output_cache import OutputCache as OutputCache
     from genlm.core._plugin_api import PLUGIN_API as PLUGIN_API

@@ -29,7 +29,13 @@ from genlm.backends.hf._kv import (
     layer_tensors,
 )
 from genlm.core import ModelClosedError, UnknownVariantError, Vocabulary
-from genlm.core.backend import BatchedLM, ResidentRows, plan_rows, resolve_model_path
+from genlm.core.backend import (
+    CURRENT_VARIANT,
+    BatchedLM,
+    ResidentRows,
+    plan_rows,
+    resolve_model_path,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -140,11 +146,15 @@ class HFLM(BatchedLM):
         self._buffer: torch.Tensor | None = None
         self._resident: _Resident | None = None
         self._adapters: dict[str, int] = {}  # adapter name -> KV marker
+        #: Markers handed out so far: each adapter loaded gets a new one (-2, -3, ...;
+        #: -1 is the base model), never reused, so a name loaded again after
+        #: ``remove_lora`` never meets the KV of the adapter it replaced.
+        self._markers_made = 0
         self._active_lora: str | None = None
         self._peft: Any = model if _is_peft(model) else None
         if self._peft is not None:
-            for i, name in enumerate(self._peft.peft_config):
-                self._adapters[name] = -2 - i
+            for name in self._peft.peft_config:
+                self._adapters[name] = self._new_marker()
             self._active_lora = getattr(self._peft, "active_adapter", None)
         self.shape: KVShape = self.worker.call(self._probe)
         #: Whether rows are handed to core as torch tensors on :attr:`device` (see
@@ -250,7 +260,36 @@ class HFLM(BatchedLM):
             self.model = self._peft
         else:
             self._peft.load_adapter(path, adapter_name=name)
-        self._adapters[name] = -2 - len(self._adapters)
+        self._adapters[name] = self._new_marker()
+
+    def _new_marker(self) -> int:
+        self._markers_made += 1
+        return -1 - self._markers_made
+
+    def remove_lora(self, name: str) -> None:
+        """Unload the adapter ``name`` with its KV (pinned prompts included) and the cached
+        rows (the output cache is cleared: rows are keyed by adapter name, and the name
+        may be loaded again). If it was active, the base model becomes active. A request
+        for it that has not run yet fails with :class:`~genlm.core.UnknownVariantError`.
+
+        Raises:
+            UnknownVariantError: no adapter named ``name`` is loaded.
+        """
+        if name not in self._adapters:
+            raise UnknownVariantError(
+                f"no LoRA adapter named {name!r}; loaded: {sorted(self._adapters)}"
+            )
+        self.worker.call(self._remove_lora, name)
+        self.output_cache.clear()  # also keeps out the rows of a batch running now
+
+    def _remove_lora(self, name: str) -> None:
+        marker = self._adapters.pop(name, None)
+        if marker is None:  # removed meanwhile by another caller
+            return
+        if self._active_lora == name:
+            self._active_lora = None
+        self._peft.delete_adapter(name)
+        self.kv.cache.remove_below((marker,))
 
     def set_lora(self, name: str) -> None:
         """Make the loaded adapter ``name`` active for the requests made from now on."""
@@ -294,18 +333,32 @@ class HFLM(BatchedLM):
             yield
 
     def _marker(self, variant: Hashable) -> int:
-        """The first key element of a variant's KV entries: adapters never share KV."""
-        return -1 if variant is None else self._adapters[variant]
+        """The first key element of a variant's KV entries: adapters never share KV.
+
+        Raises:
+            UnknownVariantError: the adapter was removed after the request was made.
+        """
+        if variant is None:
+            return -1
+        marker = self._adapters.get(variant)
+        if marker is None:
+            raise UnknownVariantError(
+                f"the LoRA adapter {variant!r} was removed before this request ran"
+            )
+        return marker
 
     # ---- KV cache management -------------------------------------------------------
 
-    def cache_kv(self, prompt_token_ids: Sequence[int]) -> None:
-        """Compute and pin the KV of a prompt under the active adapter (never evicted).
+    def cache_kv(
+        self, prompt_token_ids: Sequence[int], variant: Hashable = CURRENT_VARIANT
+    ) -> None:
+        """Compute and pin the KV of a prompt under the active adapter (never evicted), or
+        under the adapter ``variant`` names (None: the base model), as requests take it.
 
         Blocks until the prompt's KV is computed (when not already cached) and pinned;
         :meth:`clear_kv_cache` unpins it. ``MemoryError`` when it exceeds ``kv_cache_bytes``.
         """
-        variant, context = self.validate_request(prompt_token_ids)
+        variant, context = self.validate_request(prompt_token_ids, variant)
         self.worker.call(self._cache_kv, variant, context)
 
     def _cache_kv(self, variant: Hashable, context: tuple[int, ...]) -> None:
