@@ -191,6 +191,52 @@ def test_lora_name_selects_the_adapter_per_call(tmp_path):
     llm.close()
 
 
+def test_lora_management_follows_0_3_1(tmp_path):
+    """As in genlm-backend 0.3.1: add_new_lora under a loaded name replaces the adapter,
+    remove_lora unloads one, cache_kv takes lora_name, and an unknown lora_name is a
+    ValueError (also a KeyError, GenLM's documented error)."""
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    from genlm.core.backend import resolve_model_path
+
+    path = resolve_model_path("stories260K")
+    saved = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        saved.append(tmp_path / f"lora{seed}")
+        peft.get_peft_model(
+            transformers.AutoModelForCausalLM.from_pretrained(path), config
+        ).save_pretrained(saved[-1])
+    llm = AsyncTransformer(
+        transformers.AutoModelForCausalLM.from_pretrained(path),
+        transformers.AutoTokenizer.from_pretrained(path),
+    )
+    core = llm.core_lm
+    try:
+        llm.add_new_lora(str(saved[0]), "x")
+        llm.add_new_lora(str(saved[1]), "y")
+        first = llm.next_token_logprobs_sync(CONTEXTS[0], lora_name="x")
+        other = llm.next_token_logprobs_sync(CONTEXTS[0], lora_name="y")
+        llm.add_new_lora(str(saved[1]), "x")  # replaced: x now has y's weights
+        assert core.loaded_loras == ("y", "x")
+        replaced = llm.next_token_logprobs_sync(CONTEXTS[0], lora_name="x")
+        assert (replaced - first).abs().max() > 1e-3
+        torch.testing.assert_close(replaced, other, atol=1e-6, rtol=0)
+        before = core.kv_stats["computed_tokens"]
+        llm.cache_kv(CONTEXTS[1], lora_name="y")
+        llm.next_token_logprobs_sync(CONTEXTS[1] + [5], lora_name="y")
+        assert core.kv_stats["computed_tokens"] - before == len(CONTEXTS[1]) + 1
+        llm.remove_lora("y")
+        assert core.loaded_loras == ("x",)
+        for bad in (KeyError, ValueError):
+            with pytest.raises(bad, match="'y'"):
+                llm.next_token_logprobs_sync(CONTEXTS[0], lora_name="y")
+    finally:
+        llm.close()
+
+
 class RowsOf(AsyncLM):
     """A user's AsyncLM subclass: the base class samples over its torch rows."""
 

@@ -282,16 +282,19 @@ class _CoreBacked(AsyncLM):
         if clear is not None:
             clear()
 
-    def cache_kv(self, prompt_tokens: Sequence[int]) -> None:
+    def cache_kv(self, prompt_tokens: Sequence[int], lora_name: str | None = None) -> None:
         """Compute and keep the KV of a prompt so later contexts extending it run only new tokens.
 
-        Backends without pinning (vllm's own prefix cache) compute the prompt once.
+        ``lora_name``: the adapter whose KV to keep (None: the model's current adapter, as
+        for every call). Backends without pinning (vllm's own prefix cache) compute the
+        prompt once.
         """
+        options = {} if lora_name is None else {"variant": lora_name}
         cache_kv = getattr(self.core_lm, "cache_kv", None)
         if cache_kv is not None:
-            cache_kv(prompt_tokens)
+            cache_kv(prompt_tokens, **options)
         else:
-            self.core_lm.next_token_logprobs_sync(prompt_tokens)
+            self.core_lm.next_token_logprobs_sync(prompt_tokens, **options)
 
     def reset_async_queries(self) -> None:
         """Nothing to reset: core drops queued requests whose callers are gone, and its
@@ -422,8 +425,25 @@ class AsyncTransformer(_CoreBacked):
         return self.core_lm.shape.device
 
     def add_new_lora(self, lora_path: str, lora_name: str = "lora_1") -> None:
-        """Load the peft adapter saved at ``lora_path`` as ``lora_name`` (needs peft)."""
+        """Load the peft adapter saved at ``lora_path`` as ``lora_name`` (needs peft); an
+        adapter already loaded under that name is replaced (:meth:`remove_lora` first), as
+        in genlm-backend 0.3.1."""
+        if lora_name in getattr(self.core_lm, "loaded_loras", ()):
+            self.remove_lora(lora_name)
         self.core_lm.add_lora(lora_path, lora_name)
+
+    def remove_lora(self, lora_name: str) -> None:
+        """Unload the adapter ``lora_name``, its KV and the cached rows (the hf backend's
+        ``remove_lora``); the base model becomes current if it was.
+
+        Raises:
+            UnknownVariantError: no adapter of that name is loaded.
+            NotImplementedError: the backend cannot unload adapters.
+        """
+        remove = getattr(self.core_lm, "remove_lora", None)
+        if remove is None:
+            raise NotImplementedError(f"{type(self.core_lm).__name__} cannot unload adapters")
+        remove(lora_name)
 
     def set_lora(self, lora_path: str | None = None, lora_name: str = "lora_1") -> None:
         """Make ``lora_name`` the adapter of later calls without ``lora_name=``; a
