@@ -100,6 +100,49 @@ def test_float64_device_row_is_never_written_into():
     assert torch.equal(lm.row, before)
 
 
+class _TorchBufferLM:
+    """Test-only LM filling one float64 tensor on each call and returning it (the torch twin
+    of ``test_bytes_mass_cache._BufferLM``): a tensor cannot say it is read-only, so the
+    byte LM must keep a clone."""
+
+    def __init__(self, lm: MockLM):
+        self.lm, self.vocab = lm, lm.vocab
+        self.buffer = torch.empty(len(lm.vocab), dtype=torch.float64)
+
+    async def next_token_logprobs(self, ids, output="numpy"):
+        assert output == "torch"
+        self.buffer.copy_(torch.from_numpy(self.next_token_logprobs_sync(ids)))
+        return self.buffer
+
+    def next_token_logprobs_sync(self, ids):
+        """A fresh row, for the brute force."""
+        return np.asarray(self.lm.next_token_logprobs_sync(ids), dtype=np.float64)
+
+
+@pytest.mark.parametrize("eos", [[], [b"\n\n"]], ids=["nothing_masked", "text_eos"])
+def test_a_device_row_the_lm_fills_again_is_cloned(eos):
+    """Over an LM that refills one tensor per call, device rows give brute force's
+    next-symbol distributions (the kept row was the LM's tensor: masses were recomputed,
+    and log-probabilities read, from a later row)."""
+    tokens = (b"\n", b"\n\n", b"a", b"\n\na")
+    context, data, prompt = (2,), b"a\n\na\n\n\na", 4
+
+    async def scenario():
+        async with MockLM(Vocabulary(tokens), seed=5) as mock:
+            lm = _TorchBufferLM(mock)
+            byte_lm = ByteLM(lm, K=None, eos=eos, device_rows=True)
+            eos_ids = set(byte_lm.eos_ids)
+            state = await (await byte_lm.initial(context)).prefill(data[:prompt])
+            for i in range(prompt, len(data) + 1):
+                expected = brute_force_next_symbol(lm, context, data[:i], eos_ids, prompt)
+                got = np.exp((await state.logp_next()).logprobs)
+                np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
+                if i < len(data):
+                    state = await state.advance(data[i])
+
+    run(scenario())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_hf_device_rows_end_to_end(loaded_stories, device):
     """Over hf with device rows the byte LM asks for torch rows (automatically), keeps a

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.bytes_lms import run
+from support.bytes_lms import brute_force_next_symbol, run
 
 from genlm.bytes import BeamParams, ByteBeamState, ByteLM
 from genlm.core import Vocabulary
@@ -150,5 +150,76 @@ def test_the_seed_apis_masses_cannot_be_changed_in_place():
                 state.mass[state.node] = 0.0
             fresh = await (await ByteBeamState.initial(lm, BeamParams(K=4))).prefill(b"ab")
             assert fresh.logZ == beam.logZ
+
+    run(scenario())
+
+
+class _BufferLM:
+    """An LM that fills one float64 buffer on each call and returns it (an allocation-free
+    backend): what the byte LM keeps must be its own copy, and the buffer must stay
+    writeable. A buffer found read-only is counted in ``frozen`` and replaced, so the
+    numbers are checked on their own."""
+
+    def __init__(self, lm: MockLM):
+        self.lm, self.vocab = lm, lm.vocab
+        self.buffer = np.empty(len(lm.vocab))
+        self.frozen = 0
+
+    async def next_token_logprobs(self, token_ids):
+        if not self.buffer.flags.writeable:
+            self.frozen += 1
+            self.buffer = np.empty(len(self.vocab))
+        self.buffer[:] = self.lm.next_token_logprobs_sync(token_ids)
+        return self.buffer
+
+    def next_token_logprobs_sync(self, token_ids):
+        """A fresh row, for the brute force."""
+        return np.asarray(self.lm.next_token_logprobs_sync(token_ids), dtype=np.float64)
+
+
+@pytest.mark.parametrize("eos", [[], [b"\n\n"]], ids=["nothing_masked", "text_eos"])
+def test_a_row_the_lm_fills_again_is_copied_not_frozen(eos):
+    """Over an LM that refills one buffer per call, every state's next-symbol distribution
+    equals brute force, and the buffer is never made read-only (ByteLM kept the buffer
+    itself: it read its log-probabilities, or recomputed masses from it, after the LM had
+    refilled it with a later row, and it made the buffer read-only when nothing was
+    masked)."""
+    tokens = (b"\n", b"\n\n", b"a", b"\n\na")  # no BOS: every id is text or EOS
+    context, data, prompt = (2,), b"a\n\na\n\n\na", 4
+
+    async def scenario():
+        async with MockLM(Vocabulary(tokens), seed=5) as mock:
+            lm = _BufferLM(mock)
+            byte_lm = ByteLM(lm, K=None, eos=eos)
+            eos_ids = set(byte_lm.eos_ids)
+            state = await (await byte_lm.initial(context)).prefill(data[:prompt])
+            for i in range(prompt, len(data) + 1):
+                expected = brute_force_next_symbol(lm, context, data[:i], eos_ids, prompt)
+                got = np.exp((await state.logp_next()).logprobs)
+                np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
+                if i < len(data):
+                    state = await state.advance(data[i])
+            assert lm.frozen == 0 and lm.buffer.flags.writeable
+            for _, entry in byte_lm.cache.items():
+                assert entry.lm_row is not lm.buffer and not entry.lm_row.flags.writeable
+
+    run(scenario())
+
+
+def test_a_read_only_row_of_its_own_is_kept_without_a_copy():
+    """A read-only float64 row holding only its own memory (core's rows, once compacted) is
+    kept as it is, and is the text log-probabilities when nothing is masked: no copy."""
+    row = np.log(np.full(len(VOCAB), 1.0 / len(VOCAB)))
+    row.setflags(write=False)
+
+    class ReadOnlyLM:
+        vocab = VOCAB
+
+        async def next_token_logprobs(self, token_ids):
+            return row
+
+    async def scenario():
+        (nxt,) = await ByteLM(ReadOnlyLM(), K=None, eos=[]).next_tokens([(1,)])
+        assert nxt.lm_row is row and nxt.logp is row
 
     run(scenario())

@@ -24,8 +24,9 @@ class ByteLM(ByteModel):
         lm: any object with ``vocab`` (a :class:`genlm.core.Vocabulary`) and
             ``async next_token_logprobs(ids)`` returning normalized log-probabilities
             (any :class:`genlm.core.AsyncLM`, ``genlm.backend``'s models included). Rows
-            may be float64, never cast down; torch rows are read on the host unless
-            ``device_rows``.
+            may be float64, never cast down; a writeable numpy row or a torch row is
+            copied once before it is kept (the LM may fill it again; its flags are never
+            changed); torch rows are read on the host unless ``device_rows``.
         K: beam width: candidates kept before each step (None: no limit, exact).
         prune_threshold: also drop candidates whose share of the beam's mass is at most
             this (0 drops none). A new token boundary below it is never sent to the LM.

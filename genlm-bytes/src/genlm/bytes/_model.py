@@ -225,17 +225,19 @@ class ByteModel(AsyncClosing):
         hit = self.cache.get((ctx, eos_mode), touch=False)
         return None if hit is None else hit.logp
 
-    async def _row(self, ctx: tuple[int, ...]) -> np.ndarray:
-        """The LM row of ``ctx``, reusing the other mode's cached row when there is one."""
+    async def _row(self, ctx: tuple[int, ...]) -> Any:
+        """The LM row of ``ctx`` as the cache may keep it (:func:`kept_row`), reusing the
+        other mode's cached row when there is one."""
         for eos_mode in (True, False):
             other = self.cache.get((ctx, eos_mode), touch=False)
             if other is not None:
                 return other.lm_row
         if self.device_rows:
-            return await self.lm.next_token_logprobs(ctx, output="torch")
+            return kept_row(await self.lm.next_token_logprobs(ctx, output="torch"))
         row = await self.lm.next_token_logprobs(ctx)
-        # A torch row not asked for (genlm-backend 0.3's models hand tensors) is read on the host.
-        return row.detach().cpu().numpy() if _is_torch(row) else row
+        # A torch row not asked for (genlm-backend 0.3's models hand tensors) is read on the
+        # host: a numpy view of the LM's tensor (writeable), so kept_row copies it.
+        return kept_row(row.detach().cpu().numpy() if _is_torch(row) else row)
 
     def masked_ids(self, eos_mode: bool) -> np.ndarray:
         """The token ids that end the sequence in this mode: the one place EOS is decided.
@@ -247,21 +249,23 @@ class ByteModel(AsyncClosing):
         return self._eos if eos_mode else self._eos[:0]
 
     def _masses(self, row: Any, eos_mode: bool) -> NextTokens:
+        """The masses of ``row``, an LM row as :func:`kept_row` keeps it, in ``eos_mode``."""
         masked = self.masked_ids(eos_mode)
         if _is_torch(row):  # device rows: masked and reduced where they lie
             from genlm.bytes._device import masked_log_masses
 
             lp, mass, log_eos = masked_log_masses(self.trie, row, masked)
         else:
+            # ``row`` is read-only (kept_row): a float64 one is ``lp`` itself when nothing
+            # is masked, else ``lp`` is a new array.
             lp, log_eos = split_eos(np.asarray(row, dtype=np.float64), masked, log=True)
             log_eos = float(log_eos)
             mass = self.trie.log_weight_sum(lp)
             # Shared through the cache (and handed out by the 0.2 API): never written to.
-            lp = compact_row(lp)  # the row itself when it was float64 already
-            lp.setflags(write=False)
+            if lp.flags.writeable:
+                lp.setflags(write=False)
             mass.setflags(write=False)
-        # The cache counts the row's own bytes: it must not keep the LM's whole batch alive.
-        return NextTokens(compact_row(row), lp, mass, log_eos)
+        return NextTokens(row, lp, mass, log_eos)
 
     def in_mode(self, ctx: tuple[int, ...], nxt: NextTokens, eos_mode: bool) -> NextTokens:
         """``ctx``'s :class:`NextTokens` for ``eos_mode``, cached or computed from ``nxt``'s
@@ -297,6 +301,27 @@ class ByteModel(AsyncClosing):
             f"<{type(self).__name__} over {self.lm!r} K={self.K} "
             f"prune_threshold={self.prune_threshold} eos_ids={list(self.eos_ids)}>"
         )
+
+
+def kept_row(row: Any) -> Any:
+    """An LM row as the mass cache keeps it: memory that nobody writes to and that holds
+    exactly the row (the cache counts its bytes; a view would keep the LM's whole batch
+    alive), copied at most once.
+
+    A read-only numpy row (core's rows are) is nobody's to write: kept as it is, or copied
+    if it is a view (``genlm.core.backend.compact_row``). A writeable one belongs to the LM,
+    which may fill it again on its next call: copied (the copy is made read-only, never the
+    LM's array). A torch tensor cannot say it is read-only, so it is always one of our own:
+    a clone unless ``compact_row`` made one already.
+    """
+    if isinstance(row, np.ndarray):
+        if not row.flags.writeable:
+            return compact_row(row)
+        row = row.copy()
+        row.setflags(write=False)
+        return row
+    kept = compact_row(row)
+    return kept.clone() if kept is row else kept
 
 
 def _eos_ids(vocab: Any, eos: Sequence[bytes] | None) -> tuple[int, ...]:

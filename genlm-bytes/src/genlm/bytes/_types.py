@@ -22,8 +22,10 @@ class NextTokens:
     count both as EOS and as the bytes it spells.
 
     Attributes:
-        lm_row: the LM's next-token log-probabilities as it gave them (float32 or float64);
-            kept only so the other EOS mode can reuse the row without an LM call.
+        lm_row: the LM's next-token log-probabilities as it gave them (float32 or float64),
+            read-only: a copy unless the LM's row was read-only and held only its own
+            memory (``_model.kept_row``); kept only so the other EOS mode can reuse the row
+            without an LM call.
         logp: log-probability of committing each token id as text (float64): ``lm_row``
             with the ids that are EOS in this mode at -inf.
         mass: ``mass[v]`` is the log of the total probability of the text tokens below trie
@@ -31,9 +33,9 @@ class NextTokens:
         log_eos: log-probability that the next token is an EOS token (-inf while
             prefilling, where EOS tokens spelled by bytes count as text).
 
-    With device rows (``ByteLM(device_rows=True)``) ``lm_row`` is the LM's torch tensor and
-    ``logp`` and ``mass`` are ``genlm.bytes._device.DeviceVector`` objects on its device: indexed
-    like these arrays, each read copies only the indexed entries to the host.
+    With device rows (``ByteLM(device_rows=True)``) ``lm_row`` is a clone of the LM's torch
+    tensor and ``logp`` and ``mass`` are ``genlm.bytes._device.DeviceVector`` objects on its
+    device: indexed like these arrays, each read copies only the indexed entries to the host.
     """
 
     lm_row: np.ndarray
