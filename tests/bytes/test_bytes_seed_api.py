@@ -261,6 +261,29 @@ def test_with_mode_and_lazy_trie_states():
     run(scenario())
 
 
+def test_a_candidates_cleanup_leaves_every_state_usable():
+    """``LazyTrieState.cleanup`` (0.2 programs may clean up each candidate) empties the
+    model's caches and leaves the beam usable, as ``ByteBeamState.cleanup`` does: the next
+    step still equals brute force (it closed the whole model)."""
+
+    async def scenario():
+        async with MockLM(VOCAB, seed=2) as lm:
+            beam = await ByteBeamState.initial(lm, BeamParams(K=None, eos_tokens=[b"</s>"]))
+            beam = await beam.prefill(b"ab")
+            await beam.logp_next()
+            for s in beam.states:
+                await s.cleanup()
+            assert len(beam.byte_lm.cache) == 0
+            beam = await (beam.prune() << ord("c"))
+            ps = (await beam.logp_next()).ps
+            expected = brute_force_next_symbol(lm, (0,), b"abc", {1})
+            expected /= expected.sum()
+            got = np.exp(np.concatenate([ps[:256], ps[257:]]))
+            np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
+
+    run(scenario())
+
+
 def test_prefill_keeps_a_begun_eos_token_as_text():
     """0.2's prefill ends by switching to EOS mode with the masses kept, so an EOS token the
     prompt began (b" " of the EOS string b" a") may still complete as text; stepping on

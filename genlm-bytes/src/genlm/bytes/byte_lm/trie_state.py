@@ -163,8 +163,10 @@ class LazyTrieState:
         return attrs.evolve(self, candidate=attrs.evolve(c, next=nxt))
 
     async def cleanup(self) -> None:
-        """Release the model's caches (shared by every state of the model)."""
-        await self.byte_lm.aclose()
+        """Release the model's caches (shared by every state of the model), as genlm-bytes
+        0.2's releases its trie's task: every state stays usable, the caches fill again on
+        use (``ByteBeamState.cleanup`` does the same; close the model with ``aclose``)."""
+        self.byte_lm.clear_cache()
 
     def __repr__(self) -> str:
         return f"{self.weight:.2f}: {self.lm_state!r}|{self.partial!r}"
