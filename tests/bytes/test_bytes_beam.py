@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 from support.bytes_lms import FixedLM, brute_force_prefix_logprob, run
 
-from genlm.bytes import EOS, ByteLM, ByteLMClosedError, UnreachableByteError
+from genlm.bytes import (
+    EOS,
+    BeamParams,
+    ByteBeamState,
+    ByteLM,
+    ByteLMClosedError,
+    UnreachableByteError,
+)
 from genlm.core import InvalidContextError, Vocabulary
 from genlm.core.mock import MockLM
 
@@ -213,6 +220,31 @@ def test_bad_inputs_raise_clear_errors():
             await state.advance(256)
         with pytest.raises(ValueError, match="empty token context"):
             await ByteLM(lm).initial([])
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("data", [3, np.int64(2), True, "ab", None, 2.5, [97, 2.5]], ids=repr)
+def test_prefill_refuses_what_is_not_bytes(data):
+    """prefill() raises a TypeError naming its argument for anything but bytes: an int
+    prefilled that many NUL bytes (bytes(3)), text and None said only what bytes() said."""
+
+    async def scenario():
+        lm = FixedLM(VOCAB, np.ones(len(TOKENS)))
+        states = [
+            await ByteLM(lm, K=4).initial((0,)),
+            await ByteBeamState.initial(lm, BeamParams(K=4)),
+        ]
+        # Bytes in any form: the brute-force probability of b"ab" (uniform rows).
+        uniform = np.full(len(TOKENS), -np.log(len(TOKENS)))
+        expected = brute_force_prefix_logprob(lambda ctx: uniform, VOCAB, (0,), b"ab", TEXT)
+        for state in states:
+            with pytest.raises(TypeError, match="prefill's data must be bytes"):
+                await state.prefill(data)
+            with pytest.raises(ValueError, match="prefill's data must be bytes"):
+                await state.prefill([97, 300])
+            for ok in (b"ab", bytearray(b"ab"), memoryview(b"ab"), [97, 98]):
+                assert (await state.prefill(ok)).logZ == pytest.approx(expected, abs=1e-12)
 
     run(scenario())
 

@@ -16,6 +16,7 @@ context; all of a step's boundaries are requested at once, so the LM batches the
 from __future__ import annotations
 
 import logging
+import numbers
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Self
 
@@ -291,10 +292,16 @@ class BeamState(AsyncClosing):
         are consumed with it counted as text, and the result is switched back to EOS mode:
         such a token ending exactly at the end of ``data`` was text, so it is committed
         (its candidate is at the token boundary after it).
+
+        Raises:
+            TypeError: ``data`` is not bytes (``bytes``, ``bytearray``, ``memoryview``, or
+                byte values): text (encode it first: ``ByteLM.initial`` takes text as UTF-8,
+                a step does not guess) or an int (``bytes(3)`` would be three NUL bytes).
+            ValueError: a byte value outside 0..255.
         """
+        data = _checked_bytes(data)
         text_mode = self.byte_lm.has_text_eos
         state = await self.with_eos_mode(False) if text_mode else self
-        data = bytes(data)
         for i, byte in enumerate(data):
             # Only the last state is returned: the ones before it need only their survivors.
             last = i == len(data) - 1
@@ -512,6 +519,25 @@ def _likely_boundaries(
             moved += [(b, lp, ctx, start, cached(ctx, beam.eos_mode)) for b, lp, ctx in bounds]
         guess = moved
     return list(out)
+
+
+def _checked_bytes(data: object) -> bytes:
+    """``data`` as ``bytes``, or a ``TypeError`` naming ``prefill``'s argument."""
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, str):
+        raise TypeError(
+            f"prefill's data must be bytes, got the text {data!r}: encode it, e.g. "
+            "data.encode('utf-8')"
+        )
+    if isinstance(data, (numbers.Number, np.bool_)):  # bytes(3) is three NUL bytes
+        raise TypeError(f"prefill's data must be bytes, got {type(data).__name__} {data!r}")
+    try:
+        return bytes(data)
+    except TypeError as e:
+        raise TypeError(f"prefill's data must be bytes, got {data!r}: {e}") from e
+    except ValueError as e:  # byte values out of range
+        raise ValueError(f"prefill's data must be bytes, got {data!r}: {e}") from e
 
 
 def _tail(data: bytes, n: int = 24) -> str:
