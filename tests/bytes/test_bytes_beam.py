@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -193,6 +194,59 @@ def test_cancelled_step_leaves_no_task_and_closed_raises():
                 assert asyncio.all_tasks() == {asyncio.current_task()}
             with pytest.raises(ByteLMClosedError):
                 await state.logp_next()
+
+    run(scenario())
+
+
+class _GatedCloseLM(MockLM):
+    """A mock whose release (``_close_backend``, on its worker thread) waits for ``gate``
+    (10 s at most: nothing hangs), then fails if ``failure`` is set."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.released = False
+        self.failure: Exception | None = None
+
+    def _close_backend(self) -> None:
+        self.gate.wait(10)
+        super()._close_backend()
+        self.released = True
+        if self.failure is not None:
+            raise self.failure
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_aclose_after_a_cancelled_aclose_waits_for_the_lms_release(fails):
+    """As core's aclose: after a cancelled ``ByteLM(close_lm=True).aclose()``, a later one
+    returns only once the token LM is released, and raises what the release raised (it
+    returned at once, before the release, and never raised)."""
+
+    async def scenario():
+        lm = _GatedCloseLM(VOCAB)
+        lm.failure = RuntimeError("release failed") if fails else None
+        byte_lm = ByteLM(lm, close_lm=True)
+        try:
+            first = asyncio.create_task(byte_lm.aclose())
+            await asyncio.sleep(0)  # the first aclose has asked the LM to close
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            second = asyncio.create_task(byte_lm.aclose())
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert not second.done() and not lm.released  # the release waits for the gate
+            lm.gate.set()
+            if fails:
+                with pytest.raises(RuntimeError, match="release failed"):
+                    await asyncio.wait_for(second, 10)
+            else:
+                await asyncio.wait_for(second, 10)
+            assert lm.released
+            with pytest.raises(ByteLMClosedError):
+                await byte_lm.next_tokens([(0,)])
+        finally:
+            lm.gate.set()
 
     run(scenario())
 

@@ -288,9 +288,12 @@ class ByteModel(AsyncClosing):
             raise ByteLMClosedError("this ByteLM is closed")
 
     async def aclose(self) -> None:
-        """Drop the caches, and close the token LM if this object owns it. Idempotent."""
-        if self._closed:
-            return
+        """Drop the caches, and close the token LM if this object owns it (``close_lm``).
+
+        Idempotent: every call awaits the LM's ``aclose`` (idempotent too, by the
+        ``AsyncLM`` protocol), so with core's models a cancelled call still releases the
+        LM, and a later one returns once the release is done, raising what it raised.
+        """
         self._closed = True
         self.clear_cache()
         if self.close_lm:
