@@ -379,6 +379,31 @@ def test_byte_sampling_checks_the_temperature_like_core(temperature, error):
     run(scenario())
 
 
+@pytest.mark.parametrize(
+    ("max_bytes", "error"),
+    [(True, TypeError), (2.5, TypeError), (None, TypeError), ("3", TypeError), (-1, ValueError)],
+    ids=repr,
+)
+def test_byte_sampling_checks_max_bytes_like_core_checks_max_tokens(max_bytes, error):
+    """sample() refuses a max_bytes that is no integer >= 0 by name, as core refuses such a
+    max_tokens (True drew one byte; 2.5, None and "3" failed with range()'s or a
+    comparison's message); a bad temperature is refused even when nothing is drawn."""
+
+    async def scenario():
+        state = await ByteLM(FixedLM(VOCAB, np.ones(len(TOKENS)))).initial(b"a")
+        with pytest.raises(error, match="max_bytes must be"):
+            await state.sample(max_bytes, seed=0)
+        with pytest.raises(error, match="max_bytes must be"):
+            await state.greedy(max_bytes)
+        with pytest.raises(ValueError, match="temperature must be"):
+            await state.sample(0, temperature=float("nan"))
+        # numpy integers are integers: the same draws as the int.
+        drawn = await state.sample(np.int64(3), seed=0)
+        assert drawn.data == (await state.sample(3, seed=0)).data and len(drawn.data) <= 3
+
+    run(scenario())
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_sampling_stops_at_the_context_limit_keeping_its_bytes(seed):
     """``sample`` stops where the next distribution would need a context over the model's

@@ -27,6 +27,7 @@ from genlm.bytes._dist import EOS, NextByteLogprobs, logsumexp
 from genlm.bytes._heal import heal
 from genlm.bytes._model import AsyncClosing, ByteModel
 from genlm.bytes._types import Candidate
+from genlm.core.backend import check_temperature
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -417,9 +418,21 @@ class BeamState(AsyncClosing):
         longer than the token model's ``max_context_length`` (for one tokenization is
         enough: its mass could not be counted). ``rng`` (default: a new generator from
         ``seed``) draws every symbol.
+
+        Raises:
+            TypeError: ``max_bytes`` is not an integer (a bool, a float, None), or
+                ``temperature`` is not a real number: checked before anything is drawn,
+                as core's ``sample`` checks ``max_tokens`` and ``temperature``.
+            ValueError: ``max_bytes`` < 0, or a temperature
+                :func:`genlm.core.backend.check_temperature` refuses.
         """
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Integral):
+            raise TypeError(
+                f"max_bytes must be an integer, got {max_bytes!r} ({type(max_bytes).__name__})"
+            )
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        check_temperature(temperature)
         rng = rng if rng is not None else np.random.default_rng(seed)
         limit = getattr(self.byte_lm.lm, "max_context_length", None)
         state, out, total = self, bytearray(), 0.0
