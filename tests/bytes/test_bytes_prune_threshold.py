@@ -73,5 +73,40 @@ def test_a_threshold_that_drops_every_candidate_is_an_error_not_nan():
         assert shares == pytest.approx([0.5, 0.5])
         with pytest.raises(UnreachableByteError, match="prune_threshold=0.5 dropped every"):
             await state.logp_next()
+        # advance prunes the same beam first: its error names the threshold too.
+        with pytest.raises(UnreachableByteError, match="prune_threshold=0.5 dropped every"):
+            await state.advance(ord("a"))
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(("threshold", "reached"), [(0.0, True), (0.4, True), (0.6, False)])
+def test_a_byte_the_threshold_made_unreachable_names_the_threshold(threshold, reached):
+    """Two tokens spell "a" (P 0.3 each, P(b) 0.2, P(</s>) 0.2, after every context). After
+    "a", stepping by "a" again needs a new boundary: each of the two has a share of
+    0.3 / 0.6 = 0.5 (nothing goes on inside a token), so below a threshold of 0.5 the state
+    after "aa" holds P("aa") = 0.6 * 0.6 = 0.36, and from it the step fails with an error
+    naming prune_threshold (it blamed the byte alone, as for a byte no token spells)."""
+    from genlm.bytes import UnreachableByteError
+
+    vocab = Vocabulary(
+        (b"<s>", b"</s>", b"a", b"a", b"b"), special_ids={0, 1}, bos_token_id=0, eos_token_ids=(1,)
+    )
+
+    async def scenario():
+        lm = FixedLM(vocab, [0.0, 0.2, 0.3, 0.3, 0.2])
+        byte_lm = ByteLM(lm, K=None, prune_threshold=threshold, heal=False)
+        state = await (await byte_lm.initial((0,))).advance(ord("a"))
+        if reached:
+            after = await state.advance(ord("a"))
+            assert np.exp(after.logZ) == pytest.approx(0.36, rel=1e-12)
+        else:
+            with pytest.raises(UnreachableByteError, match="Beam became empty") as info:
+                await state.advance(ord("a"))
+            assert f"prune_threshold={threshold} dropped 2 new token boundaries" in str(info.value)
+        # A byte no token spells is unreachable whatever the threshold: not blamed on it.
+        with pytest.raises(UnreachableByteError, match="Beam became empty") as info:
+            await state.advance(ord("c"))
+        assert "prune_threshold" not in str(info.value)
 
     run(scenario())

@@ -174,7 +174,7 @@ class BeamState(AsyncClosing):
         return bounds
 
     def _boundary_contexts(
-        self, logZ: float | None = None, roots: bool = True
+        self, logZ: float | None = None, roots: bool = True, threshold: float | None = None
     ) -> list[tuple[tuple[int, ...], float]]:
         """``(context, log weight)`` of each token boundary after ``data`` above the threshold.
 
@@ -182,7 +182,8 @@ class BeamState(AsyncClosing):
         exceeds the threshold; the mass is ``logZ`` (default: the beam's) plus the new
         boundaries', as genlm-bytes 0.2 counts it. ``roots``: also include the candidates
         already at a boundary, as they are: they are part of ``logZ`` already, and
-        :meth:`prune` applied the threshold to them.
+        :meth:`prune` applied the threshold to them. ``threshold``: the log threshold
+        (default: the model's; -inf keeps every boundary).
         """
         trie = self.byte_lm.trie
         # (context, log weight, whether it is a new boundary), in the beam's order
@@ -197,7 +198,8 @@ class BeamState(AsyncClosing):
                 logp = c.logp + float(row[token])
                 if logp > -np.inf:
                     found.append((c.context + (token,), logp, True))
-        threshold = self.byte_lm.log_prune_threshold
+        if threshold is None:
+            threshold = self.byte_lm.log_prune_threshold
         new = [w for _, w, is_new in found if is_new]
         if threshold > -np.inf and new:
             base = self.logZ if logZ is None else logZ
@@ -244,6 +246,7 @@ class BeamState(AsyncClosing):
                 if weight > -np.inf:
                     new.append(Candidate(c.context, c.logp, child, c.next, weight))
         start = trie.child(root, byte)
+        logZ = None
         if start is not None:
             above = -np.inf
             K = byte_lm.K
@@ -257,7 +260,6 @@ class BeamState(AsyncClosing):
                 prefetch = _likely_boundaries(self, new, start, above, K, ahead)
             # The mass a new boundary's share is of, as genlm-bytes 0.2 steps: the
             # candidates going on inside their tokens with this byte (plus the boundaries).
-            logZ = None
             if byte_lm.log_prune_threshold > -np.inf:
                 logZ = logsumexp(np.array([c.weight for c in new])) if new else -np.inf
             for b in await self.boundaries(above, prefetch, logZ):
@@ -273,12 +275,35 @@ class BeamState(AsyncClosing):
                     f"Beam became empty: no candidate of the beam can produce byte "
                     f"{bytes([byte])!r} after {_tail(self.data)}"
                     + ("" if self.byte_lm.heal else " (healing is off)")
+                    + self._threshold_note(start is not None, logZ)
                 )
             logger.debug("healed the beam to reach byte %r", bytes([byte]))
         state = self._derive(new, self.data + bytes([byte]))
         if byte_lm.verbose:
             logger.info("after byte %r:\n%r", bytes([byte]), state)
         return state
+
+    def _threshold_note(self, starts_token: bool, logZ: float | None) -> str:
+        """What ``prune_threshold`` took from a step that reached no candidate (an error
+        path only): every candidate (the pruned beam is empty), or the new token boundaries
+        it dropped before the LM was asked, which might have started a token with the
+        byte (``starts_token``: some token starts with it)."""
+        threshold = self.byte_lm.prune_threshold
+        if not threshold:
+            return ""
+        if not self.candidates:
+            return f"; prune_threshold={threshold} dropped every candidate of the beam"
+        if not starts_token:
+            return ""
+        kept = len(self._boundary_contexts(logZ, roots=False))
+        dropped = len(self._boundary_contexts(logZ, roots=False, threshold=-np.inf)) - kept
+        if not dropped:
+            return ""
+        return (
+            f"; prune_threshold={threshold} dropped {dropped} new token boundar"
+            f"{'y' if dropped == 1 else 'ies'} (share of the mass at most the threshold)"
+            " that might have produced it"
+        )
 
     def __lshift__(self, byte: int) -> Coroutine[Any, Any, Self]:
         """``await (state << b)`` is ``await state.advance(b)``."""
