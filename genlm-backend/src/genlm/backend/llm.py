@@ -14,8 +14,6 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from math import inf
-from numbers import Integral, Real
 from types import ModuleType
 from typing import Any, Self
 
@@ -27,6 +25,8 @@ from genlm.core import BackendNotFoundError, Vocabulary
 from genlm.core.backend import (
     BatchedLM,
     check_sampling_args,
+    checked_count,
+    checked_seconds,
     gather_all,
     get_registry,
     resolve_model_path,
@@ -182,11 +182,7 @@ class _CoreBacked(AsyncLM):
 
     @batch_size.setter
     def batch_size(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, Integral):
-            raise TypeError(f"batch_size must be an integer, got {value!r}")
-        if value < 1:
-            raise ValueError(f"batch_size must be >= 1, got {value}")
-        self.core_lm.batcher.max_batch_size = int(value)
+        self.core_lm.batcher.max_batch_size = checked_count("batch_size", value, 1)
 
     @property
     def timeout(self) -> float:
@@ -197,11 +193,7 @@ class _CoreBacked(AsyncLM):
 
     @timeout.setter
     def timeout(self, value: float) -> None:
-        if isinstance(value, bool) or not isinstance(value, Real):
-            raise TypeError(f"timeout must be a number of seconds, got {value!r}")
-        if not 0 <= value < inf:
-            raise ValueError(f"timeout must be finite and >= 0, got {value}")
-        self.core_lm.batcher.max_wait_s = float(value)
+        self.core_lm.batcher.max_wait_s = checked_seconds("timeout", value)
 
     @property
     def device_rows(self) -> bool:

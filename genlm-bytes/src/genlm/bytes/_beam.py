@@ -27,7 +27,7 @@ from genlm.bytes._dist import EOS, NextByteLogprobs, logsumexp
 from genlm.bytes._heal import heal
 from genlm.bytes._model import AsyncClosing, ByteModel
 from genlm.bytes._types import Candidate
-from genlm.core.backend import check_temperature
+from genlm.core.backend import check_temperature, checked_count
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -451,12 +451,7 @@ class BeamState(AsyncClosing):
             ValueError: ``max_bytes`` < 0, or a temperature
                 :func:`genlm.core.backend.check_temperature` refuses.
         """
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Integral):
-            raise TypeError(
-                f"max_bytes must be an integer, got {max_bytes!r} ({type(max_bytes).__name__})"
-            )
-        if max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        max_bytes = checked_count("max_bytes", max_bytes, 0)
         check_temperature(temperature)
         rng = rng if rng is not None else np.random.default_rng(seed)
         limit = getattr(self.byte_lm.lm, "max_context_length", None)
