@@ -61,9 +61,11 @@ class _Current(enum.Enum):
     VARIANT = "the model's current variant"
 
 
-#: ``variant=`` default: the variant the model's state selects (:meth:`BatchedLM._variant`,
-#: e.g. hf's ``set_lora``). Any other value names the variant of this one request.
 CURRENT_VARIANT = _Current.VARIANT
+"""The ``variant=`` default: the variant the model's state selects
+(:meth:`BatchedLM._variant`, e.g. hf's ``set_lora``). Any other value names the variant of
+this one request; a backend method that takes ``variant=`` (hf's ``cache_kv``) uses it as
+its default too."""
 
 
 class BatchedLM(abc.ABC):
