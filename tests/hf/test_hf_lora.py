@@ -199,3 +199,24 @@ def test_remove_lora_drops_its_state_and_the_name_can_be_loaded_again(adapters, 
         )
     finally:
         lm.close()
+
+
+def test_removing_the_only_adapter_leaves_the_base_model_serving(adapters, base_model, check):
+    """With its only adapter removed the model serves base rows (a PeftModel left with no
+    adapter failed every request) and can load an adapter again."""
+    import torch
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(STORIES)
+    lm = HFLM(load_base(torch, transformers, torch.float64), tok, cache_bytes=0)
+    try:
+        lm.add_lora(adapters["a"][0], "a")
+        lm.set_lora("a")
+        lm.remove_lora("a")
+        assert lm.loaded_loras == () and lm.active_lora is None
+        check(base_model, CONTEXTS[1], lm.next_token_logprobs_sync(CONTEXTS[1]))
+        lm.add_lora(adapters["b"][0], "b")
+        check(adapters["b"][1], CONTEXTS[1], lm.next_token_logprobs_sync(CONTEXTS[1], variant="b"))
+        check(base_model, CONTEXTS[0], lm.next_token_logprobs_sync(CONTEXTS[0]))
+    finally:
+        lm.close()

@@ -288,7 +288,11 @@ class HFLM(BatchedLM):
             return
         if self._active_lora == name:
             self._active_lora = None
-        self._peft.delete_adapter(name)
+        if len(self._peft.peft_config) == 1:  # the last one: back to the plain model (a
+            self.model = self._peft.unload()  # PeftModel without adapters cannot run)
+            self._peft = None
+        else:
+            self._peft.delete_adapter(name)
         self.kv.cache.remove_below((marker,))
 
     def set_lora(self, name: str) -> None:
