@@ -401,6 +401,52 @@ class TestClose:
         np.testing.assert_allclose(new, mock_logprobs((1,), 8, 1), atol=1e-6)
         assert lm.batches == [[(1,)], [(1,)]]
 
+    def test_clear_cache_forgets_the_rows_of_a_batch_handed_over_before_it(self):
+        """A second batch, handed to the worker behind a running one, starts after
+        clear_cache() began but still computes from the backend's old state (dropped only
+        by _clear_backend_cache, queued behind it): its rows are not stored, so a request
+        made after clear_cache() returned gets the changed model's row."""
+        from genlm.core.mock import MockLM
+
+        class StaleStateLM(MockLM):
+            """Rows come from state (like KV) that only _clear_backend_cache refreshes from
+            the current weights (``seed``)."""
+
+            def __init__(self):
+                super().__init__([bytes([i]) for i in range(8)])
+                self.state_seed, self.gate, self.started = self.seed, threading.Event(), 0
+
+            def _logprobs_batch(self, contexts, variant):
+                self.started += 1
+                if contexts == [(1,)]:
+                    assert self.gate.wait(10)
+                return np.stack([mock_logprobs(c, 8, self.state_seed) for c in contexts])
+
+            def _clear_backend_cache(self):
+                self.state_seed = self.seed
+
+        lm = StaleStateLM()
+
+        async def main():
+            first = asyncio.ensure_future(lm.next_token_logprobs([1]))
+            await until(lambda: lm.started == 1)  # runs, held on the worker
+            second = asyncio.ensure_future(lm.next_token_logprobs([2]))
+            await asyncio.sleep(0.05)  # handed to the worker behind the first
+            lm.seed = 1  # the model changes ...
+            loop = asyncio.get_running_loop()
+            clearing = loop.run_in_executor(None, lm.clear_cache)  # ... and is cleared
+            await until(lambda: lm.output_cache.generation == 1)
+            lm.gate.set()
+            await asyncio.wait_for(asyncio.gather(clearing, first, second), 5)
+            return await lm.next_token_logprobs([2])
+
+        try:
+            row = run(main())
+        finally:
+            lm.gate.set()
+            lm.close()
+        np.testing.assert_allclose(row, mock_logprobs((2,), 8, 1), atol=1e-6)
+
     def test_clear_cache_racing_close_does_not_raise(self, lm):
         """clear_cache() after close started is a no-op for the backend, not an error."""
         lm.next_token_logprobs_sync([1])

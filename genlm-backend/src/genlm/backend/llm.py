@@ -264,9 +264,12 @@ class _CoreBacked(AsyncLM):
 
     def clear_cache(self) -> None:
         """Forget cached rows and the backend's KV, prompts kept by :meth:`cache_kv`
-        included (genlm-backend's documented "log probabilities and key/value pairs")."""
-        self.core_lm.clear_cache()
+        included (genlm-backend's documented "log probabilities and key/value pairs").
+
+        The KV goes first: core's ``clear_cache`` then drops every row computed before it
+        (a batch running between the two would otherwise store rows from pinned KV)."""
         self.clear_kv_cache()
+        self.core_lm.clear_cache()
 
     def clear_kv_cache(self) -> None:
         """Drop the backend's KV cache, pinned prompts included (output rows stay cached)."""

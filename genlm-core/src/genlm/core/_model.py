@@ -523,13 +523,25 @@ class BatchedLM(abc.ABC):
         )
 
     def clear_cache(self) -> None:
-        """Forget cached outputs and backend state (KV)."""
+        """Forget cached outputs and backend state (KV).
+
+        No row computed before the call returns from the state it found is served from
+        the output cache afterwards (e.g. after the model's weights changed): the cache
+        is emptied now, and again on the worker right after the backend's state, behind
+        every batch already handed over (one may have started after the first clear).
+        """
         self.output_cache.clear()
         if not self._closed:
             try:
-                self.worker.call(self._clear_backend_cache)
+                self.worker.call(self._clear_backend_and_rows)
             except ModelClosedError:  # closed meanwhile: the release drops that state anyway
                 pass
+
+    def _clear_backend_and_rows(self) -> None:
+        """Worker side of :meth:`clear_cache`: the backend's state, then the rows of the
+        batches that ran before it (a batch that starts later records the new generation)."""
+        self._clear_backend_cache()
+        self.output_cache.clear()
 
     def _begin_close(self) -> concurrent.futures.Future[None]:
         """Start closing, once: refuse new requests, fail queued ones, and queue the

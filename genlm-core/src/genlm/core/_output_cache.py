@@ -83,9 +83,10 @@ class OutputCache(ByteLRU[Hashable, np.ndarray]):
             return self.add_many(
                 (key, value, value.nbytes + key_nbytes(key)) for key, value in zip(keys, values)
             )
-        generation = values.generation
-        if generation is not None and generation != self.generation:
-            return list(values)  # computed before a clear: not stored
         covers = values[0].nbytes if values else 0
         costs = [covers + key_nbytes(key) for key in keys]
-        return self.add_many(zip(keys, values, costs), Block(values.batch.nbytes, covers))
+        generation = values.generation
+        with self.lock:  # the check and the store are one step for a clear on another thread
+            if generation is not None and generation != self.generation:
+                return list(values)  # computed before a clear: not stored
+            return self.add_many(zip(keys, values, costs), Block(values.batch.nbytes, covers))
