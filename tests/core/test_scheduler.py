@@ -619,7 +619,70 @@ class TestFairness:
         assert gate.batches == [[("A", 0), ("A", 1)], [("B", 0)], [("A", 2), ("A", 3)]]
 
 
+class _PostingWorker:
+    """A stand-in worker: batches handed over wait in :attr:`pending` until
+    :meth:`finish_one` runs the oldest and posts its end to the loop, as ``run_then`` does,
+    at a point in the loop's order of callbacks the test chooses."""
+
+    def __init__(self):
+        self.pending: list = []
+
+    def run_then(self, loop, fn, args, then):
+        self.pending.append((loop, fn, args, then))
+
+    def finish_one(self) -> None:
+        loop, fn, args, then = self.pending.pop(0)
+        loop.call_soon(then, fn(*args), None)
+
+
 class TestFiringRule:
+    @pytest.mark.parametrize("full_batch_between", [False, True])
+    def test_a_gather_still_submitting_is_never_cut(self, full_batch_between):
+        """The running batch ends after two of a gather's six tasks have submitted (and,
+        in the second case, another client's full batch of another group arrives right
+        then, into the freed slot's flush): the older lone request Y goes first, and the
+        gather's six requests still form one batch (with Y when nothing else fires)."""
+        worker, batches = _PostingWorker(), []
+
+        def record(items):
+            batches.append(list(items))
+            return items
+
+        batcher = AutoBatcher(
+            record, worker, max_batch_size=8, max_in_flight=1, group=lambda item: item[0]
+        )
+        others = [f"h{i}" for i in range(8)]
+
+        async def main():
+            x = batcher.submit("gX")
+            await asyncio.sleep(0)  # X fires (the only slot)
+            y = batcher.submit("gY")
+            await asyncio.sleep(0)  # Y's flush ran: no room
+
+            async def client(i):
+                return await batcher.submit(f"gZ{i}")
+
+            async def other_client():
+                return await asyncio.gather(*batcher.submit_many(others))
+
+            tasks = [asyncio.ensure_future(client(i)) for i in range(2)]
+            worker.finish_one()  # X's end lands between the gather's tasks 2 and 3
+            if full_batch_between:
+                tasks.append(asyncio.ensure_future(other_client()))
+            tasks += [asyncio.ensure_future(client(i)) for i in range(2, 6)]
+            while worker.pending or not all(t.done() for t in tasks):
+                await asyncio.sleep(0)
+                if worker.pending:
+                    worker.finish_one()
+            await asyncio.gather(x, y, *tasks)
+
+        run(main())
+        gather = [f"gZ{i}" for i in range(6)]
+        if full_batch_between:  # Y, then the gather (older than the full batch)
+            assert batches == [["gX"], ["gY"], gather, others]
+        else:
+            assert batches == [["gX"], ["gY", *gather]]
+
     def test_a_gathered_step_fires_as_one_batch_with_no_timer(self):
         """With the default options, the 16 requests of one gather reach the backend as
         one batch, and the scheduler never arms a timer."""

@@ -111,8 +111,8 @@ class _Queues:
     #: Queued entries by group, each an insertion-ordered set, oldest first (keyed by the
     #: entry itself: an identity hash costs less than hashing a long key again).
     queues: dict[Hashable, dict[_Entry, None]] = attrs.field(factory=dict)
-    #: Counts the arrival flushes that have run: a partial batch may fire only once its
-    #: oldest entry's round is below it (every request queued with it has arrived).
+    #: Counts the arrival flushes that have run: a partial batch holds only entries whose
+    #: round is below it (every request queued with them has arrived).
     round: int = 1
 
 
@@ -375,18 +375,20 @@ class AutoBatcher(Generic[I, R]):
 
     def _take(self, queues: _Queues, now: float) -> list[_Entry] | None:
         """Remove and return the batch to fire now, or None: a group's full batch, or a
-        partial one whose oldest request had its arrival flush and is due at ``now``; the
-        batch holding the oldest request first."""
+        partial one of the requests whose arrival flush has run (requests of this loop
+        iteration wait for theirs: a ``gather`` still submitting is never cut), once its
+        oldest is due at ``now``; the batch holding the oldest request first."""
         best = None
         for group in list(queues.queues):
             batch = self._head(queues, group)
             if not batch:
                 continue
-            head = batch[0]
-            ready = len(batch) == self._max_batch_size or (
-                head.round < queues.round and head.deadline <= now
-            )
-            if ready and (best is None or batch[0].deadline < best[0].deadline):
+            if len(batch) < self._max_batch_size:
+                if batch[-1].round >= queues.round:  # rounds rise along a queue
+                    batch = [entry for entry in batch if entry.round < queues.round]
+                if not batch or batch[0].deadline > now:
+                    continue
+            if best is None or batch[0].deadline < best[0].deadline:
                 best = batch
         if best is not None:
             queue = queues.queues[best[0].group]
@@ -405,9 +407,8 @@ class AutoBatcher(Generic[I, R]):
         """Fire every batch the rule allows at time ``now``, then arm or cancel the
         ``max_wait_s`` timer.
 
-        ``now``: deadlines up to it count as passed (for partial batches whose oldest
-        request had its arrival flush: requests arriving in this loop iteration wait for
-        theirs, so a partial batch never fires before its whole ``gather`` has submitted).
+        ``now``: deadlines up to it count as passed (a partial batch holds only requests
+        whose arrival flush has run, see :meth:`_take`).
         """
         if self._closed:
             return
@@ -481,9 +482,8 @@ class AutoBatcher(Generic[I, R]):
             state.idle.set_result(None)  # awaited only through shield: never cancelled
             state.idle = None
         self._deliver_batch(state, batch, outcome, exc, self._on_results)
-        # The freed slot goes to the oldest batch that may fire now, even while requests
-        # are still arriving (those wait for their flush, see _take).
-        self._flush(state, asyncio.get_running_loop().time())
+        if state.soon is None:  # else requests are still arriving: the flush comes soon
+            self._flush(state, asyncio.get_running_loop().time())
 
     def _deliver_batch(
         self,
