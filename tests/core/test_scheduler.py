@@ -386,8 +386,6 @@ class Gate:
     def __init__(self, shut: bool = False):
         self.batches: list[list] = []
         self.started = 0
-        #: Batches the gate has let through (their results not yet delivered, maybe).
-        self.returned = 0
         self._open = threading.Event()
         if not shut:
             self._open.set()
@@ -396,7 +394,6 @@ class Gate:
         self.started += 1
         self.batches.append(list(items))
         assert self._open.wait(10), "the test never opened the gate"
-        self.returned += 1
         return [("r", item) for item in items]
 
     def open(self) -> None:
@@ -589,34 +586,39 @@ class TestFairness:
         run(main())
         assert gate.batches == [[("X", 0)], [("B", 0)], [("A", 1)]]
 
-    def test_a_younger_full_batch_does_not_take_the_slot_of_an_older_partial_one(self, gated):
+    def test_a_younger_full_batch_does_not_take_the_slot_of_an_older_partial_one(self):
         """Group B's lone request waits for the worker's only slot. The running batch
         ends in the same loop iteration in which requests arrive that fill a batch of
         group A: the freed slot still goes to B, whose request is older."""
-        gate, batcher = gated(max_batch_size=2, max_in_flight=1, group=lambda item: item[0])
+        worker, batches = _PostingWorker(), []
+
+        def record(items):
+            batches.append(list(items))
+            return items
+
+        batcher = AutoBatcher(
+            record, worker, max_batch_size=2, max_in_flight=1, group=lambda item: item[0]
+        )
 
         async def main():
-            first = batcher.submit_many([("A", 0), ("A", 1)])  # full: runs now
-            await until(lambda: gate.started == 1)
-            lone = batcher.submit(("B", 0))
-            await asyncio.sleep(0.01)  # its flush ran and found no room
-            wake = asyncio.Event()
+            first = batcher.submit_many(["A0", "A1"])  # full: fires now
+            lone = batcher.submit("B0")
+            await asyncio.sleep(0)  # its flush ran and found no room
 
             async def client():
-                await wake.wait()
-                return await batcher.submit(("A", 3))  # completes A's next batch
+                return await batcher.submit("A3")  # completes A's next batch
 
-            other = asyncio.ensure_future(client())
-            await asyncio.sleep(0)
-            gate.open()
-            blocking_until(lambda: gate.returned == 1)
-            time.sleep(0.05)  # the batch's end is posted to this (blocked) loop
-            wake.set()  # ready now: the batch's end, then the client
-            younger = batcher.submit(("A", 2))
-            return await asyncio.wait_for(asyncio.gather(*first, lone, younger, other), 5)
+            worker.finish_one()  # ready: the batch's end,
+            other = asyncio.ensure_future(client())  # then the client,
+            younger = batcher.submit("A2")  # then the flush this request scheduled
+            while worker.pending or not other.done():
+                await asyncio.sleep(0)
+                if worker.pending:
+                    worker.finish_one()
+            await asyncio.gather(*first, lone, younger, other)
 
         run(main())
-        assert gate.batches == [[("A", 0), ("A", 1)], [("B", 0)], [("A", 2), ("A", 3)]]
+        assert batches == [["A0", "A1"], ["B0"], ["A2", "A3"]]
 
 
 class _PostingWorker:
