@@ -267,6 +267,11 @@ def test_bad_inputs_raise_clear_errors():
             with pytest.raises(ValueError, match=f"{next(iter(options))} must be"):
                 ByteLM(lm, **options)
         assert ByteLM(lm, K=np.int64(4)).K == 4  # numpy integers are integers
+        # The mass cache's budget is named as the caller passed it; a whole float is taken.
+        for bad, error in ((2.5, TypeError), ("100", TypeError), (-1, ValueError)):
+            with pytest.raises(error, match="cache_bytes must be"):
+                ByteLM(lm, cache_bytes=bad)
+        assert ByteLM(lm, cache_bytes=1e6).cache.max_bytes == 10**6
         with pytest.raises(TypeError, match="byte strings.*got 'a'"):
             ByteLM(lm, eos=["a"])
         state = await ByteLM(lm).initial((0,))

@@ -82,6 +82,8 @@ class TestOutputCache:
             with pytest.raises(TypeError, match="max_bytes must be an integer"):
                 OutputCache(max_bytes=bad)
         assert cache.max_bytes == 0
+        cache.resize(1e3)  # a budget written as a whole float is taken, as an int
+        assert cache.max_bytes == 1000 and type(cache.max_bytes) is int
 
     def test_a_failed_row_copy_leaves_the_byte_count_exact(self, monkeypatch):
         """When an eviction ends a batch's run and the copy of one of its rows held elsewhere

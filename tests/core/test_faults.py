@@ -880,6 +880,7 @@ class TestConstructorArguments:
             ({"max_wait_s": float("inf")}, "max_wait_s must be finite"),
             ({"cache_bytes": float("nan")}, "cache_bytes must be an integer"),  # cache was off
             ({"cache_bytes": 2.5}, "cache_bytes must be an integer"),
+            ({"cache_bytes": float("inf")}, "cache_bytes must be an integer"),
             ({"cache_bytes": True}, "cache_bytes must be an integer"),
             ({"cache_bytes": -1}, "cache_bytes must be >= 0"),
             ({"max_batch_size": 2.5}, "max_batch_size must be an integer"),  # batches of 3

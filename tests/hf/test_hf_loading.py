@@ -79,6 +79,19 @@ def test_wrong_tokenizer_is_rejected():
         HFLM(model, gpt2)
 
 
+def test_the_kv_budget_is_checked_by_its_name():
+    """kv_cache_bytes that is not a whole number of bytes is refused naming it (the error
+    named the KV store's max_bytes); a whole float (1e6) is taken."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(STORIES)
+    tok = transformers.AutoTokenizer.from_pretrained(STORIES)
+    for bad, error in ((2.5, TypeError), ("1", TypeError), (-1, ValueError)):
+        with pytest.raises(error, match="kv_cache_bytes must be"):
+            HFLM(model, tok, kv_cache_bytes=bad)
+    lm = HFLM(model, tok, kv_cache_bytes=1e6)
+    assert lm.kv.cache.max_bytes == 10**6
+    lm.close()
+
+
 def test_quantization_options_fail_clearly():
     """Both quantization flags at once, or bitsandbytes missing, raise errors that say so."""
     with pytest.raises(ValueError, match="load_in_8bit"):

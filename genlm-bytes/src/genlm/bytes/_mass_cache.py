@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from genlm.bytes._types import NextTokens
-from genlm.core.backend import ByteLRU, key_nbytes
+from genlm.core.backend import ByteLRU, checked_count, key_nbytes
 
 #: A cache key: the token context and the EOS mode its masses were computed in.
 Key = tuple[tuple[int, ...], bool]
@@ -27,9 +27,7 @@ class MassCache(ByteLRU[Key, NextTokens]):
     """
 
     def __init__(self, max_bytes: int):
-        if max_bytes < 0:
-            raise ValueError(f"cache_bytes must be >= 0, got {max_bytes}")
-        super().__init__(max_bytes)
+        super().__init__(checked_count("cache_bytes", max_bytes, 0, whole_floats=True))
 
     @property
     def used_bytes(self) -> int:

@@ -123,7 +123,7 @@ class ByteLRU(Generic[K, V]):
             holding memory of its own; needed only by a map given blocks.
 
     Raises:
-        TypeError: ``max_bytes`` is not an integer.
+        TypeError: ``max_bytes`` is not a whole number.
         ValueError: a negative ``max_bytes``.
 
     Attributes:
@@ -139,7 +139,7 @@ class ByteLRU(Generic[K, V]):
         on_evict: Callable[[K, V], None] | None = None,
         detach: Callable[[V], V] | None = None,
     ):
-        self.max_bytes = checked_count("max_bytes", max_bytes, 0)
+        self.max_bytes = checked_count("max_bytes", max_bytes, 0, whole_floats=True)
         self._on_evict = on_evict
         self._detach = detach
         #: Unpinned entries, key -> (value, counted bytes, block or None), least recently
@@ -275,10 +275,10 @@ class ByteLRU(Generic[K, V]):
         loaded: the genlm-backend facade sizes its output cache in rows).
 
         Raises:
-            TypeError: ``max_bytes`` is not an integer.
+            TypeError: ``max_bytes`` is not a whole number.
             ValueError: a negative ``max_bytes``.
         """
-        max_bytes = checked_count("max_bytes", max_bytes, 0)
+        max_bytes = checked_count("max_bytes", max_bytes, 0, whole_floats=True)
         with self.lock:
             self.max_bytes = max_bytes
             self._evict()

@@ -153,7 +153,8 @@ class BatchedLM(abc.ABC):
         # A model dropped without close() must not leave its thread idling forever. The
         # finalizer holds the worker, never the model, so it cannot keep the model alive.
         weakref.finalize(self, self.worker.close, wait=False)
-        self.output_cache = OutputCache(checked_count("cache_bytes", cache_bytes, 0))
+        budget = checked_count("cache_bytes", cache_bytes, 0, whole_floats=True)
+        self.output_cache = OutputCache(budget)
         self.batcher: AutoBatcher[Request, np.ndarray] = AutoBatcher(
             self._run_requests,
             self.worker,

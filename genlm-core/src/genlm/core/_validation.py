@@ -43,15 +43,21 @@ def is_real(value: object) -> bool:
     return not isinstance(value, (bool, np.bool_)) and isinstance(value, numbers.Real)
 
 
-def checked_count(name: str, value: object, minimum: int) -> int:
+def checked_count(name: str, value: object, minimum: int, *, whole_floats: bool = False) -> int:
     """``value`` as an ``int``, for an option that counts something (a batch size, a byte
     budget): options are checked where they are set, so a bad one fails there, by name,
     instead of in a comparison later (a NaN batch size left every request waiting).
 
+    ``whole_floats``: also take a float with no fractional part (a byte budget written
+    ``1e9``).
+
     Raises:
-        TypeError: ``value`` is not an integer (a float, a bool, a string).
+        TypeError: ``value`` is not an integer (a bool, a string, a float unless
+            ``whole_floats`` and whole).
         ValueError: it is below ``minimum``.
     """
+    if whole_floats and is_real(value) and math.isfinite(value) and float(value).is_integer():
+        value = int(value)
     if not is_integer(value):
         raise TypeError(f"{name} must be an integer, got {value!r}")
     if value < minimum:

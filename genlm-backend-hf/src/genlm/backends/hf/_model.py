@@ -33,6 +33,7 @@ from genlm.core.backend import (
     CURRENT_VARIANT,
     BatchedLM,
     ResidentRows,
+    checked_count,
     plan_rows,
     resolve_model_path,
 )
@@ -123,7 +124,7 @@ class HFLM(BatchedLM):
         super().__init__(vocab, tokenizer, **kwargs)
         self.model = model.eval()
         self.max_forward_tokens = max_forward_tokens
-        self.kv = KVStore(kv_cache_bytes)
+        self.kv = KVStore(checked_count("kv_cache_bytes", kv_cache_bytes, 0, whole_floats=True))
         #: Counters for tests and benchmarks: tokens run through the model (padding excluded),
         #: tokens whose KV came from the cache, forward passes, and rows whose past was still
         #: in place in the batch buffer (no copy).

@@ -24,7 +24,13 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from genlm.backends.mlx import _kv
 from genlm.core import Vocabulary
-from genlm.core.backend import BatchedLM, group_equal, plan_rows, resolve_model_path
+from genlm.core.backend import (
+    BatchedLM,
+    checked_count,
+    group_equal,
+    plan_rows,
+    resolve_model_path,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +84,9 @@ class MLXLM(BatchedLM):
         kwargs.setdefault("max_context_length", _max_positions(getattr(model, "args", None)))
         super().__init__(vocab, hf_tokenizer, **kwargs)
         self.model = model
-        self.kv_cache = _kv.KVStore(kv_cache_bytes)
+        self.kv_cache = _kv.KVStore(
+            checked_count("kv_cache_bytes", kv_cache_bytes, 0, whole_floats=True)
+        )
         self.prefill_chunk_size = prefill_chunk_size
         self._num_layers = 0
         self.resumable = False
