@@ -205,6 +205,29 @@ class TestClose:
         gc.collect()
         assert ref() is None and thread.is_alive()
 
+    def test_the_exit_waits_for_a_closed_worker_to_park(self, tmp_path):
+        """A program that closes a parking worker without waiting and ends at once: the
+        exit lets the thread finish its queued call and block before the interpreter
+        finalizes (a thread ended then aborts an MLX process), here seen in the file
+        the last call writes; a worker never closed holds the exit up not at all."""
+        import subprocess
+        import sys
+
+        done = tmp_path / "done"
+        program = (
+            "import time\n"
+            "from genlm.core._worker import ModelWorker\n"
+            "idle = ModelWorker('idle', park=True)\n"
+            "idle.call(int)\n"  # started, never closed: blocked on its queue
+            "worker = ModelWorker('parking', park=True)\n"
+            "worker.call(int)\n"
+            f"worker.submit(lambda: (time.sleep(0.3), open({str(done)!r}, 'w').close()))\n"
+            "worker.close(wait=False)\n"
+        )
+        result = subprocess.run([sys.executable, "-c", program], timeout=60, capture_output=True)
+        assert result.returncode == 0, result.stderr
+        assert done.exists()
+
     def test_waiting_for_the_stop_does_not_keep_the_loop_alive(self):
         """Each loop that awaited wait_stopped() (every aclose does) is freed with its
         asyncio.run while the worker lives on: the done-callback the worker's future keeps

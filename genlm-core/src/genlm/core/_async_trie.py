@@ -54,8 +54,9 @@ class AsyncTokenByteTrie:
     def __init__(self, trie: TokenByteTrie, *, max_batch_size: int = 64, max_wait_s: float = 0.0):
         self.trie = trie
         self.worker = ModelWorker("genlm-trie")
-        # Dropped without aclose(), it stops its thread (the finalizer holds the worker only).
-        weakref.finalize(self, self.worker.close, wait=False)
+        # Dropped without aclose(), it stops its thread (the finalizer holds the worker
+        # only); not at exit, as BatchedLM's.
+        weakref.finalize(self, self.worker.close, wait=False).atexit = False
         # Items are (operation, where, row): "numpy", or the torch device of the row.
         self.batcher: AutoBatcher[tuple[str, str, np.ndarray], np.ndarray] = AutoBatcher(
             self._run,

@@ -28,11 +28,13 @@ Guarantees (tests/core/test_worker.py):
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextvars
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -69,19 +71,51 @@ def _resolver(future: concurrent.futures.Future[Any]) -> Deliver:
     return deliver
 
 
-#: Never set: what a parked thread waits on (see ``ModelWorker(park=True)``).
-_NEVER = threading.Event()
+#: Held from import on and never released: a parked thread blocks on it in one C call
+#: (see ``ModelWorker(park=True)``), with the GIL released, and never needs it again.
+_PARK = threading.Lock()
+_PARK.acquire()
+
+#: Idents of the threads told to stop (``close``) that will park but have not blocked
+#: yet: until then they run Python (the queued calls, their ``stopped`` callbacks, which
+#: release the GIL), and a thread that takes the GIL while the interpreter finalizes is
+#: ended, which is what parking avoids (:func:`_wait_for_parking` holds the exit until
+#: they have blocked).
+_PARKING: set[int] = set()
 
 
 def _thread_main(box: list[Callable[[], None]], park: bool) -> None:
     """A worker thread's body: serve until stopped (``box`` holds the worker's loop, taken
     out so that the thread's own arguments keep nothing of a stopped worker alive), then
     end, or park for good."""
+    global _parking_threads
     run = box.pop()
-    run()
-    del run
     if park:
-        _NEVER.wait()
+        _parking_threads += 1
+    try:
+        run()  # close() added this thread to _PARKING when it queued the stop
+    finally:
+        del run
+        if park:
+            _PARKING.discard(threading.get_ident())
+            _PARK.acquire()  # the last Python this thread runs
+
+
+#: How many parking threads were started: the exit hook has nothing to do without one.
+_parking_threads = 0
+
+
+@atexit.register
+def _wait_for_parking(timeout_s: float = 2.0) -> None:
+    """At exit, let the threads on their way to park (a model closed or dropped just
+    before the program ended) block first, up to ``timeout_s`` (a thread still serving
+    is blocked on its queue already, and one that was never closed stays so)."""
+    if not _parking_threads:
+        return
+    deadline = time.monotonic() + timeout_s
+    while _PARKING and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.001)  # the last one out of the set: from its removal to its block
 
 
 class ModelWorker:
@@ -347,4 +381,6 @@ class ModelWorker:
             if self._thread is None:
                 self.stopped.set_result(None)
             else:
+                if self._park:  # on its way to park from now on (see _wait_for_parking)
+                    _PARKING.add(self._thread.ident)
                 self._queue.put(_STOP)
