@@ -90,6 +90,9 @@ def test_the_kv_budget_is_checked_by_its_name():
     lm = HFLM(model, tok, kv_cache_bytes=1e6)
     assert lm.kv.cache.max_bytes == 10**6
     lm.close()
+    for option, bad in (("max_forward_tokens", 2.5), ("kv_length_multiple", "8")):
+        with pytest.raises(TypeError, match=f"{option} must be an integer"):
+            HFLM(model, tok, **{option: bad})
 
 
 def test_quantization_options_fail_clearly():

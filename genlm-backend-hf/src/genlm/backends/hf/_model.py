@@ -101,10 +101,9 @@ class HFLM(BatchedLM):
         sdpa_backends: Sequence[str] | None = None,
         **kwargs: Any,
     ):
-        if max_forward_tokens < 1:
-            raise ValueError(f"max_forward_tokens must be >= 1, got {max_forward_tokens}")
-        if kv_length_multiple is not None and kv_length_multiple < 1:
-            raise ValueError(f"kv_length_multiple must be >= 1, got {kv_length_multiple}")
+        max_forward_tokens = checked_count("max_forward_tokens", max_forward_tokens, 1)
+        if kv_length_multiple is not None:
+            kv_length_multiple = checked_count("kv_length_multiple", kv_length_multiple, 1)
         backends = None if sdpa_backends is None else _sdpa_backends(sdpa_backends)
         vocab = Vocabulary.from_tokenizer(tokenizer)
         width = _logit_width(model)
