@@ -76,6 +76,11 @@ def test_chunked_prefill_matches_plain_forward(stories):
     assert sum(n for _, n in spy._shapes) == 13
     with pytest.raises(ValueError, match="prefill_chunk_size"):
         MLXLM(model, tokenizer, prefill_chunk_size=0)
+    for bad in (2.5, None):  # 2.5 failed every request, None a bare comparison TypeError
+        with pytest.raises(TypeError, match="prefill_chunk_size must be an integer"):
+            MLXLM(model, tokenizer, prefill_chunk_size=bad)
+    with pytest.raises(TypeError, match="kv_cache_bytes must be"):
+        MLXLM(model, tokenizer, kv_cache_bytes=1.5)
     lm.close()
 
 
@@ -144,6 +149,69 @@ def test_state_space_model_falls_back(stories_dir, caplog):
     for context, row in zip(contexts, rows):
         np.testing.assert_allclose(row, plain_logprobs(model, context), atol=1e-5)
     lm.close()
+
+
+def _batch_unsafe_model(model_type: str):
+    """A small random model of ``model_type`` whose attention broke on batched rows
+    resumed with BatchKVCache (weights scaled up, so wrong rows differ clearly)."""
+    from mlx.utils import tree_map
+    from mlx_lm.utils import _get_classes
+
+    config = dict(
+        model_type=model_type,
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+    )
+    if model_type == "gemma2":
+        config.update(
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+        )
+    else:
+        config.update(max_position_embeddings=512, tie_word_embeddings=False, bias=False)
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(0)
+    model = model_class(args_class.from_dict(config))
+    model.update(tree_map(lambda p: p * 3 if p.ndim == 2 else p, model.parameters()))
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "internlm2"])
+def test_models_broken_by_batched_resumes_equal_their_plain_forward(
+    stories_dir, model_type, caplog
+):
+    """gemma2 (always) and internlm2 (mlx-lm before 0.32) recompute instead of resuming a
+    batch from stored KV: rows of different cached lengths, and equal fresh contexts,
+    equal each context's own forward (gemma2's were off by nats or failed to broadcast,
+    internlm2's every batch of two rows failed)."""
+    from transformers import AutoTokenizer
+
+    model = _batch_unsafe_model(model_type)
+    with caplog.at_level(logging.WARNING, logger="genlm.backends.mlx._model"):
+        lm = MLXLM(model, AutoTokenizer.from_pretrained(stories_dir), cache_bytes=0)
+    if not lm.resumable:
+        assert any("breaks on batched rows" in r.getMessage() for r in caplog.records)
+    try:
+        lm.next_token_logprobs_sync([1, 2, 3, 4, 5, 6])
+        lm.next_token_logprobs_sync([1, 7])
+        for batch in (
+            [[1, 2, 3, 4, 5, 6, 9], [1, 7, 9]],
+            [[1, 5, 6, 7, 8], [1, 5, 6, 7, 9], [1, 5, 6, 7, 10]],
+        ):
+            rows = lm.batch_next_token_logprobs_sync(batch)
+            for context, row in zip(batch, rows):
+                np.testing.assert_allclose(row, plain_logprobs(model, context), atol=1e-4)
+    finally:
+        lm.close()
 
 
 def test_bf16_model_returns_float32_close_to_fp32(stories_dir):

@@ -45,11 +45,38 @@ def non_resumable_types(caches: Sequence[object]) -> list[str]:
     return sorted({type(c).__name__ for c in caches if type(c) is not KVCache})
 
 
+#: Model types whose attention breaks on a batch of rows resumed with ``BatchKVCache``
+#: although their layers are plain ``KVCache``, with the first mlx-lm release that serves
+#: them (None: none yet). gemma2 adds the per-row ``(B, 1, L, S)`` mask to queries it
+#: shapes ``(B, kv_heads, repeats, L, D)``: rows come out wrong, or the batch fails to
+#: broadcast. internlm2's dynamic-NTK RoPE takes only a scalar offset before mlx-lm 0.32.
+_BATCH_UNSAFE: dict[str, tuple[int, int] | None] = {"gemma2": None, "internlm2": (0, 32)}
+
+
+def batch_resume_problem(model: object) -> str | None:
+    """Why ``model`` must not resume batched rows from stored KV (its model type is
+    known to break with ``BatchKVCache``; see :data:`_BATCH_UNSAFE`), or None."""
+    model_type = getattr(model, "model_type", None) or getattr(
+        getattr(model, "args", None), "model_type", None
+    )
+    if model_type not in _BATCH_UNSAFE:
+        return None
+    fixed = _BATCH_UNSAFE[model_type]
+    if fixed is not None and _mlx_lm_version() >= fixed:
+        return None
+    return f"mlx-lm's {model_type} attention breaks on batched rows resumed from stored KV"
+
+
+@functools.cache
+def _mlx_lm_version() -> tuple[int, int]:
+    major, minor = (int(part) for part in importlib.metadata.version("mlx-lm").split(".")[:2])
+    return major, minor
+
+
 @functools.cache
 def _state_has_idx() -> bool:
     """Whether the installed mlx-lm's ``BatchKVCache.state`` ends with the write position."""
-    major, minor = (int(part) for part in importlib.metadata.version("mlx-lm").split(".")[:2])
-    return (major, minor) >= (0, 32)
+    return _mlx_lm_version() >= (0, 32)
 
 
 def _stop(cache: BatchKVCache) -> int:

@@ -74,8 +74,7 @@ class MLXLM(BatchedLM):
         prefill_chunk_size: int = 2048,
         **kwargs: Any,
     ):
-        if prefill_chunk_size < 1:
-            raise ValueError(f"prefill_chunk_size must be >= 1, got {prefill_chunk_size}")
+        prefill_chunk_size = checked_count("prefill_chunk_size", prefill_chunk_size, 1)
         _materialize(model)
         hf_tokenizer = _unwrap(tokenizer)
         width = getattr(getattr(model, "args", None), "vocab_size", None)
@@ -108,13 +107,14 @@ class MLXLM(BatchedLM):
         caches = make_prompt_cache(self.model)
         self._num_layers = len(caches)
         blocked = _kv.non_resumable_types(caches)
-        self.resumable = not blocked
-        if blocked:
+        problem = _kv.batch_resume_problem(self.model)
+        self.resumable = not blocked and problem is None
+        if not self.resumable:
             logger.warning(
-                "%s: the model's %s caches cannot resume from a cached prefix; every "
-                "request recomputes its whole context (correct, but slower)",
+                "%s: %s; every request recomputes its whole context (correct, but slower)",
                 self.name,
-                "/".join(blocked),
+                problem
+                or f"the model's {'/'.join(blocked)} caches cannot resume from a cached prefix",
             )
 
     # ---- the backend -------------------------------------------------------------------
