@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.bytes_lms import brute_force_next_symbol, run
+from support.bytes_lms import assert_steps_match_brute_force, brute_force_next_symbol, run
 
 from genlm.bytes import ByteLM
 from genlm.core import Vocabulary
@@ -131,14 +131,7 @@ def test_a_device_row_the_lm_fills_again_is_cloned(eos):
         async with MockLM(Vocabulary(tokens), seed=5) as mock:
             lm = _TorchBufferLM(mock)
             byte_lm = ByteLM(lm, K=None, eos=eos, device_rows=True)
-            eos_ids = set(byte_lm.eos_ids)
-            state = await (await byte_lm.initial(context)).prefill(data[:prompt])
-            for i in range(prompt, len(data) + 1):
-                expected = brute_force_next_symbol(lm, context, data[:i], eos_ids, prompt)
-                got = np.exp((await state.logp_next()).logprobs)
-                np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
-                if i < len(data):
-                    state = await state.advance(data[i])
+            await assert_steps_match_brute_force(lm, byte_lm, context, data, prompt)
 
     run(scenario())
 

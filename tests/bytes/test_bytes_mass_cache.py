@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.bytes_lms import brute_force_next_symbol, run
+from support.bytes_lms import assert_steps_match_brute_force, run
 
 from genlm.bytes import BeamParams, ByteBeamState, ByteLM
 from genlm.core import Vocabulary
@@ -191,14 +191,7 @@ def test_a_row_the_lm_fills_again_is_copied_not_frozen(eos):
         async with MockLM(Vocabulary(tokens), seed=5) as mock:
             lm = _BufferLM(mock)
             byte_lm = ByteLM(lm, K=None, eos=eos)
-            eos_ids = set(byte_lm.eos_ids)
-            state = await (await byte_lm.initial(context)).prefill(data[:prompt])
-            for i in range(prompt, len(data) + 1):
-                expected = brute_force_next_symbol(lm, context, data[:i], eos_ids, prompt)
-                got = np.exp((await state.logp_next()).logprobs)
-                np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
-                if i < len(data):
-                    state = await state.advance(data[i])
+            await assert_steps_match_brute_force(lm, byte_lm, context, data, prompt)
             assert lm.frozen == 0 and lm.buffer.flags.writeable
             for _, entry in byte_lm.cache.items():
                 assert entry.lm_row is not lm.buffer and not entry.lm_row.flags.writeable

@@ -590,15 +590,7 @@ class TestFairness:
         """Group B's lone request waits for the worker's only slot. The running batch
         ends in the same loop iteration in which requests arrive that fill a batch of
         group A: the freed slot still goes to B, whose request is older."""
-        worker, batches = _PostingWorker(), []
-
-        def record(items):
-            batches.append(list(items))
-            return items
-
-        batcher = AutoBatcher(
-            record, worker, max_batch_size=2, max_in_flight=1, group=lambda item: item[0]
-        )
+        worker, batcher, batches = _posting_batcher(max_batch_size=2)
 
         async def main():
             first = batcher.submit_many(["A0", "A1"])  # full: fires now
@@ -637,6 +629,21 @@ class _PostingWorker:
         loop.call_soon(then, fn(*args), None)
 
 
+def _posting_batcher(max_batch_size: int) -> tuple[_PostingWorker, AutoBatcher, list]:
+    """An AutoBatcher on a :class:`_PostingWorker` with one slot, grouping items by their
+    first character, and the list of the batches it runs."""
+    worker, batches = _PostingWorker(), []
+
+    def record(items):
+        batches.append(list(items))
+        return items
+
+    batcher = AutoBatcher(
+        record, worker, max_batch_size=max_batch_size, max_in_flight=1, group=lambda i: i[0]
+    )
+    return worker, batcher, batches
+
+
 class TestFiringRule:
     @pytest.mark.parametrize("full_batch_between", [False, True])
     def test_a_gather_still_submitting_is_never_cut(self, full_batch_between):
@@ -644,15 +651,7 @@ class TestFiringRule:
         in the second case, another client's full batch of another group arrives right
         then, into the freed slot's flush): the older lone request Y goes first, and the
         gather's six requests still form one batch (with Y when nothing else fires)."""
-        worker, batches = _PostingWorker(), []
-
-        def record(items):
-            batches.append(list(items))
-            return items
-
-        batcher = AutoBatcher(
-            record, worker, max_batch_size=8, max_in_flight=1, group=lambda item: item[0]
-        )
+        worker, batcher, batches = _posting_batcher(max_batch_size=8)
         others = [f"h{i}" for i in range(8)]
 
         async def main():

@@ -150,3 +150,19 @@ def brute_force_next_symbol(
     out = np.array([prefix(context, 0, data + bytes([b])) for b in range(256)] + [0.0])
     out[EOS] = ends_then_eos(context, 0, data)
     return out / total
+
+
+async def assert_steps_match_brute_force(
+    lm: Any, byte_lm: Any, context: tuple[int, ...], data: bytes, prompt: int
+) -> None:
+    """Prefill ``data[:prompt]`` after ``context``, then step through the rest of ``data``:
+    every next-symbol distribution equals :func:`brute_force_next_symbol` (EOS from
+    ``byte_lm``'s ids)."""
+    eos_ids = set(byte_lm.eos_ids)
+    state = await (await byte_lm.initial(context)).prefill(data[:prompt])
+    for i in range(prompt, len(data) + 1):
+        expected = brute_force_next_symbol(lm, context, data[:i], eos_ids, prompt)
+        got = np.exp((await state.logp_next()).logprobs)
+        np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
+        if i < len(data):
+            state = await state.advance(data[i])
