@@ -216,3 +216,44 @@ def test_a_read_only_row_of_its_own_is_kept_without_a_copy():
         assert nxt.lm_row is row and nxt.logp is row
 
     run(scenario())
+
+
+def test_clear_cache_keeps_out_the_masses_of_a_step_waiting_for_the_lm():
+    """A step waits for the LM's row; the LM changes and both caches are cleared; the
+    step's masses are not stored, so a later state of the same context equals a fresh
+    ByteLM over the changed LM (they were stored, from the row of the LM as it was)."""
+    import threading
+
+    vocab = [bytes([i]) for i in range(256)]
+
+    class HeldLM(MockLM):
+        def __init__(self):
+            super().__init__(vocab, seed=0)
+            self.gate = threading.Event()
+
+        def _logprobs_batch(self, contexts, variant):
+            out = super()._logprobs_batch(contexts, variant)  # the weights of now
+            assert self.gate.wait(10)
+            return out
+
+    async def distribution(byte_lm):
+        state = await byte_lm.initial([65])
+        return np.exp((await state.logp_next()).logprobs)
+
+    async def scenario():
+        lm = HeldLM()
+        byte_lm = ByteLM(lm, K=None, close_lm=True)
+        step = asyncio.ensure_future(distribution(byte_lm))
+        await asyncio.sleep(0.05)  # waiting for the row of [65]
+        lm.seed = 1  # the LM changes ...
+        clearing = asyncio.get_running_loop().run_in_executor(None, lm.clear_cache)
+        byte_lm.clear_cache()  # ... and both caches are cleared
+        lm.gate.set()
+        await asyncio.wait_for(asyncio.gather(clearing, step), 10)
+        after = await asyncio.wait_for(distribution(byte_lm), 10)
+        await byte_lm.aclose()
+        async with ByteLM(MockLM(vocab, seed=1), K=None, close_lm=True) as fresh:
+            return after, await distribution(fresh)
+
+    after, expected = run(scenario())
+    np.testing.assert_allclose(after, expected, rtol=1e-9, atol=1e-12)

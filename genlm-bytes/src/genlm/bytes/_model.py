@@ -200,13 +200,15 @@ class ByteModel(AsyncClosing):
                 for ctx in dict.fromkeys(prefetch)
                 if ctx not in missing and len(ctx) <= limit and (ctx, eos_mode) not in self.cache
             ]
+            generation = self.cache.generation  # a clear_cache while we wait wins
             rows = await gather_all(
                 [*(self._row(ctx) for ctx in missing), *(self._guess(ctx) for ctx in guesses)]
             )
             self._check_open()
             for ctx, row in zip([*missing, *guesses], rows):
                 if row is not None:
-                    found[ctx] = self.cache.put((ctx, eos_mode), self._masses(row, eos_mode))
+                    masses = self._masses(row, eos_mode)
+                    found[ctx] = self.cache.put((ctx, eos_mode), masses, generation)
         return [found[ctx] for ctx in contexts]
 
     async def _guess(self, ctx: tuple[int, ...]) -> Any:
@@ -278,7 +280,9 @@ class ByteModel(AsyncClosing):
         return self.cache.put((ctx, eos_mode), self._masses(nxt.lm_row, eos_mode))
 
     def clear_cache(self) -> None:
-        """Forget every cached context's masses."""
+        """Forget every cached context's masses, and keep out those of steps waiting for
+        the LM now (their rows may come from the LM as it was: clear the LM's own cache
+        first after a change to it)."""
         self.cache.clear()
 
     # ---- lifetime ----------------------------------------------------------------------
