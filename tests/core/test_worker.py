@@ -205,11 +205,12 @@ class TestClose:
         gc.collect()
         assert ref() is None and thread.is_alive()
 
-    def test_the_exit_waits_for_a_closed_worker_to_park(self, tmp_path):
-        """A program that closes a parking worker without waiting and ends at once: the
-        exit lets the thread finish its queued call and block before the interpreter
-        finalizes (a thread ended then aborts an MLX process), here seen in the file
-        the last call writes; a worker never closed holds the exit up not at all."""
+    @pytest.mark.parametrize("closed", [True, False], ids=["closed", "never_closed"])
+    def test_the_exit_lets_a_parking_worker_finish_and_park(self, tmp_path, closed):
+        """A program that leaves a parking worker with a queued call (closed without
+        waiting, or never closed) and ends at once: the exit lets the thread finish the
+        call and block before the interpreter finalizes (a thread ended then aborts an
+        MLX process), seen here in the file the call writes."""
         import subprocess
         import sys
 
@@ -218,11 +219,11 @@ class TestClose:
             "import time\n"
             "from genlm.core._worker import ModelWorker\n"
             "idle = ModelWorker('idle', park=True)\n"
-            "idle.call(int)\n"  # started, never closed: blocked on its queue
+            "idle.call(int)\n"  # started, never closed, idle
             "worker = ModelWorker('parking', park=True)\n"
             "worker.call(int)\n"
             f"worker.submit(lambda: (time.sleep(0.3), open({str(done)!r}, 'w').close()))\n"
-            "worker.close(wait=False)\n"
+            + ("worker.close(wait=False)\n" if closed else "")
         )
         result = subprocess.run([sys.executable, "-c", program], timeout=60, capture_output=True)
         assert result.returncode == 0, result.stderr

@@ -29,6 +29,15 @@ CASES = {
         "lm = load_model_by_name('stories260K', backend='mlx')\n"
         "lm.next_token_logprobs_sync([1, 5])\n"
     ),
+    "computing at exit": (  # a thread's batch still runs when the program ends
+        "import threading, time\n"
+        "lm = load_model_by_name('stories260K', backend='mlx')\n"
+        "lm.next_token_logprobs_sync([1, 5])\n"
+        "batch = [[1] + [5] * k for k in range(1, 60)]\n"
+        "call = lm.batch_next_token_logprobs_sync\n"
+        "threading.Thread(target=call, args=(batch,), daemon=True).start()\n"
+        "time.sleep(0.05)\n"
+    ),
 }
 HEAD = "import asyncio, gc\nfrom genlm.core import load_model_by_name\n"
 

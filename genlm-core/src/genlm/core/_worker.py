@@ -35,6 +35,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -88,10 +89,7 @@ def _thread_main(box: list[Callable[[], None]], park: bool) -> None:
     """A worker thread's body: serve until stopped (``box`` holds the worker's loop, taken
     out so that the thread's own arguments keep nothing of a stopped worker alive), then
     end, or park for good."""
-    global _parking_threads
     run = box.pop()
-    if park:
-        _parking_threads += 1
     try:
         run()  # close() added this thread to _PARKING when it queued the stop
     finally:
@@ -101,16 +99,20 @@ def _thread_main(box: list[Callable[[], None]], park: bool) -> None:
             _PARK.acquire()  # the last Python this thread runs
 
 
-#: How many parking threads were started: the exit hook has nothing to do without one.
-_parking_threads = 0
+#: The parking workers whose thread started (weakly): at exit, the open ones are closed.
+_PARKING_WORKERS: weakref.WeakSet[ModelWorker] = weakref.WeakSet()
 
 
 @atexit.register
-def _wait_for_parking(timeout_s: float = 2.0) -> None:
-    """At exit, let the threads on their way to park (a model closed or dropped just
-    before the program ended) block first, up to ``timeout_s`` (a thread still serving
-    is blocked on its queue already, and one that was never closed stays so)."""
-    if not _parking_threads:
+def _wait_for_parking(timeout_s: float = 5.0) -> None:
+    """At exit, stop every parking worker and let its thread block before the interpreter
+    finalizes, up to ``timeout_s`` in all: those closed just before the program ended,
+    and those still open (a model never closed, maybe computing a batch that a program
+    ending on an error left behind), whose calls already queued run first. Returns at
+    once when no parking worker ever started."""
+    for worker in list(_PARKING_WORKERS):
+        worker.close(wait=False)  # a no-op for a closed one
+    if not _PARKING:
         return
     deadline = time.monotonic() + timeout_s
     while _PARKING and time.monotonic() < deadline:
@@ -313,6 +315,8 @@ class ModelWorker:
                 target=_thread_main, args=([self._run], self._park), name=self.name, daemon=True
             )
             self._thread.start()
+            if self._park:
+                _PARKING_WORKERS.add(self)
         self._queue.put((contextvars.copy_context(), fn, args, start, deliver))
 
     def close_after(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
