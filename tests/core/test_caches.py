@@ -84,6 +84,8 @@ class TestOutputCache:
         assert cache.max_bytes == 0
         cache.resize(1e3)  # a budget written as a whole float is taken, as an int
         assert cache.max_bytes == 1000 and type(cache.max_bytes) is int
+        cache.resize(2**1100)  # an int beyond float range is an int still
+        assert cache.max_bytes == 2**1100
 
     def test_a_failed_row_copy_leaves_the_byte_count_exact(self, monkeypatch):
         """When an eviction ends a batch's run and the copy of one of its rows held elsewhere

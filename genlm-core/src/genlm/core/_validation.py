@@ -56,7 +56,13 @@ def checked_count(name: str, value: object, minimum: int, *, whole_floats: bool 
             ``whole_floats`` and whole).
         ValueError: it is below ``minimum``.
     """
-    if whole_floats and is_real(value) and math.isfinite(value) and float(value).is_integer():
+    if (
+        whole_floats
+        and not is_integer(value)
+        and is_real(value)
+        and math.isfinite(value)
+        and float(value).is_integer()
+    ):
         value = int(value)
     if not is_integer(value):
         raise TypeError(f"{name} must be an integer, got {value!r}")
