@@ -46,37 +46,39 @@ def non_resumable_types(caches: Sequence[object]) -> list[str]:
 
 
 #: Model types whose attention breaks on a batch of rows resumed with ``BatchKVCache``
-#: although their layers are plain ``KVCache``, with the first mlx-lm release that serves
-#: them (None: none yet). gemma2 adds the per-row ``(B, 1, L, S)`` mask to queries it
-#: shapes ``(B, kv_heads, repeats, L, D)``: rows come out wrong, or the batch fails to
-#: broadcast. internlm2's dynamic-NTK RoPE takes only a scalar offset before mlx-lm 0.32.
-_BATCH_UNSAFE: dict[str, tuple[int, int] | None] = {"gemma2": None, "internlm2": (0, 32)}
+#: although their layers are plain ``KVCache``: gemma2 adds the per-row ``(B, 1, L, S)``
+#: mask to queries it shapes ``(B, kv_heads, repeats, L, D)`` (rows come out wrong, or
+#: the batch fails to broadcast).
+_BATCH_UNSAFE_TYPES = frozenset({"gemma2"})
 
 
 def batch_resume_problem(model: object) -> str | None:
-    """Why ``model`` must not resume batched rows from stored KV (its model type is
-    known to break with ``BatchKVCache``; see :data:`_BATCH_UNSAFE`), or None."""
+    """Why ``model`` must not resume batched rows from stored KV, or None: its type is in
+    :data:`_BATCH_UNSAFE_TYPES`, or a RoPE module of it scales by the sequence length
+    (mlx-lm's ``DynamicNTKScalingRoPE`` and ``DynamicNTKAlphaRoPE``: Llama or Qwen2 with
+    ``rope_scaling`` "dynamic", InternLM2 before mlx-lm 0.32, InternLM3, Hunyuan), which
+    takes one offset where a resumed batch has one per row (every batch of two rows
+    failed)."""
     model_type = getattr(model, "model_type", None) or getattr(
         getattr(model, "args", None), "model_type", None
     )
-    if model_type not in _BATCH_UNSAFE:
-        return None
-    fixed = _BATCH_UNSAFE[model_type]
-    if fixed is not None and _mlx_lm_version() >= fixed:
-        return None
-    return f"mlx-lm's {model_type} attention breaks on batched rows resumed from stored KV"
-
-
-@functools.cache
-def _mlx_lm_version() -> tuple[int, int]:
-    major, minor = (int(part) for part in importlib.metadata.version("mlx-lm").split(".")[:2])
-    return major, minor
+    if model_type in _BATCH_UNSAFE_TYPES:
+        return f"mlx-lm's {model_type} attention breaks on batched rows resumed from stored KV"
+    modules = model.modules() if hasattr(model, "modules") else []
+    dynamic = sorted({type(m).__name__ for m in modules if "DynamicNTK" in type(m).__name__})
+    if dynamic:
+        return (
+            f"its {'/'.join(dynamic)} takes one position offset, not the per-row offsets of "
+            "batched rows resumed from stored KV"
+        )
+    return None
 
 
 @functools.cache
 def _state_has_idx() -> bool:
     """Whether the installed mlx-lm's ``BatchKVCache.state`` ends with the write position."""
-    return _mlx_lm_version() >= (0, 32)
+    major, minor = (int(part) for part in importlib.metadata.version("mlx-lm").split(".")[:2])
+    return (major, minor) >= (0, 32)
 
 
 def _stop(cache: BatchKVCache) -> int:
