@@ -229,10 +229,11 @@ def test_clear_cache_keeps_out_the_masses_of_a_step_waiting_for_the_lm():
     class HeldLM(MockLM):
         def __init__(self):
             super().__init__(vocab, seed=0)
-            self.gate = threading.Event()
+            self.gate, self.started = threading.Event(), threading.Event()
 
         def _logprobs_batch(self, contexts, variant):
             out = super()._logprobs_batch(contexts, variant)  # the weights of now
+            self.started.set()
             assert self.gate.wait(10)
             return out
 
@@ -244,7 +245,11 @@ def test_clear_cache_keeps_out_the_masses_of_a_step_waiting_for_the_lm():
         lm = HeldLM()
         byte_lm = ByteLM(lm, K=None, close_lm=True)
         step = asyncio.ensure_future(distribution(byte_lm))
-        await asyncio.sleep(0.05)  # waiting for the row of [65]
+        for _ in range(5000):  # until the LM computes the row of [65] (at most 5 s)
+            if lm.started.is_set():
+                break
+            await asyncio.sleep(0.001)
+        assert lm.started.is_set()
         lm.seed = 1  # the LM changes ...
         clearing = asyncio.get_running_loop().run_in_executor(None, lm.clear_cache)
         byte_lm.clear_cache()  # ... and both caches are cleared
