@@ -28,16 +28,6 @@ class MassCache(ByteLRU[Key, NextTokens]):
 
     def __init__(self, max_bytes: int):
         super().__init__(checked_count("cache_bytes", max_bytes, 0, whole_floats=True))
-        #: Counts :meth:`clear` calls: masses computed from rows asked for before the last
-        #: clear are not stored (:meth:`put` with ``generation``), as core's output cache.
-        self.generation = 0
-
-    def clear(self) -> None:
-        """Drop every entry; masses whose rows were being fetched meanwhile are not
-        stored (their ``generation`` is older)."""
-        with self.lock:
-            self.generation += 1
-            super().clear()
 
     @property
     def used_bytes(self) -> int:
@@ -48,8 +38,6 @@ class MassCache(ByteLRU[Key, NextTokens]):
         """Hold ``value`` under ``key`` (evicting the least recently used entries to fit)
         and return the entry now held for ``key``: the one already there if any, else
         ``value`` (also returned, unheld, when it alone exceeds ``max_bytes``, or when
-        ``generation``, read before its row was asked for, is older than :attr:`generation`)."""
-        with self.lock:
-            if generation is not None and generation != self.generation:
-                return value
-            return self.add(key, value, entry_bytes(key, value))
+        ``generation``, read before its row was asked for, is older than :attr:`generation`:
+        a :meth:`clear` came since)."""
+        return self.add(key, value, entry_bytes(key, value), generation=generation)

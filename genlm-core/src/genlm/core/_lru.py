@@ -27,6 +27,10 @@ their entries in one, so all three follow the same rules:
   its block to be held counts the block too, so it is stored only if both fit; a block
   of more than half the budget is not shared at all: its entries are stored as copies
   (two such batches could never be held together).
+* **Clears.** Each :meth:`ByteLRU.clear` counts one :attr:`ByteLRU.generation`. A value
+  computed from state read before the latest clear is not stored: a caller that reads
+  the generation first and passes it to ``add``/``add_many`` gets its value back unheld
+  if a clear came since (the output cache's batch rows, the mass cache's masses).
 * **Locking.** Every method holds the map's reentrant :attr:`ByteLRU.lock`, so one map
   may be shared by the event loop and a worker thread. A cache with structure of its own
   (the prefix trie) holds the same lock around its updates; ``on_evict`` runs under it.
@@ -128,6 +132,7 @@ class ByteLRU(Generic[K, V]):
 
     Attributes:
         max_bytes: the budget (:meth:`resize` changes it).
+        generation: how many times :meth:`clear` was called (see the module's rules).
         hits: :meth:`get` calls that found their key.
         misses: :meth:`get` calls that did not.
         lock: the reentrant lock every method holds.
@@ -148,6 +153,7 @@ class ByteLRU(Generic[K, V]):
         #: Pinned entries, key -> ((value, counted bytes, block), number of pins).
         self._pinned: dict[K, tuple[tuple[V, int, Block | None], int]] = {}
         self._bytes = 0
+        self.generation = 0
         self.lock = threading.RLock()
         self.hits = 0
         self.misses = 0
@@ -190,7 +196,9 @@ class ByteLRU(Generic[K, V]):
         with self.lock:
             return [self.get(key) for key in keys]
 
-    def add(self, key: K, value: V, nbytes: int, *, pin: bool = False) -> V:
+    def add(
+        self, key: K, value: V, nbytes: int, *, pin: bool = False, generation: int | None = None
+    ) -> V:
         """Hold ``value`` for ``key`` at a cost of ``nbytes`` and evict to fit.
 
         Args:
@@ -198,15 +206,19 @@ class ByteLRU(Generic[K, V]):
             value: what to hold.
             nbytes: what the entry costs against the budget.
             pin: also :meth:`pin` the entry held for ``key`` (this one or the one kept).
+            generation: the :attr:`generation` read before ``value`` was computed; a
+                :meth:`clear` since leaves ``value`` unheld (None: store regardless).
 
         Returns:
             The value now held for ``key``: the one already held if any (kept, marked most
             recently used), else ``value``. ``value`` is also returned, held by nothing,
             when it alone exceeds ``max_bytes``, or when pinned entries leave it no room and
             ``pin`` is false (a pinned entry is held even over the budget: pins are never
-            evicted).
+            evicted), or when ``generation`` is older than :attr:`generation`.
         """
         with self.lock:
+            if generation is not None and generation != self.generation:
+                return value
             held = self._hold(key, value, nbytes)
             if pin and key in self:
                 self._pin(key)
@@ -214,7 +226,12 @@ class ByteLRU(Generic[K, V]):
                 self._evict()
             return held
 
-    def add_many(self, entries: Iterable[tuple[K, V, int]], block: Block | None = None) -> list[V]:
+    def add_many(
+        self,
+        entries: Iterable[tuple[K, V, int]],
+        block: Block | None = None,
+        generation: int | None = None,
+    ) -> list[V]:
         """:meth:`add` each ``(key, value, nbytes)`` in order, under one hold of the lock
         (a batch of results costs one lock, not one per row); what each ``add`` returns.
 
@@ -222,13 +239,16 @@ class ByteLRU(Generic[K, V]):
             entries: the keys, values and their own costs.
             block: the memory every value of ``entries`` shares, if any (see the module's
                 rules); each value's cost then includes the ``block.covers`` bytes of it.
+            generation: as for :meth:`add`: a :meth:`clear` since leaves every value unheld.
         """
         held = []
-        if block is not None and 2 * block.nbytes > self.max_bytes:
-            # Too large to share: each entry that is stored becomes a copy of its own.
-            entries = self._copies(entries)
-            block = None
         with self.lock:
+            if generation is not None and generation != self.generation:
+                return [value for _, value, _ in entries]
+            if block is not None and 2 * block.nbytes > self.max_bytes:
+                # Too large to share: each entry that is stored becomes a copy of its own.
+                entries = self._copies(entries)
+                block = None
             for key, value, nbytes in entries:
                 held.append(self._hold(key, value, nbytes, block))
                 if self._bytes > self.max_bytes:
@@ -335,8 +355,10 @@ class ByteLRU(Generic[K, V]):
             return held + [(key, entry[0]) for key, (entry, _) in self._pinned.items()]
 
     def clear(self) -> None:
-        """Drop every entry, pinned ones included (the hit and miss counters are kept)."""
+        """Drop every entry, pinned ones included (the hit and miss counters are kept),
+        and count one :attr:`generation`."""
         with self.lock:  # blocks go with their entries: each batch's is made for one put
+            self.generation += 1
             self._lru.clear()
             self._pinned.clear()
             self._bytes = 0

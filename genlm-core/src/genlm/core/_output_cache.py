@@ -39,18 +39,6 @@ class OutputCache(ByteLRU[Hashable, np.ndarray]):
 
     def __init__(self, max_bytes: int = 256 * 2**20):
         super().__init__(max_bytes, detach=compact_row)
-        #: Counts :meth:`clear` calls. A batch records it when it starts computing
-        #: (:attr:`BatchRows.generation`); rows of a batch that started before the last
-        #: clear are not stored, so a clear also forgets the rows still being computed.
-        self.generation = 0
-
-    def clear(self) -> None:
-        """Drop every entry, and store no row of a batch that started computing before
-        this call (:attr:`generation`): ``clear_cache`` after a change to the model must
-        not see the running batch's stale rows come back."""
-        with self.lock:
-            self.generation += 1
-            super().clear()
 
     def put(self, key: Hashable, value: np.ndarray) -> np.ndarray:
         """Make ``value`` read-only and hold it for ``key``, evicting the least recently used.
@@ -85,8 +73,7 @@ class OutputCache(ByteLRU[Hashable, np.ndarray]):
             )
         covers = values[0].nbytes if values else 0
         costs = [covers + key_nbytes(key) for key in keys]
-        generation = values.generation
-        with self.lock:  # the check and the store are one step for a clear on another thread
-            if generation is not None and generation != self.generation:
-                return list(values)  # computed before a clear: not stored
-            return self.add_many(zip(keys, values, costs), Block(values.batch.nbytes, covers))
+        block = Block(values.batch.nbytes, covers)
+        # A batch records the generation when it starts computing (BatchRows.generation):
+        # rows of a batch that started before the latest clear are not stored.
+        return self.add_many(zip(keys, values, costs), block, values.generation)
