@@ -275,10 +275,7 @@ class HFLM(BatchedLM):
         Raises:
             UnknownVariantError: no adapter named ``name`` is loaded.
         """
-        if name not in self._adapters:
-            raise UnknownVariantError(
-                f"no LoRA adapter named {name!r}; loaded: {sorted(self._adapters)}"
-            )
+        self._check_loaded(name)
         self.worker.call(self._remove_lora, name)
         self.output_cache.clear()  # also keeps out the rows of a batch running now
 
@@ -295,12 +292,16 @@ class HFLM(BatchedLM):
             self._peft.delete_adapter(name)
         self.kv.cache.remove_below((marker,))
 
-    def set_lora(self, name: str) -> None:
-        """Make the loaded adapter ``name`` active for the requests made from now on."""
+    def _check_loaded(self, name: str) -> None:
+        """Raise :class:`~genlm.core.UnknownVariantError` unless adapter ``name`` is loaded."""
         if name not in self._adapters:
             raise UnknownVariantError(
                 f"no LoRA adapter named {name!r}; loaded: {sorted(self._adapters)}"
             )
+
+    def set_lora(self, name: str) -> None:
+        """Make the loaded adapter ``name`` active for the requests made from now on."""
+        self._check_loaded(name)
         self._active_lora = name
 
     def clear_lora(self) -> None:
