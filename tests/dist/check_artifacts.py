@@ -1,6 +1,8 @@
-"""Every built distribution carries its licence text, and every wheel its ``py.typed``.
+"""Every built distribution carries its licence text, every sdist its change log, and every
+wheel its ``py.typed``.
 
-Usage: ``python check_artifacts.py DIST_DIR``: each ``*.tar.gz`` must hold ``LICENSE``; each
+Usage: ``python check_artifacts.py DIST_DIR``: each ``*.tar.gz`` must hold ``LICENSE`` and
+``CHANGELOG.md``; each
 ``*.whl`` must hold ``*.dist-info/licenses/LICENSE`` and a ``py.typed`` beside its package
 (their metadata declare ``License-Expression: MIT`` and typed packages).
 """
@@ -18,8 +20,9 @@ def problems(folder: Path) -> list[str]:
     for sdist in sorted(folder.glob("*.tar.gz")):
         with tarfile.open(sdist) as archive:
             members = {name.partition("/")[2] for name in archive.getnames()}
-        if "LICENSE" not in members:
-            found.append(f"{sdist.name}: no LICENSE")
+        for name in ("LICENSE", "CHANGELOG.md"):
+            if name not in members:
+                found.append(f"{sdist.name}: no {name}")
     wheels = sorted(folder.glob("*.whl"))
     for wheel in wheels:
         names = zipfile.ZipFile(wheel).namelist()
@@ -36,7 +39,7 @@ def main(folder: str) -> None:
     found = problems(Path(folder))
     if found:
         sys.exit("\n".join(found))
-    print(f"{folder}: every artifact carries LICENSE, every wheel py.typed")
+    print(f"{folder}: every artifact carries LICENSE, every sdist CHANGELOG.md, every wheel py.typed")
 
 
 if __name__ == "__main__":
