@@ -130,8 +130,9 @@ class MLXLM(BatchedLM):
     def _resume(self, contexts: list[tuple[int, ...]]) -> mx.array:
         """Advance the live batch if every context extends it evenly, else spill it and rebuild.
 
-        The live batch is detached first and kept again only once a batch succeeds, so a
-        failed step leaves none.
+        The live batch is detached first and kept again only once its step succeeds, so a
+        failed step never leaves a half-advanced batch live (a failed rebuild may leave the
+        live batch of a group it completed before the failure: its rows are whole).
         """
         live = self.kv_cache.release()
         plan = live.rows.extend_all(contexts) if live is not None else None
