@@ -124,6 +124,19 @@ def test_mock_async_lm_rows_are_core_mock_rows():
     mock.close()
 
 
+def test_core_smc_runs_on_a_facade_model_as_on_its_core_model():
+    # A facade model's rows are torch tensors by default; core's smc asks for numpy by name.
+    from genlm.core.smc import smc
+
+    mock = MockAsyncLM.from_name("stories260K")
+    args = dict(n_particles=4, max_tokens=5, seed=3)
+    on_facade = asyncio.run(smc(mock, CONTEXTS[1], **args))
+    on_core = asyncio.run(smc(mock.core_lm, CONTEXTS[1], **args))
+    assert [p.tokens for p in on_facade.particles] == [p.tokens for p in on_core.particles]
+    assert on_facade.log_marginal == on_core.log_marginal
+    mock.close()
+
+
 def test_load_model_by_name_rejects_unknown_backends_and_engines():
     with pytest.raises(ValueError, match="Invalid backend"):
         load_model_by_name("stories260K", backend="tpu")

@@ -220,7 +220,11 @@ async def smc(
         if not active:
             break
         # One failing request cancels the others: no particle's request outlives the run.
-        rows = await gather_all(lm.next_token_logprobs(prompt + p.tokens) for p in active)
+        # numpy rows asked for by name: a model whose default form is torch (genlm.backend's
+        # facade) is an AsyncLM too.
+        rows = await gather_all(
+            lm.next_token_logprobs(prompt + p.tokens, output="numpy") for p in active
+        )
         for particle, logp in zip(active, rows):
             _extend(particle, logp.astype(np.float64), mask, temperature, eos, rng)
         log_weights = np.array([p.log_weight for p in particles])
