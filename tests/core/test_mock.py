@@ -38,3 +38,31 @@ def test_keep_batches_zero_records_none():
     assert lm.batches == [] and lm.batch_count == 1
     with pytest.raises(ValueError, match="keep_batches"):
         MockLM(VOCAB, keep_batches=-1)
+
+
+def test_from_name_carries_the_tokenizer_json_tokenizer():
+    """The mock backend's loader attaches the file's tokenizer: it adds BOS and its ids spell
+    the text in the vocabulary read independently from the same file."""
+    pytest.importorskip("tokenizers")
+    lm = MockLM.from_name("stories260K")
+    text = "Once upon a time, Lily saw 3 cats.\n\nThe end é"
+    ids = lm.tokenizer.encode(text, add_special_tokens=False)
+    # A sentencepiece tokenizer (this Llama's) spells a leading space (its dummy prefix).
+    assert lm.vocab.decode(ids) in (text.encode(), b" " + text.encode())
+    assert lm.tokenizer.encode(text) == [lm.vocab.bos_token_id, *ids]
+    assert lm.tokenizer.decode(ids) == text
+    assert MockLM.from_name("stories260K", tokenizer=None).tokenizer is None
+    lm.close()
+
+
+def test_genlm_smc_runs_on_the_mock_backend(capsys):
+    """`genlm smc --backend mock` encodes its prompt with that tokenizer and prints particles
+    decoded from the mock's vocabulary (the README's backends table: any tokenizer
+    directory)."""
+    pytest.importorskip("tokenizers")
+    from genlm.core.cli import main
+
+    argv = ["smc", "Once upon", "--backend", "mock", "--particles", "3", "--max-tokens", "4"]
+    assert main([*argv, "--seed", "0", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Once upon") == 3, out

@@ -8,6 +8,7 @@ two contexts never share one by accident), normalized over the vocabulary.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import math
 import time
 from collections.abc import Hashable, Sequence
@@ -91,13 +92,20 @@ class MockLM(BatchedLM):
 
     @classmethod
     def from_name(cls, name: str, **kwargs: Any) -> MockLM:
-        """A mock over the vocabulary of a ``tokenizer.json`` directory or an embedded model
-        (``"stories260K"``): the loader of the ``mock`` backend."""
+        """A mock over the vocabulary of a ``tokenizer.json`` (or a directory holding one)
+        or an embedded model (``"stories260K"``): the loader of the ``mock`` backend.
+
+        Where the ``tokenizers`` package is installed, the mock also gets that file's
+        tokenizer (:class:`TokenizerFile`, unless ``tokenizer=`` is given), so that tools
+        which encode text prompts (``genlm smc``) run on it as on the real model.
+        """
         path = Path(resolve_model_path(name))
         if not path.exists():
             raise FileNotFoundError(
                 f"mock backend: {name!r} is neither a tokenizer directory nor an embedded model"
             )
+        if "tokenizer" not in kwargs and importlib.util.find_spec("tokenizers") is not None:
+            kwargs["tokenizer"] = TokenizerFile(path)
         return cls(Vocabulary.from_tokenizer_json(path), **kwargs)
 
     def _logprobs_batch(self, contexts: list[tuple[int, ...]], variant: Hashable) -> np.ndarray:
@@ -109,3 +117,28 @@ class MockLM(BatchedLM):
         if self.latency_s:
             time.sleep(self.latency_s)
         return np.stack([mock_logprobs(c, len(self.vocab), self.seed) for c in contexts])
+
+
+class TokenizerFile:
+    """A ``tokenizer.json``'s tokenizer (the ``tokenizers`` package) with the calls GenLM's
+    tools make of a transformers tokenizer: ``encode`` to a list of ids (special tokens
+    such as BOS added unless ``add_special_tokens=False``) and ``decode``.
+
+    Args:
+        path: a ``tokenizer.json`` or a directory holding one.
+    """
+
+    def __init__(self, path: str | Path):
+        import tokenizers
+
+        path = Path(path)
+        file = path / "tokenizer.json" if path.is_dir() else path
+        self._tokenizer = tokenizers.Tokenizer.from_file(str(file))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The token ids of ``text``."""
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """The text of ``ids``."""
+        return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
