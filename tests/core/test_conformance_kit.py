@@ -24,7 +24,7 @@ BACKENDS = textwrap.dedent(
 
     from genlm.core import Vocabulary
     from genlm.core.backend import BatchedLM
-    from genlm.core.mock import mock_logprobs
+    from genlm.core.mock import MockLM, mock_logprobs
     from genlm.core.testing import AsyncLMConformance
 
     V = 512
@@ -109,6 +109,73 @@ BACKENDS = textwrap.dedent(
             return rows - logsumexp(rows, axis=1, keepdims=True)
 
 
+    class EosLikely(Correct):
+        """Correct, with rows that give the EOS token (id 1) a third of the mass."""
+
+        def _logprobs_batch(self, contexts, variant):
+            rows = np.exp(super()._logprobs_batch(contexts, variant)) * (2 / 3)
+            rows[:, 1] += 1 / 3
+            return np.log(rows)
+
+
+    class UnseededAlwaysGreedy(Correct):
+        """Its own unseeded sampler ignores the temperature: always greedy."""
+
+        async def sample(self, prompt, max_tokens, eos_token_ids=None, temperature=1.0, seed=None):
+            temperature = 0.0 if seed is None else temperature
+            return await super().sample(prompt, max_tokens, eos_token_ids, temperature, seed)
+
+        async def batch_sample(self, prompts, max_tokens, eos_ids=None, temperature=1.0, seed=None):
+            temperature = 0.0 if seed is None else temperature
+            return await super().batch_sample(prompts, max_tokens, eos_ids, temperature, seed)
+
+
+    class SeedIgnored(Correct):
+        """Every seed, and no seed, draws seed 0's streams."""
+
+        async def sample(self, prompt, max_tokens, eos_token_ids=None, temperature=1.0, seed=None):
+            return await super().sample(prompt, max_tokens, eos_token_ids, temperature, 0)
+
+        async def batch_sample(self, prompts, max_tokens, eos_ids=None, temperature=1.0, seed=None):
+            return await super().batch_sample(prompts, max_tokens, eos_ids, temperature, 0)
+
+
+    class BatchSampleReversed(Correct):
+        """Returns batch_sample's continuations in reverse prompt order."""
+
+        async def batch_sample(self, prompts, *args, **kwargs):
+            return (await super().batch_sample(prompts, *args, **kwargs))[::-1]
+
+
+    class TemperatureIgnored(Correct):
+        """Samples every positive temperature at 1."""
+
+        async def sample(self, prompt, max_tokens, eos_token_ids=None, temperature=1.0, seed=None):
+            temperature = 1.0 if temperature else 0.0
+            return await super().sample(prompt, max_tokens, eos_token_ids, temperature, seed)
+
+
+    class DefaultEosIgnored(EosLikely):
+        """Takes eos_token_ids=None for no EOS at all (not the vocabulary's)."""
+
+        async def sample(self, prompt, max_tokens, eos_token_ids=None, temperature=1.0, seed=None):
+            eos = [] if eos_token_ids is None else eos_token_ids
+            return await super().sample(prompt, max_tokens, eos, temperature, seed)
+
+
+    def shifted_vocabulary(**options):
+        """stories260K's mock with its tokenizer, every token's bytes moved to the next id."""
+        lm = MockLM.from_name("stories260K")
+        vocab, tokenizer = lm.vocab, lm.tokenizer
+        lm.close()
+        tokens = vocab.tokens[-1:] + vocab.tokens[:-1]
+        shifted = Vocabulary(
+            tokens, special_ids=vocab.special_ids, bos_token_id=vocab.bos_token_id,
+            eos_token_ids=vocab.eos_token_ids,
+        )
+        return MockLM(shifted, tokenizer=tokenizer, **options)
+
+
     def kit(backend, atol=1e-4, **options):
         class Kit(AsyncLMConformance):
             @pytest.fixture(scope="class")
@@ -132,6 +199,13 @@ BACKENDS = textwrap.dedent(
     TestStalePrefixStateUncached = kit(StalePrefixState, cache_bytes=0)
     TestCacheKeyedByLength = kit(CacheKeyedByLength, cache_bytes=0)
     TestReusesItsBuffer = kit(ReusesItsBuffer, cache_bytes=0)
+    TestEosLikely = kit(EosLikely)
+    TestUnseededAlwaysGreedy = kit(UnseededAlwaysGreedy)
+    TestSeedIgnored = kit(SeedIgnored)
+    TestBatchSampleReversed = kit(BatchSampleReversed)
+    TestTemperatureIgnored = kit(TemperatureIgnored)
+    TestDefaultEosIgnored = kit(DefaultEosIgnored)
+    TestShiftedVocabulary = kit(shifted_vocabulary)
     '''
 )
 
@@ -161,12 +235,13 @@ def failed_checks(tmp_path_factory) -> dict[str, set[str]]:
 @pytest.mark.parametrize(
     "cls",
     ["TestCorrect", "TestCorrectUncached", "TestShortLimit", "TestNoisyUncached"]
-    + ["TestNoisyTinyCache"],
+    + ["TestNoisyTinyCache", "TestEosLikely"],
 )
 def test_correct_backends_pass(failed_checks, cls):
     """A correct backend passes: with or without the output cache, with a context limit
-    of 6 tokens, and with kernels that vary within ``atol`` and no cache or a cache too
-    small for a row (whose repeated request is a recomputation, not a hit)."""
+    of 6 tokens, with kernels that vary within ``atol`` and no cache or a cache too
+    small for a row (whose repeated request is a recomputation, not a hit), and with an
+    EOS token drawn a third of the time."""
     assert cls not in failed_checks
 
 
@@ -178,6 +253,13 @@ def test_correct_backends_pass(failed_checks, cls):
         ("TestStalePrefixStateUncached", "test_reused_state_equals_fresh"),
         ("TestCacheKeyedByLength", "test_reused_state_equals_fresh"),
         ("TestReusesItsBuffer", "test_held_rows_do_not_change"),
+        ("TestUnseededAlwaysGreedy", "test_draws_follow_the_tempered_row"),
+        ("TestSeedIgnored", "test_draws_follow_the_tempered_row"),
+        ("TestSeedIgnored", "test_seeds_change_the_draws"),
+        ("TestBatchSampleReversed", "test_batch_sample_keeps_prompt_order"),
+        ("TestTemperatureIgnored", "test_draws_follow_the_tempered_row"),
+        ("TestDefaultEosIgnored", "test_default_eos_is_the_vocabularys"),
+        ("TestShiftedVocabulary", "test_vocabulary_spells_the_tokenizers_ids"),
     ],
 )
 def test_broken_backends_fail(failed_checks, cls, check):

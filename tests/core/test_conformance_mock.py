@@ -5,14 +5,16 @@ import pytest
 from genlm.core.mock import MockLM
 from genlm.core.testing import AsyncLMConformance
 
-#: Two mock models: a vocabulary with multi-byte and duplicate tokens behind a short delay,
-#: and a small one without an output cache, so every request reaches the backend.
+#: Three mock models: a vocabulary with multi-byte and duplicate tokens behind a short
+#: delay, a small one without an output cache, so every request reaches the backend, and the
+#: mock backend's own loader over stories260K (its EOS token and, with tokenizers installed,
+#: its tokenizer).
 MOCKS = {
-    "cached": (
-        [bytes([b]) for b in range(256)] + [b"ab", b"the", b" the", b"ab"],
-        {"latency_s": 0.001},
+    "cached": lambda: MockLM(
+        [bytes([b]) for b in range(256)] + [b"ab", b"the", b" the", b"ab"], latency_s=0.001
     ),
-    "no-cache": ([b"a", b"b", b"c", b"d", b"e", b"f", b"g", b"h"], {"cache_bytes": 0}),
+    "no-cache": lambda: MockLM([b"a", b"b", b"c", b"d", b"e", b"f", b"g", b"h"], cache_bytes=0),
+    "stories260K": lambda: MockLM.from_name("stories260K"),
 }
 
 
@@ -20,7 +22,6 @@ class TestMockConformance(AsyncLMConformance):
     @pytest.fixture(scope="class", params=list(MOCKS.values()), ids=list(MOCKS))
     @classmethod
     def lm(cls, request):
-        vocab, options = request.param
-        model = MockLM(vocab, **options)
+        model = request.param()
         yield model
         model.close()

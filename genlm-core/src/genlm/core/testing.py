@@ -30,6 +30,7 @@ holds must not change when later rows are computed.
 from __future__ import annotations
 
 import asyncio
+import math
 
 import numpy as np
 import pytest
@@ -48,6 +49,8 @@ class AsyncLMConformance:
     atol: float = 1e-4
     #: Largest allowed ``|logsumexp(row)|``.
     normalization_tol: float = 1e-4
+    #: First tokens drawn per way of sampling by the checks of the sampled distribution.
+    sample_draws: int = 200
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -270,6 +273,88 @@ class AsyncLMConformance:
             assert row[token] >= row.max() - self.atol
             context.append(token)
 
+    def test_batch_sample_keeps_prompt_order(self, lm, contexts):
+        """``batch_sample``'s continuation ``i`` is prompt ``i``'s (greedy: each equals that
+        prompt's own greedy ``sample``)."""
+        prompts = sorted(contexts, key=len)[:4]
+        alone = [
+            asyncio.run(lm.sample(p, max_tokens=3, eos_token_ids=[], temperature=0))
+            for p in prompts
+        ]
+        together = asyncio.run(
+            lm.batch_sample(prompts, max_tokens=3, eos_token_ids=[], temperature=0)
+        )
+        assert together == alone
+
+    @pytest.mark.parametrize("temperature", [0.5, 2.0])
+    def test_draws_follow_the_tempered_row(self, lm, prompt, temperature):
+        """First tokens drawn at ``temperature`` follow ``softmax(row / temperature)``: by
+        ``sample`` and by ``batch_sample``, seeded and unseeded (a backend's own sampler).
+
+        Two events are counted over :attr:`sample_draws` draws each, the most likely token
+        and the most likely tokens that hold half the mass, and each count must lie within
+        six standard deviations of its expectation (a correct sampler misses that about
+        once in 10^8 runs)."""
+        n = self.sample_draws
+        kw = {"max_tokens": 1, "eos_token_ids": [], "temperature": temperature}
+
+        async def draws():
+            seeded = await asyncio.gather(*(lm.sample(prompt, seed=s, **kw) for s in range(n)))
+            unseeded = await asyncio.gather(*(lm.sample(prompt, **kw) for _ in range(n)))
+            batch = await lm.batch_sample([prompt] * n, seed=1, **kw)
+            batch_unseeded = await lm.batch_sample([prompt] * n, **kw)
+            return seeded, unseeded, batch, batch_unseeded
+
+        row = np.asarray(lm.next_token_logprobs_sync(prompt), dtype=np.float64)
+        names = ["sample, seeded", "sample, unseeded", "batch_sample", "batch_sample, unseeded"]
+        for name, drawn in zip(names, asyncio.run(draws())):
+            assert all(len(d) == 1 for d in drawn), f"{name}: not one token per draw"
+            _assert_draws_follow(np.array([d[0] for d in drawn]), row, temperature, name)
+
+    def test_seeds_change_the_draws(self, lm, prompt):
+        """Two seeds give two different runs of ``batch_sample`` over the same prompt (one
+        seed stream per prompt, each seed its own streams)."""
+        row = np.asarray(lm.next_token_logprobs_sync(prompt), dtype=np.float64)
+        n = self.sample_draws
+        collision = float(np.exp(2 * row).sum())  # chance two draws agree
+        if n * math.log(max(collision, 1e-300)) > math.log(1e-12):
+            pytest.skip("the prompt's row is too peaked for two runs to differ surely")
+        kw = {"max_tokens": 1, "eos_token_ids": [], "temperature": 1.0}
+        one = asyncio.run(lm.batch_sample([prompt] * n, seed=1, **kw))
+        two = asyncio.run(lm.batch_sample([prompt] * n, seed=2, **kw))
+        assert one != two
+
+    def test_default_eos_is_the_vocabularys(self, lm, prompt):
+        """``eos_token_ids=None`` stops at the vocabulary's EOS ids: the same seeds draw what
+        they draw with those ids named (checked where a draw meets one)."""
+        eos = list(lm.vocab.eos_token_ids)
+        if not eos:
+            pytest.skip("the vocabulary has no EOS token")
+        n = self._room(lm, prompt, 8)
+
+        async def runs(eos_ids):
+            samples = [lm.sample(prompt, n, eos_ids, temperature=1.5, seed=s) for s in range(20)]
+            batch = lm.batch_sample([prompt] * 20, n, eos_ids, temperature=1.5, seed=5)
+            return [*await asyncio.gather(*samples), *await batch]
+
+        default, named = asyncio.run(runs(None)), asyncio.run(runs(eos))
+        assert default == named
+        for tokens in default:
+            assert not set(tokens[:-1]) & set(eos), f"drew on past EOS: {tokens}"
+
+    def test_vocabulary_spells_the_tokenizers_ids(self, lm):
+        """Where the model has a tokenizer, the vocabulary's bytes of the ids it encodes a
+        text to are that text (a sentencepiece tokenizer may add a leading space): byte-level
+        models and ``forbid_bytes`` read tokens from the vocabulary alone."""
+        if lm.tokenizer is None:
+            pytest.skip("the model has no tokenizer")
+        for text in ("Once upon a time, there was a cat named Tom.", "It is 42 today!"):
+            ids = _encode(lm.tokenizer, text)
+            if ids[:1] == [lm.vocab.bos_token_id]:
+                ids = ids[1:]
+            spelled = lm.vocab.decode(ids)
+            assert spelled in (text.encode(), b" " + text.encode()), (text, ids, spelled)
+
     # ---- cancellation ----------------------------------------------------------------
 
     def test_cancelled_waiter_does_not_disturb_others(self, lm, contexts):
@@ -290,3 +375,32 @@ class AsyncLMConformance:
         lm.clear_cache()
         for context, row in zip(contexts[1:] + [contexts[0]], results):
             np.testing.assert_allclose(row, lm.next_token_logprobs_sync(context), atol=self.atol)
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    """``text``'s ids without added special tokens where the tokenizer takes that keyword
+    (transformers, tokenizers), else its ``encode`` alone (tiktoken)."""
+    try:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    except TypeError:
+        return list(tokenizer.encode(text))
+
+
+def _assert_draws_follow(drawn: np.ndarray, row: np.ndarray, temperature: float, name: str) -> None:
+    """Assert that first tokens ``drawn`` at ``temperature`` follow ``row`` (float64
+    log-probabilities); see :meth:`AsyncLMConformance.test_draws_follow_the_tempered_row`."""
+    assert np.isfinite(row[drawn]).all(), f"{name}: drew a token of probability 0"
+    scores = row / temperature
+    p = np.exp(scores - scores.max())
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")
+    half = order[: int(np.searchsorted(np.cumsum(p[order]), 0.5)) + 1]
+    n = len(drawn)
+    for event, tokens in (("the most likely token", order[:1]), ("the top half", half)):
+        q = float(p[tokens].sum())
+        count = int(np.isin(drawn, tokens).sum())
+        bound = 6 * math.sqrt(n * q * (1 - q)) + 1
+        assert abs(count - n * q) <= bound, (
+            f"{name}: {count} of {n} draws at temperature {temperature} were {event} "
+            f"({len(tokens)} tokens), expected {n * q:.1f} +- {bound:.1f}"
+        )
