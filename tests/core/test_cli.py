@@ -315,27 +315,62 @@ def test_forbid_rejects_non_ascii(capsys, fresh_registry, no_loading):
     assert "takes ASCII characters only" in one_line_error(capsys)
 
 
-def test_a_plugin_command_that_fails_to_set_up_breaks_only_itself(monkeypatch, capsys):
-    """A plugin command whose configure raises: the other commands work, `genlm backends`
-    lists its plugin as broken, and running it ends with one line naming the failure."""
+def use_command_plugin(monkeypatch, command) -> None:
+    """Make the registry ``main`` reads hold one plugin, ``faulty`` (faulty-dist), adding
+    ``command``."""
     import types
 
     from genlm.core._registry import Registry
-    from genlm.core.cli import Command, command_hook
-
-    def configure(parser):
-        raise ValueError("bad option table")
+    from genlm.core.cli import command_hook
 
     module = types.ModuleType("faulty")
-    module.genlm_register_commands = command_hook(
-        Command(name="faulty-cmd", help="h", configure=configure, run=lambda args: 0)
-    )
+    module.genlm_register_commands = command_hook(command)
     registry = Registry()
     registry.register_plugins([("faulty", "faulty-dist", module)])
     monkeypatch.setattr(_registry, "_registry", registry)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [ValueError("bad option table"), SystemExit("bad option table")],
+    ids=["raises", "exits"],
+)
+def test_a_plugin_command_that_fails_to_set_up_breaks_only_itself(monkeypatch, capsys, failure):
+    """A plugin command whose configure raises, or calls sys.exit: the other commands work,
+    `genlm backends` lists its plugin as broken, and running it ends with one line naming
+    the failure (a SystemExit used to end every command, `genlm smc --help` included)."""
+    from genlm.core.cli import Command
+
+    def configure(parser):
+        raise failure
+
+    use_command_plugin(
+        monkeypatch, Command(name="faulty-cmd", help="h", configure=configure, run=lambda a: 0)
+    )
+    assert run_cli(["smc", "--help"]) == 0
+    assert "--particles" in capsys.readouterr().out
     assert main(["backends"]) == 0
     out = capsys.readouterr().out
     assert "faulty" in out and "bad option table" in out
     assert main(["faulty-cmd"]) == 1
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("genlm faulty-cmd: error: this command's plugin failed to set it up")
+
+
+def test_a_plugin_command_help_with_a_percent_sign_is_shown_as_written(monkeypatch, capsys):
+    """A command's help is plain text: ``50% faster`` is listed by `genlm --help` and
+    shown by its own --help (argparse read the ``%`` as formatting: `genlm --help` and
+    `genlm` alone failed with a TypeError traceback)."""
+    from genlm.core.cli import Command
+
+    use_command_plugin(
+        monkeypatch,
+        Command(name="fast", help="50% faster sampling", configure=lambda p: None, run=lambda a: 0),
+    )
+    assert run_cli(["--help"]) == 0
+    assert "50% faster sampling" in capsys.readouterr().out
+    assert main([]) == 2
+    assert "50% faster sampling" in capsys.readouterr().out
+    assert run_cli(["fast", "--help"]) == 0
+    assert "50% faster sampling" in capsys.readouterr().out
+    assert main(["fast"]) == 0

@@ -66,8 +66,10 @@ def genlm_register_commands(register: Callable[[Command], None]) -> None:
     Called once per discovery, like :func:`genlm_register_backends`; the ``genlm`` script
     discovers plugins before parsing its arguments. Call ``register(Command(...))`` per
     subcommand (a ``genlm.core.cli.Command``; ``genlm.core.cli.command_hook`` writes this
-    implementation from the commands). The command's ``configure`` and ``run`` are
-    called only when the user runs it, so import heavy modules inside them, not here. A
-    command name that core
+    implementation from the commands). The command's ``configure`` is called each time
+    the ``genlm`` script builds its parser, whichever command the user runs, and ``run``
+    only when the user runs this one, so import heavy modules inside ``run``, not here.
+    A ``configure`` that raises, ``SystemExit`` included, is reported and breaks only its
+    command; ``help`` is plain text (a ``%`` is shown as it is). A command name that core
     (``backends``, ``smc``) or an earlier plugin already uses is reported and ignored.
     """
