@@ -104,6 +104,16 @@ def test_smc_bad_arguments_are_one_line_before_loading(
     assert re.search(message, line), line
 
 
+def test_smc_prompt_that_is_not_utf8_is_one_line_before_loading(capsys, fresh_registry, no_loading):
+    """A prompt argument holding bytes the locale could not decode (``$'caf\\xe9'``: Python
+    sees a surrogate) is named in one line before the model loads, as `genlm bytes` does
+    (the tokenizer failed with a TypeError once the model had loaded)."""
+    assert run_cli(["smc", os.fsdecode(b"caf\xe9"), "--backend", "mock", "--no-progress"]) == 1
+    assert one_line_error(capsys) == (
+        "genlm smc: error: the prompt is not valid UTF-8 text: b'caf\\xe9'"
+    )
+
+
 def test_unknown_hub_model_offline_is_one_line(capsys, fresh_registry, no_loading, monkeypatch):
     """A hub id that is not cached, with HF_HUB_OFFLINE set, fails at once without the hub."""
     constants = pytest.importorskip("huggingface_hub.constants")

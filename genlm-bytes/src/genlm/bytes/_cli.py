@@ -127,12 +127,9 @@ def check_args(args: argparse.Namespace) -> None:
     """Reject bad arguments, every one of them, before the model loads (a ``CLIError``
     naming the first)."""
     from genlm.core.backend import check_temperature
-    from genlm.core.cli import CLIError
+    from genlm.core.cli import CLIError, check_prompt
 
-    try:
-        args.prompt.encode("utf-8")
-    except UnicodeEncodeError as exc:  # bytes the locale could not decode (surrogates)
-        raise CLIError(f"the prompt is not valid UTF-8 text: {os.fsencode(args.prompt)!r}") from exc
+    check_prompt(args.prompt)
     if args.beam < 1:
         raise CLIError(f"--beam must be a positive integer, got {args.beam}")
     if args.top < 1:

@@ -27,8 +27,17 @@ from genlm.core._command import Command
 from genlm.core._plugin_hooks import command_hook
 from genlm.core.cli._errors import CLIError, one_line
 from genlm.core.cli._load import load_model
+from genlm.core.cli._prompt import check_prompt
 
-__all__ = ["CLIError", "Command", "command_hook", "load_model", "main", "one_line"]
+__all__ = [
+    "CLIError",
+    "Command",
+    "check_prompt",
+    "command_hook",
+    "load_model",
+    "main",
+    "one_line",
+]
 
 
 class _HelpFormatter(argparse.HelpFormatter):

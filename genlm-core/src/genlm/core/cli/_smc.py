@@ -23,6 +23,7 @@ from genlm.core.cli._args import (
     positive_temperature,
 )
 from genlm.core.cli._errors import CLIError
+from genlm.core.cli._prompt import check_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +133,7 @@ def print_result(lm, args: argparse.Namespace, result) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
+    check_prompt(args.prompt)
     return asyncio.run(_main(args))
 
 
