@@ -142,6 +142,21 @@ def test_seeded_sampling_is_reproducible_and_greedy_is_argmax():
     run(scenario())
 
 
+def test_sample_reports_each_byte_drawn():
+    """``on_step`` is called after each byte drawn with the number drawn so far (the
+    progress bar of ``genlm bytes --sample``), and the draws are those made without it."""
+
+    async def scenario():
+        async with MockLM(VOCAB) as lm:
+            state = await ByteLM(lm, K=4).initial((0,))
+            steps = []
+            out = await state.sample(12, seed=7, on_step=steps.append)
+            assert steps == list(range(1, len(out.data) + 1))
+            assert out.data == (await state.sample(12, seed=7)).data
+
+    run(scenario())
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.3, 3.0, 0.0])
 def test_sampled_logp_is_under_the_distributions_drawn_from(temperature):
     """``GeneratedBytes.logp`` sums each choice's log-probability under the tempered

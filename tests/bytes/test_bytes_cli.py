@@ -25,6 +25,19 @@ def test_cli_shows_the_next_byte_distribution_and_samples(capsys):
     assert capsys.readouterr().out == out
 
 
+def test_cli_sample_shows_its_progress_unless_asked_not_to(capsys):
+    """``--sample N`` draws a progress bar on stderr counting the bytes drawn, as
+    ``genlm smc`` counts its steps, and ``--no-progress`` hides it, the output unchanged (a
+    long sample showed nothing until its end)."""
+    argv = ["bytes", "Once upon", "--backend", "mock", "--sample", "8", "--seed", "3"]
+    assert main(argv) == 0
+    shown = capsys.readouterr()
+    assert re.search(r"sample: 100%\|.*\| 8/8 ", shown.err), shown.err
+    assert main([*argv, "--no-progress"]) == 0
+    hidden = capsys.readouterr()
+    assert hidden.err == "" and hidden.out == shown.out
+
+
 def test_cli_shows_the_whole_prompt_and_explains_the_beam(capsys):
     """The whole prompt is shown (context + prefilled bytes); the beam size is the state's."""
     assert main(["bytes", "Once upon", "--backend", "mock", "--beam", "4", "--top", "2"]) == 0

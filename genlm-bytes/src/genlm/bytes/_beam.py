@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 import attrs
@@ -433,6 +433,7 @@ class BeamState(AsyncClosing):
         seed: int | None = None,
         rng: np.random.Generator | None = None,
         temperature: float = 1.0,
+        on_step: Callable[[int], None] | None = None,
     ) -> GeneratedBytes:
         """Draw up to ``max_bytes`` bytes, one at a time, stopping at EOS.
 
@@ -442,7 +443,9 @@ class BeamState(AsyncClosing):
         (``at_limit``), where the next byte's distribution would need a token context
         longer than the token model's ``max_context_length`` (for one tokenization is
         enough: its mass could not be counted). ``rng`` (default: a new generator from
-        ``seed``) draws every symbol.
+        ``seed``) draws every symbol. ``on_step`` is called after each byte drawn with the
+        number drawn so far (progress bars: ``genlm bytes --sample``), as
+        :func:`genlm.core.smc.smc` calls its own after each step.
 
         Raises:
             TypeError: ``max_bytes`` is not an integer (a bool, a float, None), or
@@ -466,6 +469,8 @@ class BeamState(AsyncClosing):
                 return GeneratedBytes(bytes(out), state, True, total)
             out.append(symbol)
             state = await state.advance(symbol, prune=True)
+            if on_step is not None:
+                on_step(len(out))
         return GeneratedBytes(bytes(out), state, False, total)
 
     def _next_fits(self, limit: int) -> bool:

@@ -99,7 +99,7 @@ def _show(symbol: int) -> str:
 async def _main(args: argparse.Namespace) -> int:
     from genlm.bytes._bytelm import ByteLM
     from genlm.core import DEFAULT_MODEL
-    from genlm.core.cli import load_model
+    from genlm.core.cli import load_model, progress_bar
 
     lm = load_model(args.model or DEFAULT_MODEL, args.backend)
     async with ByteLM(lm, K=args.beam, close_lm=True) as byte_lm:
@@ -111,7 +111,13 @@ async def _main(args: argparse.Namespace) -> int:
         for symbol, logp in dist.top(args.top):
             print(f"  {_show(symbol):>8}  {logp:9.4f}  {math.exp(logp):.4f}")
         if args.sample:
-            out = await state.sample(args.sample, seed=args.seed, temperature=args.temperature)
+            with progress_bar(args, args.sample, desc="sample", unit="byte") as bar:
+                out = await state.sample(
+                    args.sample,
+                    seed=args.seed,
+                    temperature=args.temperature,
+                    on_step=lambda _: bar.update(1),
+                )
             sys.stdout.write(args.prompt)
             sys.stdout.write(out.data.decode("utf-8", errors="replace"))
             sys.stdout.write(" <EOS>\n" if out.eos else "\n")

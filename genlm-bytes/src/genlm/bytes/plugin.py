@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from genlm.core.cli import Command, command_hook
+from genlm.core.cli import Command, add_progress_option, command_hook
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     parser.add_argument("--seed", type=int, default=None, help="random seed")
+    add_progress_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,16 +27,19 @@ from genlm.core._command import Command
 from genlm.core._plugin_hooks import command_hook
 from genlm.core.cli._errors import CLIError, one_line
 from genlm.core.cli._load import load_model
+from genlm.core.cli._progress import add_progress_option, progress_bar
 from genlm.core.cli._prompt import check_prompt
 
 __all__ = [
     "CLIError",
     "Command",
+    "add_progress_option",
     "check_prompt",
     "command_hook",
     "load_model",
     "main",
     "one_line",
+    "progress_bar",
 ]
 
 

@@ -23,6 +23,7 @@ from genlm.core.cli._args import (
     positive_temperature,
 )
 from genlm.core.cli._errors import CLIError
+from genlm.core.cli._progress import add_progress_option, progress_bar
 from genlm.core.cli._prompt import check_prompt
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="condition on a continuation containing none of these ASCII characters",
     )
     parser.add_argument("--seed", type=non_negative_int, default=None, help="random seed (>= 0)")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_progress_option(parser)
 
 
 def encode_prompt(lm, prompt: str) -> list[int]:
@@ -72,8 +73,6 @@ def decode(lm, tokens: list[int]) -> str:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from genlm.core.cli._load import load_model
     from genlm.core.smc import forbid_bytes, smc
 
@@ -89,7 +88,7 @@ async def _main(args: argparse.Namespace) -> int:
                 f"constraint: {which} in the continuation "
                 f"({int(mask.sum())} of {len(mask)} tokens allowed)"
             )
-        with tqdm(total=args.max_tokens, desc="smc", unit="tok", disable=args.no_progress) as bar:
+        with progress_bar(args, args.max_tokens, desc="smc", unit="tok") as bar:
             result = await smc(
                 lm,
                 prompt,
