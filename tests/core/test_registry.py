@@ -403,6 +403,73 @@ class TestPluginFaults:
         [error] = reg.errors
         assert "command 'smc' is genlm-core's own" in str(error)
 
+    @staticmethod
+    def unmarked_plugin():
+        """A plugin module whose hook lacks pluggy's marker: pluggy never calls it."""
+        module = types.ModuleType("genlm_backend_foo.plugin")
+
+        def genlm_register_backends(register):
+            register(spec("foo"))
+
+        module.genlm_register_backends = genlm_register_backends
+        return module
+
+    @pytest.mark.parametrize("entry_point", ["foo", "foo-plugin"])
+    def test_a_plugin_whose_hook_lacks_the_marker_is_reported(
+        self, entry_point, monkeypatch, capsys
+    ):
+        """A plugin registering nothing because its hook is not marked is a broken plugin,
+        listed by `genlm backends`; asking for its backend says it is installed, by entry
+        point name or by the distribution owning the name (it was silent, and the error
+        said to pip install genlm-backend-foo)."""
+        from genlm.core import _registry
+        from genlm.core.cli import main
+
+        reg = Registry()
+        reg.register_plugins(
+            [
+                (entry_point, "genlm-backend-foo", self.unmarked_plugin()),
+                ("good", "dist-good", plugin("good", spec("g"))),
+            ]
+        )
+        assert list(reg.backends) == ["g"]
+        [error] = reg.errors
+        assert error.plugin == entry_point and error.distribution == "genlm-backend-foo"
+        assert "it registered no backend or command" in str(error)
+        assert "genlm_register_backends is not marked with genlm.core.hookspecs.hookimpl" in (
+            str(error)
+        )
+        with pytest.raises(BackendNotFoundError) as info:
+            reg.select("foo")
+        message = str(info.value)
+        assert "installed but its plugin failed to load" in message, message
+        assert "pip install" not in message
+        monkeypatch.setattr(_registry, "_registry", reg)
+        assert main(["backends"]) == 0
+        out = capsys.readouterr().out
+        assert f"broken plugin {entry_point} (genlm-backend-foo)" in out
+        assert "it registered no backend or command" in out
+
+    def test_a_plugin_whose_hooks_register_nothing_is_reported(self):
+        """A marked hook that never calls register, or a module with no hook at all, is
+        reported as broken, saying which."""
+        empty = plugin("empty")
+        bare = types.ModuleType("bare")
+        reg = registry(empty, bare, plugin("good", spec("g")))
+        assert list(reg.backends) == ["g"]
+        assert [(e.plugin, str(e).split(": ", 1)[1]) for e in reg.errors] == [
+            (
+                "empty",
+                "it registered no backend or command: its genlm_register_backends "
+                "never called register",
+            ),
+            (
+                "bare",
+                "it registered no backend or command: it implements neither "
+                "genlm_register_backends nor genlm_register_commands",
+            ),
+        ]
+
     def test_one_module_under_both_entry_point_groups_registers_once(self):
         """A plugin module listed as a backend plugin and a command plugin is one plugin:
         its hooks run once, nothing is reported (pluggy refused the second name)."""

@@ -27,6 +27,7 @@ distributions none of which owns it goes to none of them: each claim is reported
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import logging
 import os
 import re
@@ -240,19 +241,27 @@ class Registry:
                 self._broken(name, dist, f"invalid plugin: {exc}", exc)
                 continue
             self.plugins.append((name, dist))
-            for hook_name, register in (
+            given: list[Any] = []  # what the plugin's hooks passed to register
+            implemented, failed = [], False
+            hooks = (
                 ("genlm_register_backends", self._claim_backend),
                 ("genlm_register_commands", self._register_command),
-            ):
+            )
+            for hook_name, register in hooks:
                 for impl in getattr(pm.hook, hook_name).get_hookimpls():
                     if impl.plugin_name != key:
                         continue
+                    implemented.append(hook_name)
                     try:
-                        impl.function(register=_from(register, name, dist))
+                        impl.function(register=_from(register, name, dist, given))
                     except KeyboardInterrupt:
                         raise
                     except BaseException as exc:
+                        failed = True
                         self._broken(name, dist, f"{hook_name} raised {exc!r}", exc)
+            if not given and not failed:
+                hook_names = [hook_name for hook_name, _ in hooks]
+                self._broken(name, dist, _registered_nothing(module, hook_names, implemented))
         self._settle()
 
     def _claim_backend(self, spec: BackendSpec, plugin: str, dist: str | None) -> None:
@@ -453,7 +462,13 @@ class Registry:
     def _not_found_message(self, backend: str) -> str:
         if self.allowlist_note and str(backend).casefold() in {h.casefold() for h in self.hidden}:
             return f"backend {backend!r} is installed but not loaded: {self.allowlist_note}"
-        broken = [e for e in self.errors if e.plugin.casefold() == str(backend).casefold()]
+        name = str(backend).casefold()
+        broken = [  # its plugin, by entry point name or by the distribution owning the name
+            e
+            for e in self.errors
+            if e.plugin.casefold() == name
+            or (e.distribution is not None and _normalize(e.distribution) == owner_of(name))
+        ]
         if broken:  # installed: a pip install would not help
             return f"backend {backend!r} is installed but its plugin failed to load: {broken[0]}"
         return (
@@ -471,13 +486,45 @@ class Registry:
         return hint
 
 
-def _from(register: Callable, plugin: str, dist: str | None) -> Callable[[Any], None]:
-    """A register callback that remembers which plugin is calling."""
+def _from(
+    register: Callable, plugin: str, dist: str | None, given: list[Any]
+) -> Callable[[Any], None]:
+    """A register callback that remembers which plugin is calling, and adds each item to
+    ``given``, so that a plugin that registers nothing is seen."""
 
     def register_from_plugin(item: Any) -> None:
+        given.append(item)
         register(item, plugin, dist)
 
     return register_from_plugin
+
+
+def _registered_nothing(module: Any, hooks: list[str], implemented: list[str]) -> str:
+    """Why a plugin that loaded registered nothing, for its error (``hooks``: the hooks a
+    plugin may implement; ``implemented``: those pluggy found in ``module``).
+
+    Every legitimate plugin registers something (a backend plugin its backends, a command
+    plugin its commands; a backend that cannot run on this machine is still registered,
+    its probe saying why), so one that registers nothing is broken, and reporting it keeps
+    a user from being told to ``pip install`` what is installed. The usual cause is a
+    hook function without pluggy's marker, which pluggy skips without a word.
+    """
+    unmarked = [  # read statically: a module's __getattr__ may raise anything
+        h
+        for h in hooks
+        if h not in implemented and callable(inspect.getattr_static(module, h, None))
+    ]
+    if unmarked:
+        why = (
+            f"its {' and '.join(unmarked)} is not marked with genlm.core.hookspecs.hookimpl, "
+            "so it is never called (make it with backend_hook(...) or command_hook(...), or "
+            "decorate it with @hookimpl)"
+        )
+    elif implemented:
+        why = f"its {' and '.join(implemented)} never called register"
+    else:
+        why = f"it implements neither {' nor '.join(hooks)}"
+    return f"it registered no backend or command: {why}"
 
 
 _registry: Registry | None = None

@@ -50,7 +50,10 @@ def genlm_register_backends(register: Callable[[BackendSpec], None]) -> None:
     :func:`~genlm.core.backend.backend_hook` writes this implementation from the specs.
 
     A plugin may: register any number of backends, decide a spec's fields from cheap
-    facts (``auto_select=cuda_gpu_present()``, say). It must not: import heavy libraries
+    facts (``auto_select=cuda_gpu_present()``, say). A plugin whose hooks register
+    nothing at all (no backend, no command) is reported as broken: register a backend
+    that cannot run here anyway, with a ``probe`` saying why, and mark a hand-written hook
+    with :data:`hookimpl`, without which pluggy never calls it. It must not: import heavy libraries
     or load a model (the spec's ``loader`` does that, on demand), keep or call
     ``register`` after returning, or rely on the order plugins are called in. Core owns
     naming and collisions: a name belongs to the distribution ``genlm-backend-NAME``
