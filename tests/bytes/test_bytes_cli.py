@@ -14,11 +14,23 @@ from genlm.core.cli import main
 from genlm.core.mock import MockLM
 
 
+@pytest.fixture
+def no_tokenizer(monkeypatch):
+    """The mock backend loads without its tokenizer: the prompt's bytes are prefilled from
+    BOS, as for a model without one."""
+    load = MockLM.from_name
+    monkeypatch.setattr(
+        MockLM, "from_name", lambda name, **options: load(name, tokenizer=None, **options)
+    )
+
+
 def test_cli_shows_the_next_byte_distribution_and_samples(capsys):
-    """The plugin command prints top bytes with probabilities and a seeded sample."""
+    """The plugin command prints top bytes with probabilities and a seeded sample; the
+    prompt is the tokenizer's tokens, the last one prefilled byte by byte."""
+    pytest.importorskip("tokenizers")  # the mock backend's tokenizer
     assert main(["bytes", "Once upon", "--backend", "mock", "--sample", "8", "--seed", "3"]) == 0
     out = capsys.readouterr().out
-    assert "prompt as the model sees it: b'<s>' + b'Once upon' prefilled" in out
+    assert "prompt as the model sees it: b'<s> Once' + b' upon' prefilled" in out
     assert "P(token boundary here)" in out
     assert out.strip().splitlines()[-1].startswith("Once upon")
     assert main(["bytes", "Once upon", "--backend", "mock", "--sample", "8", "--seed", "3"]) == 0
@@ -38,7 +50,7 @@ def test_cli_sample_shows_its_progress_unless_asked_not_to(capsys):
     assert hidden.err == "" and hidden.out == shown.out
 
 
-def test_cli_shows_the_whole_prompt_and_explains_the_beam(capsys):
+def test_cli_shows_the_whole_prompt_and_explains_the_beam(capsys, no_tokenizer):
     """The whole prompt is shown (context + prefilled bytes); the beam size is the state's."""
     assert main(["bytes", "Once upon", "--backend", "mock", "--beam", "4", "--top", "2"]) == 0
     out = capsys.readouterr().out
