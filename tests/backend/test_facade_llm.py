@@ -17,7 +17,8 @@ from genlm.backend.llm import (
     load_model_by_name,
 )
 from genlm.backend.tokenization import Token
-from genlm.core.mock import mock_logprobs
+from genlm.core.backend import sample_token
+from genlm.core.mock import MockLM, mock_logprobs
 
 CONTEXTS = [[1, 403, 407, 261, 378], [1, 20, 30], [1, 403, 407]]
 
@@ -280,6 +281,115 @@ def test_async_lm_base_class_samples_with_cores_sampler():
     with pytest.raises(ValueError, match="temperature"):
         asyncio.run(lm.sample([1, 2], 3, [3], temperature=-1.0))
     core.close()
+
+
+class RowsUnder(RowsOf):
+    """A user's subclass with adapters, as genlm-backend 0.3.1's base class calls it: the
+    rows of the core model under ``lora_name`` (a core variant)."""
+
+    def __init__(self, core_lm):
+        super().__init__(core_lm)
+        self.asked: list[str | None] = []
+
+    async def next_token_logprobs(self, token_ids, lora_name=None):
+        self.asked.append(lora_name)
+        return await self.core_lm.next_token_logprobs(token_ids, variant=lora_name, output="torch")
+
+    def next_token_logprobs_sync(self, token_ids, lora_name=None):
+        self.asked.append(lora_name)
+        return self.core_lm.next_token_logprobs_sync(token_ids, variant=lora_name, output="torch")
+
+
+class TwoVariants(MockLM):
+    """A mock with one adapter, "a", whose rows are those of another seed."""
+
+    def _served_variants(self):
+        return ("a",)
+
+    def _logprobs_batch(self, contexts, variant):
+        seed = 1 if variant == "a" else 0
+        return np.stack([mock_logprobs(c, len(self.vocab), seed) for c in contexts])
+
+
+def test_async_lm_base_class_takes_lora_name_as_0_3_1_does():
+    """genlm-control's PromptedLLM passes lora_name= to every call: the base class's batch
+    methods, sample and batch_sample take it and pass it on when it names an adapter (a
+    subclass without adapters, written to the documented API, is never given it)."""
+    from genlm.core import Vocabulary
+
+    vocab = Vocabulary([bytes([i]) for i in range(16)], eos_token_ids=(3,))
+    core = TwoVariants(vocab)
+    plain, adapted = RowsOf(core), RowsUnder(core)
+    contexts = [[1, 2], [1, 2, 5]]
+    rows = plain.batch_next_token_logprobs_sync(contexts, lora_name=None)
+    np.testing.assert_array_equal(rows.numpy(), core.batch_next_token_logprobs_sync(contexts))
+    rows = asyncio.run(adapted.batch_next_token_logprobs(contexts, lora_name="a"))
+    expected = [mock_logprobs(c, 16, seed=1).astype(np.float32) for c in contexts]
+    np.testing.assert_array_equal(rows.numpy(), expected)
+    np.testing.assert_array_equal(
+        adapted.batch_next_token_logprobs_sync(contexts, lora_name="a").numpy(), expected
+    )
+    assert asyncio.run(plain.sample([1, 2], 4, [3], seed=0, lora_name=None))
+    adapted.asked.clear()
+    drawn = asyncio.run(adapted.batch_sample([[1, 2], [4]], 5, [3], seed=2, lora_name="a"))
+    assert set(adapted.asked) == {"a"}
+    for prompt, tokens in zip([[1, 2], [4]], drawn):  # core's sampler over adapter a's rows
+        rng, context = np.random.default_rng(2), list(prompt)
+        expected_tokens = []
+        for _ in range(5):
+            token = sample_token(mock_logprobs(context, 16, seed=1).astype(np.float32), rng)
+            if token == 3:
+                break
+            expected_tokens.append(token)
+            context.append(token)
+        assert tokens == expected_tokens
+    core.close()
+
+
+def test_sample_eos_ids_may_be_a_tensor():
+    """EOS ids given as a torch tensor stop a draw as a list does (a tensor's elements hash
+    by identity: kept as they were, no drawn token matched them)."""
+    mock = MockAsyncLM.from_name("stories260K")
+    greedy = asyncio.run(mock.sample(CONTEXTS[1], 6, [], temperature=0))
+    eos = greedy[2]
+    as_list = asyncio.run(mock.sample(CONTEXTS[1], 6, [eos], temperature=0))
+    assert as_list == greedy[: greedy.index(eos)]
+    assert asyncio.run(mock.sample(CONTEXTS[1], 6, torch.tensor([eos]), temperature=0)) == as_list
+    lm = RowsOf(mock.core_lm)
+    assert asyncio.run(lm.sample(CONTEXTS[1], 6, torch.tensor([eos]), temperature=0)) == as_list
+    with pytest.raises(TypeError, match="eos_token_ids"):
+        asyncio.run(mock.sample(CONTEXTS[1], 6, [2.5]))
+    mock.close()
+
+
+def test_sample_with_lora_name_draws_from_that_adapter(tmp_path):
+    """The model classes' sample and batch_sample take lora_name (0.3.1): the same seed
+    draws what it draws with that adapter made current by set_lora."""
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    from genlm.core.backend import resolve_model_path
+
+    path = resolve_model_path("stories260K")
+    torch.manual_seed(0)
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    peft.get_peft_model(
+        transformers.AutoModelForCausalLM.from_pretrained(path), config
+    ).save_pretrained(tmp_path)
+    llm = AsyncTransformer(
+        transformers.AutoModelForCausalLM.from_pretrained(path),
+        transformers.AutoTokenizer.from_pretrained(path),
+    )
+    llm.add_new_lora(str(tmp_path), "a")
+    prompts = [CONTEXTS[0], CONTEXTS[1]]
+    named = [asyncio.run(llm.sample(p, 6, [2], seed=4, lora_name="a")) for p in prompts]
+    batch = asyncio.run(llm.batch_sample(prompts, 6, [2], seed=4, lora_name="a"))
+    base = [asyncio.run(llm.sample(p, 6, [2], seed=4)) for p in prompts]
+    llm.set_lora(lora_name="a")
+    current = [asyncio.run(llm.sample(p, 6, [2], seed=4)) for p in prompts]
+    assert named == batch == current
+    assert named != base  # the adapter changes the draws
+    llm.close()
 
 
 def test_load_model_by_name_lets_the_registry_choose(monkeypatch):

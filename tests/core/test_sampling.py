@@ -84,3 +84,29 @@ def test_a_tiny_temperature_in_smc_follows_the_greedy_path_of_the_allowed_tokens
     for particle in result.particles:
         assert particle.log_weight == pytest.approx(logp_path, abs=1e-5)
     assert result.log_marginal == pytest.approx(logp_path, abs=1e-5)
+
+
+class _Id:
+    """An integer-like id that hashes by identity, as a torch tensor's elements do."""
+
+    def __init__(self, value: int):
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
+def test_eos_ids_stop_a_draw_whatever_integers_they_are():
+    """EOS ids given as numpy integers or integer-like objects hashing by identity (a torch
+    tensor's elements) stop a draw as Python ints do; a float id is a TypeError."""
+    lm = MockLM(VOCAB)
+    greedy = asyncio.run(lm.sample([0], 6, [], temperature=0))
+    eos = greedy[2]
+    expected = greedy[: greedy.index(eos) + 1]
+    for ids in ([eos], np.array([eos]), [_Id(eos)]):
+        assert asyncio.run(lm.sample([0], 6, ids, temperature=0)) == expected, ids
+    with pytest.raises(TypeError, match="integer token ids"):
+        asyncio.run(lm.sample([0], 6, [float(eos)]))
+    with pytest.raises(TypeError, match="list of token ids"):
+        asyncio.run(lm.sample([0], 6, np.int64(eos)))
+    lm.close()

@@ -27,6 +27,7 @@ from genlm.core.backend import (
     check_sampling_args,
     checked_count,
     checked_seconds,
+    eos_id_set,
     gather_all,
     get_registry,
     resolve_model_path,
@@ -63,20 +64,44 @@ class AsyncLM(ABC):
         """The blocking twin of :meth:`next_token_logprobs`."""
 
     async def batch_next_token_logprobs(
-        self, token_ids_list: Sequence[Sequence[int]]
+        self, token_ids_list: Sequence[Sequence[int]], lora_name: str | None = None
     ) -> torch.Tensor:
-        """One row per context, concurrently: a ``(len(token_ids_list), V)`` tensor."""
-        rows = await gather_all(self.next_token_logprobs(ids) for ids in token_ids_list)
+        """One row per context, concurrently: a ``(len(token_ids_list), V)`` tensor.
+
+        ``lora_name`` (genlm-backend 0.3.1's keyword): passed on to
+        :meth:`next_token_logprobs` when given, so a subclass without adapters need not
+        take it."""
+        lora = _lora_option(lora_name)
+        rows = await gather_all(self.next_token_logprobs(ids, **lora) for ids in token_ids_list)
         return torch.stack(rows)
 
     def batch_next_token_logprobs_sync(
-        self, token_ids_list: Sequence[Sequence[int]]
+        self, token_ids_list: Sequence[Sequence[int]], lora_name: str | None = None
     ) -> torch.Tensor:
         """The blocking twin of :meth:`batch_next_token_logprobs`."""
-        return torch.stack([self.next_token_logprobs_sync(ids) for ids in token_ids_list])
+        lora = _lora_option(lora_name)
+        return torch.stack([self.next_token_logprobs_sync(ids, **lora) for ids in token_ids_list])
 
     def clear_cache(self) -> None:  # noqa: B027 - documented no-op default
         """Forget cached results; the base class caches nothing."""
+
+    def add_new_lora(self, lora_path: str, lora_name: str) -> None:
+        """Load a LoRA adapter (genlm-backend 0.3.1's hook): a subclass with adapters
+        implements it.
+
+        Raises:
+            NotImplementedError: always, in the base class.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not load LoRA adapters")
+
+    def remove_lora(self, lora_name: str) -> None:
+        """Unload a LoRA adapter (genlm-backend 0.3.1's hook): a subclass with adapters
+        implements it.
+
+        Raises:
+            NotImplementedError: always, in the base class.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not unload LoRA adapters")
 
     async def sample(
         self,
@@ -85,6 +110,7 @@ class AsyncLM(ABC):
         eos_token_ids: Sequence[int],
         temperature: float = 1.0,
         seed: int | None = None,
+        lora_name: str | None = None,
     ) -> list[int]:
         """Draw up to ``max_tokens`` tokens after the prompt; stops at (and drops) an EOS token.
 
@@ -94,22 +120,27 @@ class AsyncLM(ABC):
         Args:
             prompt_token_ids: the prompt.
             max_tokens: the most tokens to draw.
-            eos_token_ids: ids that end the draw; the EOS token is not returned.
+            eos_token_ids: ids that end the draw (a list, tuple, set, numpy or torch array
+                of integers); the EOS token is not returned.
             temperature: divides the log-probabilities before drawing; 0 is greedy.
             seed: seeds the draws; the same seed gives the same tokens.
+            lora_name: the adapter of every step, passed on to :meth:`next_token_logprobs`
+                when given.
 
         Returns:
             The drawn token ids, EOS excluded.
 
         Raises:
-            TypeError, ValueError: bad ``max_tokens`` or ``temperature``, before any work.
+            TypeError, ValueError: bad ``max_tokens`` or ``temperature``, or an EOS id that
+                is not an integer, before any work.
         """
         check_sampling_args(max_tokens, temperature)
         rng = np.random.default_rng(seed)
-        eos = set(eos_token_ids)
+        eos = eos_id_set(eos_token_ids, ())
+        lora = _lora_option(lora_name)
         out: list[int] = []
         for _ in range(max_tokens):
-            logprobs = await self.next_token_logprobs(list(prompt_token_ids) + out)
+            logprobs = await self.next_token_logprobs(list(prompt_token_ids) + out, **lora)
             token = sample_token(logprobs.detach().cpu().numpy(), rng, temperature)
             if token in eos:
                 break
@@ -123,12 +154,21 @@ class AsyncLM(ABC):
         eos_token_ids: Sequence[int],
         temperature: float = 1.0,
         seed: int | None = None,
+        lora_name: str | None = None,
     ) -> list[list[int]]:
-        """:meth:`sample` for each prompt, concurrently, each with the same ``seed``."""
+        """:meth:`sample` for each prompt, concurrently, each with the same ``seed`` (and
+        ``lora_name``)."""
+        lora = _lora_option(lora_name)
         return await gather_all(
-            self.sample(p, max_tokens, eos_token_ids, temperature, seed)
+            self.sample(p, max_tokens, eos_token_ids, temperature, seed, **lora)
             for p in prompt_token_ids_list
         )
+
+
+def _lora_option(lora_name: str | None) -> dict[str, str]:
+    """``{"lora_name": lora_name}``, or nothing for None: the base class passes an adapter
+    on only when one is named, so subclasses written without ``lora_name`` keep working."""
+    return {} if lora_name is None else {"lora_name": lora_name}
 
 
 class _CoreBacked(AsyncLM):
@@ -302,16 +342,22 @@ class _CoreBacked(AsyncLM):
         eos_token_ids: Sequence[int],
         temperature: float = 1.0,
         seed: int | None = None,
+        lora_name: str | None = None,
     ) -> list[int]:
         """Draw up to ``max_tokens`` tokens; stops at an EOS token, which is not returned.
 
         Draws are exact (core's Gumbel-max over the float32 row); the same seed gives the same
         tokens, though not the same tokens as genlm-backend's torch.multinomial draws.
+        ``lora_name``: the adapter of every step (None: the model's current one), drawn with
+        the same sampler from this model's rows under it.
         """
-        tokens = await self.core_lm.sample(
-            prompt_token_ids, max_tokens, list(eos_token_ids), temperature, seed
-        )
-        if tokens and tokens[-1] in set(eos_token_ids):
+        if lora_name is not None:  # core's sample draws under the current variant
+            return await super().sample(
+                prompt_token_ids, max_tokens, eos_token_ids, temperature, seed, lora_name
+            )
+        eos = eos_id_set(eos_token_ids, ())
+        tokens = await self.core_lm.sample(prompt_token_ids, max_tokens, eos, temperature, seed)
+        if tokens and tokens[-1] in eos:
             tokens.pop()
         return tokens
 

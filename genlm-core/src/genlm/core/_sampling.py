@@ -11,6 +11,7 @@ up; ``max_tokens`` an integer >= 0. A value of the wrong type (a bool, ``2.5`` t
 from __future__ import annotations
 
 import math
+import operator
 import sys
 from collections.abc import Iterable
 
@@ -62,16 +63,22 @@ def check_temperature(temperature: object) -> None:
 
 def eos_id_set(eos_token_ids: Iterable[int] | None, default: Iterable[int]) -> frozenset[int]:
     """The ids a sampler stops at, read once (an iterator is consumed here, not per prompt):
-    ``default`` (the vocabulary's EOS ids) for None.
+    ``default`` (the vocabulary's EOS ids) for None. Each id becomes a Python int
+    (``operator.index``: numpy and torch integers count): the elements of a torch tensor
+    hash by identity, so kept as they are they would never match a drawn token.
 
     Raises:
-        TypeError: a bare int (``eos_token_ids=2``): a list of ids is meant.
+        TypeError: a bare int (``eos_token_ids=2``): a list of ids is meant; or an id that
+            is not an integer (a float).
     """
     if eos_token_ids is None:
         return frozenset(default)
-    if isinstance(eos_token_ids, (int, np.integer)):
+    if isinstance(eos_token_ids, (int, np.integer)) or getattr(eos_token_ids, "ndim", 1) == 0:
         raise TypeError(f"eos_token_ids must be a list of token ids, got {eos_token_ids!r}")
-    return frozenset(eos_token_ids)
+    try:
+        return frozenset(map(operator.index, eos_token_ids))
+    except TypeError:
+        raise TypeError(f"eos_token_ids must be integer token ids, got {eos_token_ids!r}") from None
 
 
 def sample_token(logprobs: np.ndarray, rng: np.random.Generator, temperature: float = 1.0) -> int:
