@@ -171,6 +171,26 @@ class TestClose:
         with pytest.raises(ModelClosedError):
             worker.submit(lambda: 1)
 
+    @pytest.mark.parametrize("park", [False, True])
+    def test_a_thread_that_failed_to_start_is_tried_again(self, monkeypatch, park):
+        """A call whose thread could not be started fails alone: the next call starts one
+        and runs, and close finishes (the unstarted thread was kept: every later call waited
+        on it, and close raised or, parking, never returned)."""
+        start = threading.Thread.start
+
+        def fail_once(thread):
+            monkeypatch.setattr(threading.Thread, "start", start)
+            raise RuntimeError("can't start new thread")
+
+        monkeypatch.setattr(threading.Thread, "start", fail_once)
+        worker = ModelWorker("test", park=park)
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            worker.call(lambda: 1)
+        assert worker.submit(lambda: 2).result(timeout=5) == 2
+        assert_serving(worker)
+        within(5, lambda: worker.close(wait=True))
+        assert worker.stopped.done()
+
     def test_wait_stopped_can_be_cancelled_and_awaited_again(self):
         """Cancelling wait_stopped() cancels only the wait; a second wait completes."""
         worker = ModelWorker("test")

@@ -311,10 +311,11 @@ class ModelWorker:
         if self._closed:
             raise ModelClosedError(f"{self.name} is closed")
         if self._thread is None:
-            self._thread = threading.Thread(
+            thread = threading.Thread(
                 target=_thread_main, args=([self._run], self._park), name=self.name, daemon=True
             )
-            self._thread.start()
+            thread.start()  # may raise (no thread to be had): kept only once it runs, so
+            self._thread = thread  # the next call tries again rather than wait on it
             if self._park:
                 _PARKING_WORKERS.add(self)
         self._queue.put((contextvars.copy_context(), fn, args, start, deliver))
