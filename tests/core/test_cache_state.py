@@ -516,3 +516,42 @@ TestBatchRowsState = BatchRowsMachine.TestCase
 TestBatchRowsState.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestPrefixCacheState = PrefixCacheMachine.TestCase
 TestPrefixCacheState.settings = SETTINGS
+
+
+class _Key:
+    """A hashable key that can be watched with a weakref."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __hash__(self) -> int:
+        return self.n
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Key) and other.n == self.n
+
+
+@pytest.mark.parametrize("leave", ["evicted", "popped"])
+def test_a_block_keeps_no_key_of_an_entry_that_left(leave):
+    """Entries of one block that are evicted (while the rest of its run stays held) or
+    popped leave no key behind: the block held every key it was added with, uncounted,
+    while any of its entries was held (long contexts' keys kept alive past the budget)."""
+    import gc
+    import weakref
+
+    from genlm.core._lru import Block
+
+    cache = ByteLRU(100, detach=lambda value: value)
+    keys = [_Key(i) for i in range(8)]
+    watched = [weakref.ref(key) for key in keys]
+    block = Block(nbytes=16, covers=2)
+    cache.add_many([(key, f"row {key.n}", 10) for key in keys], block)
+    assert cache.nbytes == 8 * 8 + 16  # each entry's own 8 bytes, the block once
+    if leave == "evicted":
+        cache.resize(16 + 3 * 8)  # the oldest five go; the block's run goes on
+    else:
+        assert all([cache.pop(k) for k in keys[:5]])
+    del keys
+    gc.collect()
+    assert [ref() is None for ref in watched] == [True] * 5 + [False] * 3
+    assert [k.n for k in cache.evictable()] == [5, 6, 7]

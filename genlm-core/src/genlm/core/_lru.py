@@ -112,8 +112,10 @@ class Block:
     covers: int
     #: How many held entries share it.
     held: int = 0
-    #: Keys of the entries added with it, to find the held ones when it breaks up.
-    keys: list[Any] = attrs.field(factory=list)
+    #: Keys of its held entries, to find them when it breaks up (an insertion-ordered
+    #: set: an entry that leaves takes its key out, so the block never keeps a dropped
+    #: key alive beyond the budget's count).
+    keys: dict[Any, None] = attrs.field(factory=dict)
 
 
 class ByteLRU(Generic[K, V]):
@@ -285,7 +287,7 @@ class ByteLRU(Generic[K, V]):
             self._bytes += cost
             if block is not None:
                 block.held += 1
-                block.keys.append(key)
+                block.keys[key] = None
         else:
             self._lru.move_to_end(key)
         return entry[0]
@@ -340,7 +342,7 @@ class ByteLRU(Generic[K, V]):
                 entry = pinned[0]
             self._bytes -= entry[1]
             if entry[2] is not None:
-                self._release(entry[2])
+                self._release(entry[2], key)
             return True
 
     def evictable(self) -> list[K]:
@@ -379,15 +381,17 @@ class ByteLRU(Generic[K, V]):
             key, (value, nbytes, block) = lru.popitem(last=False)
             self._bytes -= nbytes
             if block is not None:
-                self._release(block)
+                self._release(block, key)
                 # Its run in LRU order has ended but entries of it are held elsewhere.
                 if block.held and (not lru or next(iter(lru.values()))[2] is not block):
                     self._break_up(block)
             if on_evict is not None:
                 on_evict(key, value)
 
-    def _release(self, block: Block) -> None:
-        """One entry less shares ``block``; the last one takes its bytes (lock held)."""
+    def _release(self, block: Block, key: K) -> None:
+        """The entry of ``key`` no longer shares ``block``; the last one takes its bytes
+        (lock held)."""
+        del block.keys[key]
         block.held -= 1
         if not block.held:
             self._bytes -= block.nbytes
