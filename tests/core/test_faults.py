@@ -447,6 +447,33 @@ class TestClose:
             lm.close()
         np.testing.assert_allclose(row, mock_logprobs((2,), 8, 1), atol=1e-6)
 
+    def test_a_request_after_clear_cache_never_joins_a_batch_in_flight(self):
+        """clear_cache() on the event loop, after a model change, while a batch is in flight
+        whose rows are not yet delivered: a request for the same context made after it
+        returned is computed anew (it joined the in-flight computation of the old model)."""
+        from genlm.core.mock import MockLM
+
+        lm = MockLM([bytes([i]) for i in range(8)])
+
+        async def main():
+            first = asyncio.ensure_future(lm.next_token_logprobs([1, 2]))
+            await asyncio.sleep(0)  # it submits ...
+            await asyncio.sleep(0)  # ... and its batch goes to the worker
+            lm.worker.call(lambda: None)  # the loop blocked: computed, not yet delivered
+            assert lm.batch_count == 1 and not first.done()
+            lm.worker.call(setattr, lm, "seed", 1)  # the model changes on its thread ...
+            lm.clear_cache()  # ... and is cleared, before the loop runs the delivery
+            again = await lm.next_token_logprobs([1, 2])
+            return await first, again
+
+        try:
+            old, new = run(main())
+        finally:
+            lm.close()
+        np.testing.assert_allclose(old, mock_logprobs((1, 2), 8, 0), atol=1e-6)
+        np.testing.assert_allclose(new, mock_logprobs((1, 2), 8, 1), atol=1e-6)
+        assert lm.batch_count == 2
+
     def test_clear_cache_racing_close_does_not_raise(self, lm):
         """clear_cache() after close started is a no-op for the backend, not an error."""
         lm.next_token_logprobs_sync([1])

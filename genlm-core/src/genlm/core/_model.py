@@ -529,10 +529,11 @@ class BatchedLM(abc.ABC):
     def clear_cache(self) -> None:
         """Forget cached outputs and backend state (KV).
 
-        No row computed before the call returns from the state it found is served from
-        the output cache afterwards (e.g. after the model's weights changed): the cache
-        is emptied now, and again on the worker right after the backend's state, behind
-        every batch already handed over (one may have started after the first clear).
+        No row computed before the call returns from the state it found reaches a request
+        made afterwards (e.g. after the model's weights changed): the output cache is
+        emptied now, and again on the worker right after the backend's state, behind every
+        batch already handed over (one may have started after the first clear), and a
+        later request never joins a batch that was in flight (it is computed anew).
         """
         self.output_cache.clear()
         if not self._closed:
@@ -540,6 +541,7 @@ class BatchedLM(abc.ABC):
                 self.worker.call(self._clear_backend_and_rows)
             except ModelClosedError:  # closed meanwhile: the release drops that state anyway
                 pass
+        self.batcher.refuse_joins()
 
     def _clear_backend_and_rows(self) -> None:
         """Worker side of :meth:`clear_cache`: the backend's state, then the rows of the

@@ -92,7 +92,9 @@ class _Entry:
     #: The queues' :attr:`_Queues.round` when the entry was queued: its arrival flush has
     #: run once the queues' round is past it.
     round: int = 0
-    #: Set by the worker when, at pick-up, nobody waited any more; closed to joiners.
+    #: Closed to joiners (a request for its key starts an entry of its own): set by the
+    #: worker when, at pick-up, nobody waited any more, or by
+    #: :meth:`AutoBatcher.refuse_joins` when it was in flight at a change of the model.
     dropped: bool = False
 
     def live(self) -> bool:
@@ -552,6 +554,22 @@ class AutoBatcher(Generic[I, R]):
             if error is not None:  # on_results failed: the later batches are not run
                 raise error
         return [waiter.result() for waiter in waiters]
+
+    def refuse_joins(self) -> None:
+        """Close every computation in flight, on every event loop, to requests made from
+        now on: each starts one of its own.
+
+        For a change of the model (:meth:`BatchedLM.clear_cache`): a batch handed to the
+        worker before the change computes from the old state, and a request made after the
+        change must not share its result. Queued requests are not in flight: they run
+        after the change. Safe from any thread.
+        """
+        with self._lock:  # a join reads ``dropped`` under the same lock
+            for state in list(self._states.values()):
+                queues = state.queues
+                for entry in list(state.entries.values()):  # one C call: no race with its loop
+                    if entry not in queues.get(entry.group, ()):
+                        entry.dropped = True
 
     def _fail_queued(self, state: _LoopState, exc: BaseException) -> None:
         """Fail every queued request of ``state``, cancel its flush and timer (on its loop's
