@@ -189,6 +189,21 @@ class TestPrefixCache:
         cache.unpin([1, 2])
         assert not cache.is_pinned([1, 2]) and [1, 2] in cache
 
+    @pytest.mark.parametrize(("nbytes", "error"), [(-1000, ValueError), ("5", TypeError)])
+    def test_a_bad_size_is_refused_and_changes_nothing(self, nbytes, error):
+        """A negative or non-integer size is refused by name before the trie changes (a
+        negative one was counted, so later entries overran the budget; a string one left
+        a node marked as an entry that nothing held)."""
+        cache = PrefixCache(max_bytes=100)
+        cache.insert([7], "kept", 10)
+        with pytest.raises(error, match="nbytes"):
+            cache.insert([7, 8], "bad", nbytes)
+        assert len(cache) == 1 and cache.nbytes == 10 and [7, 8] not in cache
+        hit = cache.longest_prefix([7, 8, 9])
+        assert (hit.length, hit.value) == (1, "kept")
+        with pytest.raises(error, match="nbytes"):
+            cache._lru.add("key", "value", nbytes)
+
     def test_pinning_errors_are_clear(self):
         """Pinning an absent prefix or over-unpinning raises KeyError."""
         cache = PrefixCache(max_bytes=10)

@@ -217,7 +217,12 @@ class ByteLRU(Generic[K, V]):
             when it alone exceeds ``max_bytes``, or when pinned entries leave it no room and
             ``pin`` is false (a pinned entry is held even over the budget: pins are never
             evicted), or when ``generation`` is older than :attr:`generation`.
+
+        Raises:
+            TypeError: ``nbytes`` is not an integer.
+            ValueError: ``nbytes`` is negative.
         """
+        nbytes = checked_count("nbytes", nbytes, 0)
         with self.lock:
             if generation is not None and generation != self.generation:
                 return value

@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 import attrs
 
 from genlm.core._lru import ByteLRU
+from genlm.core._validation import checked_count
 
 V = TypeVar("V")
 
@@ -167,10 +168,12 @@ class PrefixCache(Generic[V]):
             new entry alone exceeds the budget or pinned entries leave no room for it.
 
         Raises:
-            ValueError: ``tokens`` is empty.
+            ValueError: ``tokens`` is empty, or ``nbytes`` is negative.
+            TypeError: ``nbytes`` is not an integer.
         """
         if not tokens:
             raise ValueError("cannot cache the empty prefix")
+        nbytes = checked_count("nbytes", nbytes, 0)  # before the trie changes
         with self._lru.lock:
             node = self._root
             for t in tokens:
