@@ -481,6 +481,28 @@ class TestClose:
         lm.clear_cache()
         assert lm.clears == 0 and len(lm.output_cache) == 0
 
+    def test_a_backend_closing_its_model_on_the_worker_empties_the_cache(self):
+        """close() called by the backend on the worker thread returns without waiting for
+        the release, and a closed model keeps no rows: the output cache is emptied and
+        stores no more (it kept every row it held)."""
+        from genlm.core.mock import MockLM
+
+        class ClosesItself(MockLM):
+            def _logprobs_batch(self, contexts, variant):
+                if (5,) in contexts:
+                    self.close()
+                return super()._logprobs_batch(contexts, variant)
+
+        lm = ClosesItself([bytes([i]) for i in range(8)])
+        lm.next_token_logprobs_sync([1])
+        assert len(lm.output_cache) == 1
+        row = within(5, lm.next_token_logprobs_sync, [5])
+        np.testing.assert_allclose(row, mock_logprobs((5,), 8), atol=1e-6)
+        assert len(lm.output_cache) == 0 and lm.output_cache.max_bytes == 0
+        with pytest.raises(ModelClosedError):
+            lm.next_token_logprobs_sync([1])
+        within(5, lm.close)
+
 
 class TestInputValidation:
     @pytest.mark.parametrize(

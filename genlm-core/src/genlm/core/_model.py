@@ -587,10 +587,12 @@ class BatchedLM(abc.ABC):
 
         Requests queued on any event loop fail with :class:`ModelClosedError`; the
         running batch finishes first. Called on the worker thread itself (a backend
-        closing its model), it starts the release and returns without waiting for it.
+        closing its model), it starts the release, empties the output cache and returns
+        without waiting for the release.
         """
         release = self._begin_close()
         if self.worker.on_worker_thread():
+            self._empty_cache()
             return
         self.worker.close(wait=True)
         self._empty_cache()
