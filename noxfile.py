@@ -74,6 +74,10 @@ ENDS = ["oldest", "newest"]
 NUMPY = ["numpy==1.26.0", "numpy>=1.26"]
 #: genlm-backend-hf: transformers>=4.57.1,<6.
 TRANSFORMERS_ENDS = ["transformers==4.57.1", TRANSFORMERS]
+#: genlm-backend-hf's ``lora`` extra: peft>=0.4.0, less 0.16 and 0.17 (they import
+#: transformers' HybridCache, gone in 5.0); the oldest runs with the oldest transformers.
+PEFT = "peft>=0.4.0,!=0.16.*,!=0.17.*"
+PEFT_ENDS = ["peft==0.4.0", PEFT]
 #: genlm-backend-mlx: mlx-lm>=0.30,<0.33 (0.30 is genlm-backend 0.3.1's floor) and mlx>=0.29.2
 #: (what mlx-lm 0.30.0 requires); mlx-lm 0.30.0 pins transformers==5.0.0rc1 itself.
 MLX_ENDS = [[f"{MLX}==0.29.2", "mlx-lm==0.30.0"], [f"{MLX}>=0.29.2", "mlx-lm>=0.30,<0.33"]]
@@ -182,11 +186,11 @@ def core(session: nox.Session, numpy: str) -> None:
 
 
 @session()
-@nox.parametrize("transformers", TRANSFORMERS_ENDS, ids=ENDS)
-def hf(session: nox.Session, transformers: str) -> None:
+@nox.parametrize(("transformers", "peft"), list(zip(TRANSFORMERS_ENDS, PEFT_ENDS)), ids=ENDS)
+def hf(session: nox.Session, transformers: str, peft: str) -> None:
     """genlm-backend-hf on CPU, plus the core tests again with hf installed."""
     install_torch(session)
-    install_core(session, transformers, *TOKENIZER_LIBS, "peft", "./genlm-backend-hf")
+    install_core(session, transformers, *TOKENIZER_LIBS, peft, "./genlm-backend-hf")
     pytest(session, "tests/hf", "tests/core/test_registry.py", "tests/core/test_packaging.py")
 
 
@@ -268,7 +272,7 @@ def backend(session: nox.Session) -> None:
     install_core(
         session,
         TRANSFORMERS,
-        "peft",
+        PEFT,
         "graphviz",
         "./genlm-backend-hf",
         "./genlm-bytes",
