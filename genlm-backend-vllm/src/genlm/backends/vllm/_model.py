@@ -65,6 +65,20 @@ _IN_PROCESS: weakref.WeakSet[VLLMLM] = weakref.WeakSet()
 _IN_PROCESS_LOCK = threading.Lock()
 
 
+def _hub_options(opts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """transformers' keywords for reading the tokenizer and the configuration as the
+    engine will (``engine_opts``' ``trust_remote_code``, ``revision``, ``code_revision``,
+    ``tokenizer_revision``, which defaults to ``revision`` as in vLLM, and ``hf_token``),
+    so that the vocabulary is the one of the weights vLLM loads."""
+    shared: dict[str, Any] = {"trust_remote_code": bool(opts.get("trust_remote_code", False))}
+    if opts.get("hf_token") is not None:
+        shared["token"] = opts["hf_token"]
+    revision = opts.get("revision")
+    tokenizer = {**shared, "revision": opts.get("tokenizer_revision") or revision}
+    config = {**shared, "revision": revision, "code_revision": opts.get("code_revision")}
+    return tokenizer, config
+
+
 def _check_logprobs_options(opts: dict[str, Any]) -> None:
     """Refuse, before the engine starts, engine options under which the logprobs route
     cannot read a row: each request asks for every token's log-probability, and vLLM
@@ -148,7 +162,9 @@ class VLLMLM(BatchedLM):
     Args:
         model_path: a local model directory or a hub id; its tokenizer (or
             ``engine_opts["tokenizer"]``) and configuration are loaded with transformers,
-            and the engine is started from it on the model's worker thread.
+            with the engine's loading options (``trust_remote_code``, ``revision``,
+            ``tokenizer_revision``, ``code_revision``, ``hf_token``), and the engine is
+            started from it on the model's worker thread.
         engine_opts: keyword arguments for ``vllm.LLM``, passed through unchanged over
             the defaults ``enable_prefix_caching=True, max_logprobs=-1``.
         row_source: how rows come back from the engine: ``"processor"`` (an in-process
@@ -182,8 +198,11 @@ class VLLMLM(BatchedLM):
         from transformers import AutoConfig, AutoTokenizer
 
         opts = {**DEFAULT_ENGINE_OPTS, **(engine_opts or {})}
-        tokenizer = AutoTokenizer.from_pretrained(opts.get("tokenizer", model_path))
-        config = AutoConfig.from_pretrained(model_path)
+        tokenizer_opts, config_opts = _hub_options(opts)
+        tokenizer = AutoTokenizer.from_pretrained(
+            opts.get("tokenizer") or model_path, **tokenizer_opts
+        )
+        config = AutoConfig.from_pretrained(model_path, **config_opts)
         vocab_size = getattr(config.get_text_config(), "vocab_size", None) or len(tokenizer)
         kwargs.setdefault("name", f"vllm:{Path(model_path).name}")
         # vLLM schedules within a batch itself; a large batch lets it fill every step.

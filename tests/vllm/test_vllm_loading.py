@@ -1,0 +1,57 @@
+"""The tokenizer and configuration are read with the engine's own loading options
+(``engine_opts``' ``trust_remote_code`` and revisions), so a model vLLM loads loads here."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+
+#: Starts the backend over a model directory in a fresh process (one in-process engine per
+#: process) and prints a row.
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from genlm.backends.vllm import VLLMLM
+    lm = VLLMLM(sys.argv[1], engine_opts=json.loads(sys.argv[2]))
+    print(json.dumps(lm.next_token_logprobs_sync([1, 2, 3]).tolist()))
+    lm.close()
+    """
+)
+
+
+def test_a_model_with_its_own_configuration_code_loads_with_trust_remote_code(
+    tiny_path, tmp_path, expected
+):
+    """A model whose configuration class is code in its directory (``auto_map``) loads with
+    ``engine_opts={"trust_remote_code": True}``, as ``vllm.LLM`` takes it, and gives the
+    weights' rows (the backend read its configuration without the option: transformers
+    refused, or asked at the terminal)."""
+    from .conftest import ENGINE_OPTS
+
+    model = tmp_path / "custom"
+    shutil.copytree(tiny_path, model)
+    config = json.loads((model / "config.json").read_text())
+    config.update(model_type="customllama", auto_map={"AutoConfig": "configuration.Custom"})
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "configuration.py").write_text(
+        "from transformers import LlamaConfig\n\n\n"
+        "class Custom(LlamaConfig):\n    model_type = 'customllama'\n"
+    )
+    opts = {k: v for k, v in ENGINE_OPTS.items() if k not in ("enable_lora", "max_lora_rank")}
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(model), json.dumps({**opts, "trust_remote_code": True})],
+        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = np.array(json.loads(proc.stdout.strip().splitlines()[-1]))
+    np.testing.assert_allclose(row, expected([1, 2, 3]), atol=1e-4)
