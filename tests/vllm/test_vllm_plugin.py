@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+
+import pytest
 from support.imports import modules_loaded_by
 
 from genlm.backends.vllm import plugin
@@ -29,6 +32,44 @@ def test_registered_with_priority_and_gpu_gated_auto_selection():
     assert spec.auto_select is plugin.cuda_gpu_present()
     assert spec.unavailable_reason() is None  # vllm(-cpu) is importable in this venv
     assert reg.select("vllm") is spec
+
+
+@pytest.mark.parametrize(
+    ("gpus", "devices", "visible", "present"),
+    [
+        (1, 0, None, True),
+        (0, 1, None, True),
+        (1, 1, "0", True),
+        (1, 1, "", False),
+        (1, 1, "-1", False),
+        (1, 1, " -1,0", False),
+        (0, 0, None, False),
+    ],
+)
+def test_a_gpu_is_present_when_the_driver_lists_one_this_process_may_see(
+    tmp_path, monkeypatch, gpus, devices, visible, present
+):
+    """A GPU counts when the driver lists one (its /proc list, a /dev/nvidiaN file) and
+    CUDA_VISIBLE_DEVICES does not hide them all; the driver's tools on the PATH (an
+    nvidia-smi that finds no GPU) and its /proc folder alone do not (vllm was auto-selected
+    on such machines)."""
+    listed = tmp_path / "gpus"
+    listed.mkdir()
+    for i in range(gpus):
+        (listed / f"0000:0{i}:00.0").mkdir()
+    for i in range(devices):
+        (tmp_path / f"nvidia{i}").touch()
+    (tmp_path / "nvidiactl").touch()  # the driver's control file is no GPU
+    (tmp_path / "nvidia-smi").touch(mode=0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(plugin, "GPU_LIST", str(listed))
+    monkeypatch.setattr(plugin, "DEVICE_FILES", str(tmp_path / "nvidia[0-9]*"))
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert plugin.cuda_gpu_present() is present
+    assert plugin.spec().auto_select is present
 
 
 def test_probe_names_the_missing_package(monkeypatch):

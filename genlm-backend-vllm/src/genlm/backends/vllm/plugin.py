@@ -10,20 +10,30 @@ Two separate questions, answered separately:
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import os
-import shutil
 
 from genlm.core.backend import BackendSpec, backend_hook
 
+#: Where the NVIDIA driver lists its GPUs (one entry each), and its device files.
+GPU_LIST = "/proc/driver/nvidia/gpus"
+DEVICE_FILES = "/dev/nvidia[0-9]*"
+
 
 def cuda_gpu_present() -> bool:
-    """Whether an NVIDIA driver and device are visible, checked without importing torch."""
-    return (
-        os.path.isdir("/proc/driver/nvidia")
-        or os.path.exists("/dev/nvidia0")
-        or shutil.which("nvidia-smi") is not None
-    )
+    """Whether this process sees a CUDA GPU, checked without importing torch: the NVIDIA
+    driver lists a GPU (its ``/proc`` list or a ``/dev/nvidiaN`` device file; the driver's
+    tools alone, such as ``nvidia-smi``, do not count) and ``CUDA_VISIBLE_DEVICES`` does
+    not hide them all (``""``, or a list starting with a negative index, as CUDA reads
+    it), as ``torch.cuda.is_available()`` would answer."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        first = visible.split(",")[0].strip()
+        if not first or first.startswith("-"):
+            return False
+    listed = os.path.isdir(GPU_LIST) and any(os.scandir(GPU_LIST))
+    return listed or bool(glob.glob(DEVICE_FILES))
 
 
 def unavailable_reason() -> str | None:
