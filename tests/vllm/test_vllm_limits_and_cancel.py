@@ -120,3 +120,21 @@ def test_native_sampling_checks_arguments_like_core(vllm_lm, arguments, error):
         asyncio.run(
             vllm_lm.batch_sample([[5, 6]], call["max_tokens"], temperature=call["temperature"])
         )
+
+
+@pytest.mark.parametrize("outside", [-1, 10**6])
+def test_eos_ids_outside_the_vocabulary_stop_nothing_on_either_sampler(vllm_lm, outside):
+    """An EOS id no token has is never drawn, so it stops nothing: unseeded (vLLM's sampler)
+    as seeded (core's), where vLLM refused the request on the worker. A real EOS id beside
+    it still stops the draw."""
+    greedy = asyncio.run(vllm_lm.sample([5, 6], 4, eos_token_ids=[], temperature=0))
+    assert len(greedy) == 4
+    for seed in (None, 1):
+        drawn = asyncio.run(
+            vllm_lm.sample([5, 6], 4, eos_token_ids=[outside], temperature=0, seed=seed)
+        )
+        assert drawn == greedy, seed
+        stopped = asyncio.run(
+            vllm_lm.sample([5, 6], 4, eos_token_ids=[outside, greedy[1]], temperature=0, seed=seed)
+        )
+        assert stopped == greedy[:2], seed

@@ -545,7 +545,12 @@ class VLLMLM(BatchedLM):
         requests (see :meth:`_run`).
         """
         requests = self.validate_requests(prompts)
-        eos = [int(t) for t in eos_id_set(eos_token_ids, self.vocab.eos_token_ids)]
+        # Ids outside the vocabulary are never drawn, so they stop nothing, as in core's
+        # sampler (vLLM would refuse the request on the worker).
+        size = len(self.vocab)
+        eos = sorted(
+            t for t in eos_id_set(eos_token_ids, self.vocab.eos_token_ids) if 0 <= t < size
+        )
         if max_tokens == 0 or not requests:
             return [[] for _ in requests]
         from vllm import SamplingParams
