@@ -1,4 +1,6 @@
-"""MockLM's record of batches stays bounded over a long run (issue #21)."""
+"""MockLM: its batch record stays bounded over a long run (issue #21); its loader's tokenizer."""
+
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +68,26 @@ def test_genlm_smc_runs_on_the_mock_backend(capsys):
     assert main([*argv, "--seed", "0", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert out.count("Once upon") == 3, out
+
+
+def test_from_name_without_a_tokenizer_the_installed_tokenizers_can_read(tmp_path, caplog):
+    """A tokenizer.json the vocabulary reader takes but the installed tokenizers cannot (a
+    newer format: here an unknown decoder) still loads, without a tokenizer and with a
+    warning; a directory without one names the missing file (tokenizers' own error named
+    no path)."""
+    import json
+
+    from genlm.core._embedded import resolve_model_path
+
+    pytest.importorskip("tokenizers")
+    spec = json.loads((Path(resolve_model_path("stories260K")) / "tokenizer.json").read_text())
+    spec["decoder"] = {"type": "SomeNewerDecoder"}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    with caplog.at_level("WARNING", logger="genlm.core.mock"):
+        lm = MockLM.from_name(str(tmp_path))
+    assert lm.tokenizer is None and len(lm.vocab) == len(spec["model"]["vocab"])
+    assert "no tokenizer" in caplog.text
+    lm.close()
+    (tmp_path / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        MockLM.from_name(str(tmp_path))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import math
 import time
 from collections.abc import Hashable, Sequence
@@ -21,6 +22,8 @@ from genlm.core._embedded import resolve_model_path
 from genlm.core._model import BatchedLM
 from genlm.core._validation import is_integer
 from genlm.core._vocab import Vocabulary
+
+logger = logging.getLogger(__name__)
 
 
 def context_seed(context: Sequence[int], seed: int = 0) -> int:
@@ -95,18 +98,25 @@ class MockLM(BatchedLM):
         """A mock over the vocabulary of a ``tokenizer.json`` (or a directory holding one)
         or an embedded model (``"stories260K"``): the loader of the ``mock`` backend.
 
-        Where the ``tokenizers`` package is installed, the mock also gets that file's
-        tokenizer (:class:`TokenizerFile`, unless ``tokenizer=`` is given), so that tools
-        which encode text prompts (``genlm smc``) run on it as on the real model.
+        Where the ``tokenizers`` package is installed and reads the file, the mock also
+        gets that file's tokenizer (:class:`TokenizerFile`, unless ``tokenizer=`` is
+        given), so that tools which encode text prompts (``genlm smc``) run on it as on
+        the real model; else it has none (logged).
         """
         path = Path(resolve_model_path(name))
         if not path.exists():
             raise FileNotFoundError(
                 f"mock backend: {name!r} is neither a tokenizer directory nor an embedded model"
             )
+        vocab = Vocabulary.from_tokenizer_json(path)  # names a missing tokenizer.json
         if "tokenizer" not in kwargs and importlib.util.find_spec("tokenizers") is not None:
-            kwargs["tokenizer"] = TokenizerFile(path)
-        return cls(Vocabulary.from_tokenizer_json(path), **kwargs)
+            try:
+                kwargs["tokenizer"] = TokenizerFile(path)
+            except Exception as exc:  # noqa: BLE001 - a format this tokenizers cannot read
+                logger.warning(
+                    "mock backend: no tokenizer, tokenizers cannot read %s: %s", path, exc
+                )
+        return cls(vocab, **kwargs)
 
     def _logprobs_batch(self, contexts: list[tuple[int, ...]], variant: Hashable) -> np.ndarray:
         self.batch_count += 1
