@@ -203,6 +203,9 @@ class TestPrefixCache:
         assert (hit.length, hit.value) == (1, "kept")
         with pytest.raises(error, match="nbytes"):
             cache._lru.add("key", "value", nbytes)
+        with pytest.raises(error, match="nbytes"):
+            cache._lru.add_many([("a", "value", 5), ("b", "value", nbytes)])
+        assert cache.nbytes == 15 and cache._lru.get("b") is None  # "a" held, counted
 
     def test_pinning_errors_are_clear(self):
         """Pinning an absent prefix or over-unpinning raises KeyError."""

@@ -247,6 +247,10 @@ class ByteLRU(Generic[K, V]):
             block: the memory every value of ``entries`` shares, if any (see the module's
                 rules); each value's cost then includes the ``block.covers`` bytes of it.
             generation: as for :meth:`add`: a :meth:`clear` since leaves every value unheld.
+
+        Raises:
+            TypeError, ValueError: a size that is not an integer, or negative (the entries
+                before it are held, each counted as it should be).
         """
         held = []
         with self.lock:
@@ -257,6 +261,8 @@ class ByteLRU(Generic[K, V]):
                 entries = self._copies(entries)
                 block = None
             for key, value, nbytes in entries:
+                if type(nbytes) is not int or nbytes < 0:  # one test per row on the hot path
+                    nbytes = checked_count("nbytes", nbytes, 0)
                 held.append(self._hold(key, value, nbytes, block))
                 if self._bytes > self.max_bytes:
                     self._evict()
