@@ -384,3 +384,16 @@ def test_a_plugin_command_help_with_a_percent_sign_is_shown_as_written(monkeypat
     assert run_cli(["fast", "--help"]) == 0
     assert "50% faster sampling" in capsys.readouterr().out
     assert main(["fast"]) == 0
+
+
+def test_a_plugin_command_without_help_is_listed_and_runs(monkeypatch, capsys):
+    """help=None, argparse's own "no help", lists the command without a line and runs it
+    (escaping the help's % made it a broken command)."""
+    from genlm.core.cli import Command
+
+    use_command_plugin(
+        monkeypatch, Command(name="quiet", help=None, configure=lambda p: None, run=lambda a: 0)
+    )
+    assert run_cli(["--help"]) == 0
+    assert "quiet" in capsys.readouterr().out
+    assert main(["quiet"]) == 0

@@ -21,12 +21,12 @@ class Command:
 
     Attributes:
         name: the subcommand (``genlm NAME``).
-        help: one line for ``genlm --help``.
+        help: one line for ``genlm --help`` (None: listed without one).
         configure: adds the command's arguments to its ``argparse`` parser.
         run: runs the command with the parsed arguments; returns the exit status.
     """
 
     name: str
-    help: str
+    help: str | None
     configure: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]

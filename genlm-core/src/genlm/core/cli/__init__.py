@@ -100,7 +100,7 @@ def build_parser(
         try:
             command_parser = sub.add_parser(
                 command.name,
-                help=command.help.replace("%", "%%"),
+                help=None if command.help is None else command.help.replace("%", "%%"),
                 description=command.help,
                 formatter_class=_HelpFormatter,
             )
