@@ -35,24 +35,31 @@ def test_registered_with_priority_and_gpu_gated_auto_selection():
 
 
 @pytest.mark.parametrize(
-    ("gpus", "devices", "visible", "present"),
+    ("gpus", "devices", "wsl", "visible", "present"),
     [
-        (1, 0, None, True),
-        (0, 1, None, True),
-        (1, 1, "0", True),
-        (1, 1, "", False),
-        (1, 1, "-1", False),
-        (1, 1, " -1,0", False),
-        (0, 0, None, False),
+        (1, 0, False, None, True),
+        (0, 1, False, None, True),
+        (1, 1, False, "0", True),
+        (2, 2, False, "1", True),
+        (1, 1, False, "1", False),
+        (1, 1, False, "GPU-5ca1ab1e", True),
+        (1, 1, False, "", False),
+        (1, 1, False, "-1", False),
+        (1, 1, False, " -1,0", False),
+        (0, 0, False, None, False),
+        (0, 0, True, None, True),
+        (0, 0, True, "0", True),
+        (0, 0, True, "", False),
     ],
 )
 def test_a_gpu_is_present_when_the_driver_lists_one_this_process_may_see(
-    tmp_path, monkeypatch, gpus, devices, visible, present
+    tmp_path, monkeypatch, gpus, devices, wsl, visible, present
 ):
-    """A GPU counts when the driver lists one (its /proc list, a /dev/nvidiaN file) and
-    CUDA_VISIBLE_DEVICES does not hide them all; the driver's tools on the PATH (an
-    nvidia-smi that finds no GPU) and its /proc folder alone do not (vllm was auto-selected
-    on such machines)."""
+    """A GPU counts when the driver lists one (its /proc list, a /dev/nvidiaN file) or WSL 2
+    exposes one with NVIDIA's CUDA library, and CUDA_VISIBLE_DEVICES' first entry names one
+    (an index below the count, a UUID); the driver's tools on the PATH (an nvidia-smi that
+    finds no GPU) and its /proc folder alone do not (vllm was auto-selected on such
+    machines)."""
     listed = tmp_path / "gpus"
     listed.mkdir()
     for i in range(gpus):
@@ -61,9 +68,14 @@ def test_a_gpu_is_present_when_the_driver_lists_one_this_process_may_see(
         (tmp_path / f"nvidia{i}").touch()
     (tmp_path / "nvidiactl").touch()  # the driver's control file is no GPU
     (tmp_path / "nvidia-smi").touch(mode=0o755)
+    if wsl:
+        (tmp_path / "dxg").touch()
+        (tmp_path / "libcuda.so.1").touch()
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(plugin, "GPU_LIST", str(listed))
     monkeypatch.setattr(plugin, "DEVICE_FILES", str(tmp_path / "nvidia[0-9]*"))
+    monkeypatch.setattr(plugin, "WSL_DEVICE", str(tmp_path / "dxg"))
+    monkeypatch.setattr(plugin, "WSL_CUDA", str(tmp_path / "libcuda.so*"))
     if visible is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:

@@ -19,21 +19,34 @@ from genlm.core.backend import BackendSpec, backend_hook
 #: Where the NVIDIA driver lists its GPUs (one entry each), and its device files.
 GPU_LIST = "/proc/driver/nvidia/gpus"
 DEVICE_FILES = "/dev/nvidia[0-9]*"
+#: WSL 2's GPU: its paravirtual device and NVIDIA's CUDA library in WSL's own folder.
+WSL_DEVICE = "/dev/dxg"
+WSL_CUDA = "/usr/lib/wsl/lib/libcuda.so*"
 
 
 def cuda_gpu_present() -> bool:
-    """Whether this process sees a CUDA GPU, checked without importing torch: the NVIDIA
-    driver lists a GPU (its ``/proc`` list or a ``/dev/nvidiaN`` device file; the driver's
-    tools alone, such as ``nvidia-smi``, do not count) and ``CUDA_VISIBLE_DEVICES`` does
-    not hide them all (``""``, or a list starting with a negative index, as CUDA reads
-    it), as ``torch.cuda.is_available()`` would answer."""
+    """Whether this process sees a CUDA GPU, as ``torch.cuda.is_available()`` would say,
+    checked without importing torch.
+
+    A GPU is there when the NVIDIA driver lists one (its ``/proc`` list or a
+    ``/dev/nvidiaN`` device file; the driver's tools alone, such as ``nvidia-smi``, do
+    not count) or WSL 2 exposes one with NVIDIA's CUDA library. ``CUDA_VISIBLE_DEVICES``
+    is read as CUDA reads it, up to its first entry that names no device: an index below
+    the number of GPUs listed (any index under WSL, which lists none) or a ``GPU-``/``MIG-``
+    UUID shows one; ``""``, ``-1`` or an index past the last GPU hides them all.
+    """
+    listed = os.path.isdir(GPU_LIST) and sum(1 for _ in os.scandir(GPU_LIST))
+    count = listed or len(glob.glob(DEVICE_FILES))
+    wsl = os.path.exists(WSL_DEVICE) and bool(glob.glob(WSL_CUDA))
+    if not count and not wsl:
+        return False
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        first = visible.split(",")[0].strip()
-        if not first or first.startswith("-"):
-            return False
-    listed = os.path.isdir(GPU_LIST) and any(os.scandir(GPU_LIST))
-    return listed or bool(glob.glob(DEVICE_FILES))
+    if visible is None:
+        return True
+    first = visible.split(",")[0].strip()
+    if first.isdigit():
+        return not count or int(first) < count
+    return first.startswith(("GPU-", "MIG-"))
 
 
 def unavailable_reason() -> str | None:
