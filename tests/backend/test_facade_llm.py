@@ -389,6 +389,11 @@ def test_sample_with_lora_name_draws_from_that_adapter(tmp_path):
     current = [asyncio.run(llm.sample(p, 6, [2], seed=4)) for p in prompts]
     assert named == batch == current
     assert named != base  # the adapter changes the draws
+    # Both stop where the context reaches the model's limit (the last token is drawn from a
+    # context of exactly the limit), rather than fail there.
+    llm.core_lm.max_context_length = len(prompts[0]) + 2
+    short = asyncio.run(llm.sample(prompts[0], 6, [], seed=4, lora_name="a"))
+    assert short == asyncio.run(llm.sample(prompts[0], 6, [], seed=4))[:3] and len(short) == 3
     llm.close()
 
 

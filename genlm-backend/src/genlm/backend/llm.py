@@ -352,6 +352,10 @@ class _CoreBacked(AsyncLM):
         the same sampler from this model's rows under it.
         """
         if lora_name is not None:  # core's sample draws under the current variant
+            check_sampling_args(max_tokens, temperature)
+            limit = self.core_lm.max_context_length
+            if limit is not None:  # stop at the limit, as core's sampler does
+                max_tokens = min(max_tokens, max(0, limit + 1 - len(prompt_token_ids)))
             return await super().sample(
                 prompt_token_ids, max_tokens, eos_token_ids, temperature, seed, lora_name
             )
