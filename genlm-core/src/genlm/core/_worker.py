@@ -314,8 +314,12 @@ class ModelWorker:
             thread = threading.Thread(
                 target=_thread_main, args=([self._run], self._park), name=self.name, daemon=True
             )
-            thread.start()  # may raise (no thread to be had): kept only once it runs, so
-            self._thread = thread  # the next call tries again rather than wait on it
+            self._thread = thread
+            try:
+                thread.start()
+            except RuntimeError:  # no thread was made: the next call tries again rather
+                self._thread = None  # than wait on this one (an interrupted start keeps it)
+                raise
             if self._park:
                 _PARKING_WORKERS.add(self)
         self._queue.put((contextvars.copy_context(), fn, args, start, deliver))
