@@ -466,7 +466,9 @@ class TestPluginFaults:
             (
                 "bare",
                 "it registered no backend or command: it implements neither "
-                "genlm_register_backends nor genlm_register_commands",
+                "genlm_register_backends nor genlm_register_commands (a plugin written for "
+                "a newer genlm-core may implement only hooks this one does not have: "
+                "upgrade genlm-core)",
             ),
         ]
 

@@ -522,8 +522,11 @@ def _registered_nothing(module: Any, hooks: list[str], implemented: list[str]) -
         )
     elif implemented:
         why = f"its {' and '.join(implemented)} never called register"
-    else:
-        why = f"it implements neither {' nor '.join(hooks)}"
+    else:  # perhaps only hooks of a newer genlm-core
+        why = (
+            f"it implements neither {' nor '.join(hooks)} (a plugin written for a newer "
+            "genlm-core may implement only hooks this one does not have: upgrade genlm-core)"
+        )
     return f"it registered no backend or command: {why}"
 
 
