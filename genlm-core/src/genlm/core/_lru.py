@@ -222,7 +222,8 @@ class ByteLRU(Generic[K, V]):
             TypeError: ``nbytes`` is not an integer.
             ValueError: ``nbytes`` is negative.
         """
-        nbytes = checked_count("nbytes", nbytes, 0)
+        if type(nbytes) is not int or nbytes < 0:  # the usual int costs no call
+            nbytes = checked_count("nbytes", nbytes, 0)
         with self.lock:
             if generation is not None and generation != self.generation:
                 return value
