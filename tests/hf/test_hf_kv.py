@@ -206,6 +206,29 @@ def test_cache_kv_too_big_for_budget_raises(loaded):
     lm.close()
 
 
+def test_a_cache_kv_that_does_not_fit_pins_nothing(loaded):
+    """A prompt whose cached part fits but whose whole KV does not: cache_kv raises and pins
+    nothing (each failed call pinned the cached part for good, until pins held the budget),
+    and a prompt that fits alone but not beside the pinned ones is told so."""
+    model, tok = loaded("stories260K-fp64")
+    per_token = HFLM(model, tok, kv_cache_bytes=0).shape.bytes_per_token
+    lm = HFLM(model, tok, cache_bytes=0, kv_cache_bytes=30 * per_token + 100)
+    try:
+        prefix = list(range(5, 14))
+        for i in range(3):
+            lm.next_token_logprobs_sync(prefix)  # its KV is cached, unpinned
+            with pytest.raises(MemoryError, match=r"34-token prompt .* does not fit in kv_c"):
+                lm.cache_kv(prefix + list(range(100 + 25 * i, 125 + 25 * i)))
+            assert not lm.kv.cache.is_pinned((-1, *prefix))
+        lm.cache_kv(list(range(200, 220)))  # 20 tokens pinned
+        with pytest.raises(MemoryError, match="beside the prompts already pinned"):
+            lm.cache_kv(list(range(300, 315)))  # 15 tokens: fits alone, not beside
+        lm.clear_kv_cache()
+        lm.cache_kv(list(range(300, 315)))  # unpinned: fits
+    finally:
+        lm.close()
+
+
 def test_sample_is_seeded_and_greedy_follows_full_forward(lm, reference):
     """Seeded samples repeat; greedy sampling picks the full forward's argmax at every step."""
     prompt = [1, 403, 407, 261] if len(lm.vocab) == 512 else [464, 3290, 318]

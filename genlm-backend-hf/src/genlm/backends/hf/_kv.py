@@ -147,13 +147,17 @@ class KVStore:
             usable = min(chain[-1].end, limit)
             return [(s, min(s.end, usable) - s.start) for s in chain if s.start < usable]
 
-    def pin_chain(self, marker: int, context: Sequence[int]) -> int:
-        """Pin every segment on the path of ``context``; returns how many tokens are pinned."""
+    def pin_chain(self, marker: int, context: Sequence[int]) -> bool:
+        """Pin every segment on the path of ``context`` if they hold its whole KV; whether
+        they did (else nothing is pinned: a part of a prompt pinned would hold budget for
+        good without serving it)."""
         key = (marker, *context)
         pieces = self.chain(marker, context, len(context))
+        if sum(used for _, used in pieces) < len(context):
+            return False
         for segment, _ in pieces:
             self.cache.pin(key[: 1 + segment.end])
-        return sum(used for _, used in pieces)
+        return True
 
     def store(self, marker: int, row: Row, take: Callable[[int], torch.Tensor]) -> None:
         """Store the new tokens of ``row`` (and the short ancestors it absorbs) as one segment.

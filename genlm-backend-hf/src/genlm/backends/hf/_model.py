@@ -361,7 +361,9 @@ class HFLM(BatchedLM):
         under the adapter ``variant`` names (None: the base model), as requests take it.
 
         Blocks until the prompt's KV is computed (when not already cached) and pinned;
-        :meth:`clear_kv_cache` unpins it. ``MemoryError`` when it exceeds ``kv_cache_bytes``.
+        :meth:`clear_kv_cache` unpins it. ``MemoryError`` when it does not fit in
+        ``kv_cache_bytes``, alone or beside the prompts already pinned (then nothing of it
+        is pinned).
         """
         variant, context = self.validate_request(prompt_token_ids, variant)
         self.worker.call(self._cache_kv, variant, context)
@@ -370,12 +372,17 @@ class HFLM(BatchedLM):
         marker = self._marker(variant)
         if sum(used for _, used in self.kv.chain(marker, context, len(context))) < len(context):
             self._logprobs_batch([context], variant)
-        pinned = self.kv.pin_chain(marker, context)
-        if pinned < len(context):
-            needed = len(context) * self.shape.bytes_per_token
+        if not self.kv.pin_chain(marker, context):  # nothing pinned
+            needed, budget = len(context) * self.shape.bytes_per_token, self.kv.cache.max_bytes
+            why = (
+                "does not fit in"
+                if needed > budget
+                else "does not fit beside the prompts already pinned (clear_kv_cache unpins "
+                "them) in"
+            )
             raise MemoryError(
-                f"the KV of a {len(context)}-token prompt ({needed} bytes) does not fit in "
-                f"kv_cache_bytes={self.kv.cache.max_bytes}"
+                f"the KV of a {len(context)}-token prompt ({needed} bytes) {why} "
+                f"kv_cache_bytes={budget}"
             )
 
     def clear_kv_cache(self) -> None:
