@@ -220,3 +220,44 @@ def test_removing_the_only_adapter_leaves_the_base_model_serving(adapters, base_
         check(base_model, CONTEXTS[0], lm.next_token_logprobs_sync(CONTEXTS[0]))
     finally:
         lm.close()
+
+
+def test_a_first_adapter_that_fails_to_load_leaves_the_base_model_as_it_was(
+    tmp_path, base_model, check
+):
+    """An adapter saved for another model (a wider MLP) fails to load as the first one, and
+    the base model's rows are still its plain forward (peft's layers, put in before its
+    weights failed to load, stayed in the model: rows were off by 12-19 nats); a good
+    adapter then loads and serves."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(STORIES)
+    config.intermediate_size = 200
+    torch.manual_seed(0)
+    sibling = transformers.AutoModelForCausalLM.from_config(config)
+    lora = peft.LoraConfig(r=4, target_modules=TARGETS, init_lora_weights=False)
+    peft.get_peft_model(sibling, lora).save_pretrained(tmp_path / "other")
+    torch.manual_seed(1)
+    good = peft.get_peft_model(load_base(torch, transformers, torch.float32), lora)
+    good.save_pretrained(tmp_path / "good")
+    tok = transformers.AutoTokenizer.from_pretrained(STORIES)
+    lm = HFLM(load_base(torch, transformers, torch.float64), tok, cache_bytes=0)
+    try:
+        with pytest.raises(RuntimeError):
+            lm.add_lora(tmp_path / "other", "other")
+        assert lm.loaded_loras == ()
+        for context in CONTEXTS:
+            check(base_model, context, lm.next_token_logprobs_sync(context))
+        lm.add_lora(tmp_path / "good", "good")
+        for context in CONTEXTS:
+            check(base_model, context, lm.next_token_logprobs_sync(context, variant=None))
+        assert (
+            np.abs(
+                lm.next_token_logprobs_sync(CONTEXTS[0], variant="good")
+                - lm.next_token_logprobs_sync(CONTEXTS[0], variant=None)
+            ).max()
+            > 1e-3
+        )
+    finally:
+        lm.close()

@@ -256,7 +256,15 @@ class HFLM(BatchedLM):
         from peft import PeftModel
 
         if self._peft is None:
-            self._peft = PeftModel.from_pretrained(self.model, path, adapter_name=name).eval()
+            # peft puts its layers into the model itself before it loads the adapter's
+            # weights: an adapter that fails to load (shapes of another model) would stay
+            # in the base model's forward, so the model's layers are put back then.
+            layers = _submodules(self.model)
+            try:
+                self._peft = PeftModel.from_pretrained(self.model, path, adapter_name=name).eval()
+            except BaseException:
+                _restore_submodules(layers)
+                raise
             self.model = self._peft
         else:
             self._peft.load_adapter(path, adapter_name=name)
@@ -561,6 +569,25 @@ def _sdpa_backends(names: Sequence[str]) -> tuple[Any, ...]:
 def _default_sdpa_backends(device: torch.device) -> tuple[Any, ...] | None:
     """On CUDA every kernel but cuDNN's (a plan per sequence length); elsewhere torch's choice."""
     return _sdpa_backends(("efficient", "flash", "math")) if device.type == "cuda" else None
+
+
+def _submodules(model: Any) -> list[tuple[Any, str, Any]]:
+    """Every ``(module, child name, child)`` edge of ``model``'s module tree (references only:
+    no weights are copied), for :func:`_restore_submodules`."""
+    return [
+        (module, child_name, child)
+        for module in model.modules()
+        for child_name, child in module._modules.items()
+    ]
+
+
+def _restore_submodules(edges: list[tuple[Any, str, Any]]) -> None:
+    """Put every child of :func:`_submodules` back where it was (a module a library swapped
+    in, such as a LoRA layer, is dropped with its weights); the weights themselves were
+    never changed."""
+    for module, child_name, child in edges:
+        if module._modules.get(child_name) is not child:
+            module._modules[child_name] = child
 
 
 def _is_peft(model: Any) -> bool:
