@@ -296,3 +296,33 @@ def test_forward_passes_use_the_transformers_cache_argument_without_warnings(loa
     for context, row in zip(contexts, rows):
         check(model, context, row)
     lm.close()
+
+
+@pytest.mark.parametrize("adapter", [False, True])
+def test_close_lets_the_weights_go(tmp_path, adapter):
+    """After close nothing of the model's keeps its weights alive, with or without a LoRA
+    adapter (the model stayed referenced by the closed HFLM, so `async with
+    HFLM.from_name(...)` in a loop kept every old model's weights)."""
+    import gc
+    import weakref
+
+    import transformers
+
+    from genlm.core.backend import resolve_model_path
+
+    path = resolve_model_path("stories260K")
+    model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    weights = weakref.ref(model.lm_head.weight)
+    lm = HFLM(model, tok)
+    del model
+    if adapter:
+        peft = pytest.importorskip("peft")
+        lora = peft.LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False)
+        fresh = transformers.AutoModelForCausalLM.from_pretrained(path)
+        peft.get_peft_model(fresh, lora).save_pretrained(tmp_path)
+        lm.add_lora(tmp_path, "a")
+    lm.next_token_logprobs_sync([1, 403, 407])
+    lm.close()
+    gc.collect()
+    assert weights() is None

@@ -406,8 +406,11 @@ class HFLM(BatchedLM):
         self.kv.clear(keep_pinned=True)
 
     def _close_backend(self) -> None:
+        """Drop the KV, the batch buffer and the model (with its adapters): a closed model's
+        weights are freed once nothing else holds them (a ``from_name`` model's at once)."""
         self.kv.clear()
         self._buffer = self._resident = None
+        self.model = self._peft = None
 
     # ---- the forward pass ----------------------------------------------------------
 
