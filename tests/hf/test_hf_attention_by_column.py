@@ -118,3 +118,27 @@ def test_mpt_takes_its_context_limit_from_max_seq_len(tokenizer):
     finally:
         lm.close()
     assert isinstance(good, np.ndarray) and isinstance(long, InvalidContextError)
+
+
+def test_max_forward_tokens_bounds_every_pass_of_equal_new_token_rows(tokenizer):
+    """Sixteen rows adding three tokens each, max_forward_tokens=4: every forward pass runs
+    at most 4 new tokens (such models batch only equal new-token counts, and a group of 16
+    rows ran 16 tokens a pass), and every row equals a plain forward."""
+    model = random_model("mistral")
+    shapes = []
+    forward = model.forward
+
+    def recording(input_ids=None, **kwargs):
+        shapes.append(tuple(input_ids.shape))
+        return forward(input_ids=input_ids, **kwargs)
+
+    model.forward = recording
+    lm = HFLM(model, tokenizer, max_forward_tokens=4, cache_bytes=0)
+    contexts = [[1 + i, 20 + i, 40 + i] for i in range(16)]
+    try:
+        rows = lm.batch_next_token_logprobs_sync(contexts)
+    finally:
+        lm.close()
+    assert shapes and all(b * n <= 4 for b, n in shapes), shapes
+    for context, row in zip(contexts, rows):
+        np.testing.assert_allclose(row, plain_forward(model, context), atol=1e-12)

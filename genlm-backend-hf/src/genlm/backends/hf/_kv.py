@@ -324,7 +324,13 @@ class BatchInputs:
 def group_rows(rows: list[Row], max_tokens: int, equal_new: bool = False) -> list[list[Row]]:
     """Rows split into forward passes with little padding (core's :func:`group_padded`), or,
     with ``equal_new``, into passes of rows that add the same number of tokens (core's
-    :func:`group_equal`): no padding then separates a row's past from its new tokens."""
+    :func:`group_equal`): no padding then separates a row's past from its new tokens. Either
+    way a group holds at most ``max_tokens`` rows, so that its passes of one column or more
+    (:meth:`BatchInputs.chunks`) stay within ``max_tokens`` new tokens."""
     news = [r.new for r in rows]
-    groups = group_equal(news) if equal_new else group_padded(news, max_tokens)
+    if equal_new:
+        size = max(1, max_tokens)
+        groups = [g[i : i + size] for g in group_equal(news) for i in range(0, len(g), size)]
+    else:
+        groups = group_padded(news, max_tokens)
     return [[rows[i] for i in group] for group in groups]
