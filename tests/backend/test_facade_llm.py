@@ -162,9 +162,9 @@ def test_constructor_maps_batch_size_and_timeout():
     llm.close()
 
 
-def test_lora_name_selects_the_adapter_per_call(tmp_path):
-    """``lora_name=`` rows equal the core model's rows under that variant, and differ from the
-    base model's; concurrent calls under both batch without switching the model's state."""
+def with_random_adapter(tmp_path) -> AsyncTransformer:
+    """An AsyncTransformer over stories260K with a random LoRA adapter "a" (saved under
+    ``tmp_path``) loaded, the base model current."""
     peft = pytest.importorskip("peft")
     import transformers
 
@@ -181,6 +181,13 @@ def test_lora_name_selects_the_adapter_per_call(tmp_path):
         transformers.AutoTokenizer.from_pretrained(path),
     )
     llm.add_new_lora(str(tmp_path), "a")
+    return llm
+
+
+def test_lora_name_selects_the_adapter_per_call(tmp_path):
+    """``lora_name=`` rows equal the core model's rows under that variant, and differ from the
+    base model's; concurrent calls under both batch without switching the model's state."""
+    llm = with_random_adapter(tmp_path)
 
     async def run():
         return await asyncio.gather(
@@ -365,22 +372,7 @@ def test_sample_eos_ids_may_be_a_tensor():
 def test_sample_with_lora_name_draws_from_that_adapter(tmp_path):
     """The model classes' sample and batch_sample take lora_name (0.3.1): the same seed
     draws what it draws with that adapter made current by set_lora."""
-    peft = pytest.importorskip("peft")
-    import transformers
-
-    from genlm.core.backend import resolve_model_path
-
-    path = resolve_model_path("stories260K")
-    torch.manual_seed(0)
-    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    peft.get_peft_model(
-        transformers.AutoModelForCausalLM.from_pretrained(path), config
-    ).save_pretrained(tmp_path)
-    llm = AsyncTransformer(
-        transformers.AutoModelForCausalLM.from_pretrained(path),
-        transformers.AutoTokenizer.from_pretrained(path),
-    )
-    llm.add_new_lora(str(tmp_path), "a")
+    llm = with_random_adapter(tmp_path)
     prompts = [CONTEXTS[0], CONTEXTS[1]]
     named = [asyncio.run(llm.sample(p, 6, [2], seed=4, lora_name="a")) for p in prompts]
     batch = asyncio.run(llm.batch_sample(prompts, 6, [2], seed=4, lora_name="a"))
