@@ -259,11 +259,13 @@ class HFLM(BatchedLM):
             # peft puts its layers into the model itself before it loads the adapter's
             # weights: an adapter that fails to load (shapes of another model) would stay
             # in the base model's forward, so the model's layers are put back then.
-            layers = _submodules(self.model)
+            layers, attributes = _submodules(self.model), set(vars(self.model))
             try:
                 self._peft = PeftModel.from_pretrained(self.model, path, adapter_name=name).eval()
             except BaseException:
                 _restore_submodules(layers)
+                for attribute in set(vars(self.model)) - attributes:  # peft's peft_config
+                    delattr(self.model, attribute)
                 raise
             self.model = self._peft
         else:
