@@ -23,7 +23,7 @@ from genlm.core._model import BatchedLM
 from genlm.core._validation import is_integer
 from genlm.core._vocab import Vocabulary
 
-logger = logging.getLogger(__name__)
+_logger = logging.getLogger(__name__)
 
 
 def context_seed(context: Sequence[int], seed: int = 0) -> int:
@@ -113,7 +113,7 @@ class MockLM(BatchedLM):
             try:
                 kwargs["tokenizer"] = TokenizerFile(path)
             except Exception as exc:  # noqa: BLE001 - a format this tokenizers cannot read
-                logger.warning(
+                _logger.warning(
                     "mock backend: no tokenizer, tokenizers cannot read %s: %s", path, exc
                 )
         return cls(vocab, **kwargs)
