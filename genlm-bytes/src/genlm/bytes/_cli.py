@@ -26,9 +26,11 @@ async def prompt_state(byte_lm, prompt: str):
     when there is no BOS). The context returned is the token ids every candidate starts
     with.
     """
+    from genlm.core.cli import encode_text
+
     lm = byte_lm.lm
     if lm.tokenizer is not None:
-        ids = _encode(lm.tokenizer, prompt)
+        ids = encode_text(lm.tokenizer, prompt)
         bos = lm.vocab.bos_token_id
         if bos is not None and ids[:1] == [bos]:  # a tokenizer that adds it itself
             ids = ids[1:]
@@ -38,18 +40,6 @@ async def prompt_state(byte_lm, prompt: str):
             return await state.prefill(lm.vocab.decode(ids[-1:])), tuple(context)
     state = await byte_lm.initial(prompt.encode("utf-8"))
     return state, tuple(os.path.commonprefix([c.context for c in state.candidates]))
-
-
-def _encode(tokenizer, prompt: str) -> list[int]:
-    """The prompt's token ids without the special tokens a transformers tokenizer adds
-    (the BOS is added here); a tokenizer whose ``encode`` takes the text alone (tiktoken,
-    any ``encode(text) -> list[int]``, as backends document) adds none."""
-    try:
-        return list(tokenizer.encode(prompt, add_special_tokens=False))
-    except TypeError as exc:
-        if "add_special_tokens" not in str(exc):
-            raise
-        return list(tokenizer.encode(prompt))
 
 
 def describe(state, context: tuple[int, ...], beam: int) -> list[str]:

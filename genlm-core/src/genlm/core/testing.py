@@ -39,6 +39,7 @@ from scipy.stats import binom
 
 from genlm.core._errors import InvalidContextError
 from genlm.core._protocol import AsyncLM
+from genlm.core.cli import encode_text
 
 __all__ = ["AsyncLMConformance"]
 
@@ -354,7 +355,7 @@ class AsyncLMConformance:
         if lm.tokenizer is None:
             pytest.skip("the model has no tokenizer")
         for text in ("Once upon a time, there was a cat named Tom.", "It is 42 today!"):
-            ids = _encode(lm.tokenizer, text)
+            ids = encode_text(lm.tokenizer, text)
             if ids[:1] == [lm.vocab.bos_token_id]:
                 ids = ids[1:]
             spelled = lm.vocab.decode(ids)
@@ -380,15 +381,6 @@ class AsyncLMConformance:
         lm.clear_cache()
         for context, row in zip(contexts[1:] + [contexts[0]], results):
             np.testing.assert_allclose(row, lm.next_token_logprobs_sync(context), atol=self.atol)
-
-
-def _encode(tokenizer, text: str) -> list[int]:
-    """``text``'s ids without added special tokens where the tokenizer takes that keyword
-    (transformers, tokenizers), else its ``encode`` alone (tiktoken)."""
-    try:
-        return list(tokenizer.encode(text, add_special_tokens=False))
-    except TypeError:
-        return list(tokenizer.encode(text))
 
 
 #: The smallest tail probability a sampled count may have: a correct sampler's count falls

@@ -28,7 +28,7 @@ from genlm.core._plugin_hooks import command_hook
 from genlm.core.cli._errors import CLIError, one_line
 from genlm.core.cli._load import load_model
 from genlm.core.cli._progress import add_progress_option, progress_bar
-from genlm.core.cli._prompt import check_prompt
+from genlm.core.cli._prompt import check_prompt, encode_text
 
 __all__ = [
     "CLIError",
@@ -36,6 +36,7 @@ __all__ = [
     "add_progress_option",
     "check_prompt",
     "command_hook",
+    "encode_text",
     "load_model",
     "main",
     "one_line",

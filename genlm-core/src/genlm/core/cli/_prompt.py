@@ -1,8 +1,10 @@
-"""The check every command taking a text prompt makes before it loads a model."""
+"""What commands taking a text prompt share: the check they make before loading a model,
+and reading the prompt's own tokens."""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from genlm.core.cli._errors import CLIError
 
@@ -21,3 +23,21 @@ def check_prompt(prompt: str) -> None:
         prompt.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise CLIError(f"the prompt is not valid UTF-8 text: {os.fsencode(prompt)!r}") from exc
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """The token ids of ``text`` without the special tokens a transformers tokenizer adds
+    (BOS): ``encode(text, add_special_tokens=False)``, or, for a tokenizer whose ``encode``
+    takes the text alone (tiktoken, any ``encode(text) -> list[int]``, as backends
+    document), ``encode(text)``, which adds none.
+
+    Raises:
+        TypeError: what the tokenizer's ``encode`` raised, unless it was refusing the
+            ``add_special_tokens`` keyword.
+    """
+    try:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    except TypeError as exc:
+        if "add_special_tokens" not in str(exc):
+            raise
+        return list(tokenizer.encode(text))
