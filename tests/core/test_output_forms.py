@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from genlm.core import InvalidContextError, UnknownVariantError
+from genlm.core.backend import sample_token
 from genlm.core.mock import MockLM, mock_logprobs
 
 VOCAB = [b"a", b"b", b"c", b"ab", b"<eos>"]
@@ -70,6 +71,66 @@ def test_a_request_names_a_served_variant():
     with pytest.raises(KeyError, match="'a'; loaded: none"):  # adapters, none loaded yet
         unloaded.next_token_logprobs_sync([0], variant="a")
     unloaded.close()
+
+
+def draws(prompt, shift, max_tokens, rng):
+    """Core's sampler by hand over AdapterMock's rows for the variant of ``shift``."""
+    context, out = list(prompt), []
+    for _ in range(max_tokens):
+        token = sample_token(expected(context + list(shift)), rng)
+        out.append(token)
+        context.append(token)
+    return out
+
+
+def test_sample_draws_every_step_under_its_variant():
+    """``sample(variant=)`` and ``batch_sample(variant=)`` draw each step from that
+    variant's rows; a served name is checked before any work."""
+    lm = AdapterMock(VOCAB)
+    prompts = [[0], [2, 3]]
+    for variant, shift in ((None, ()), ("a", (1,)), ("b", (2,))):
+        drawn = asyncio.run(lm.sample(prompts[1], 6, [], seed=3, variant=variant))
+        assert drawn == draws(prompts[1], shift, 6, np.random.default_rng(3))
+        batch = asyncio.run(lm.batch_sample(prompts, 5, [], seed=8, variant=variant))
+        streams = np.random.SeedSequence(8).spawn(2)
+        assert batch == [
+            draws(p, shift, 5, np.random.default_rng(s)) for p, s in zip(prompts, streams)
+        ]
+    with pytest.raises(KeyError, match="'c'"):
+        asyncio.run(lm.sample(prompts[0], 2, [], variant="c"))
+    with pytest.raises(KeyError, match="'c'"):
+        asyncio.run(lm.batch_sample(prompts, 2, [], variant="c"))
+    assert len(lm.output_cache) > 0
+    lm.close()
+
+
+class SwitchableMock(AdapterMock):
+    """AdapterMock whose current variant (``set_lora``'s) is an attribute."""
+
+    current = None
+
+    def _variant(self):
+        return self.current
+
+
+def test_a_running_sample_keeps_the_variant_it_was_called_with():
+    """A sample is a request: the current variant when it is called selects every step,
+    as vLLM's own sampler does, even if the model's variant changes while it runs."""
+    lm = SwitchableMock(VOCAB)
+
+    async def switch_after_the_first_step():
+        task = asyncio.create_task(lm.sample([0], 6, [], seed=5))
+        while not len(lm.output_cache):  # the first step's row has been computed
+            await asyncio.sleep(0.001)
+        lm.current = "b"
+        return await asyncio.wait_for(task, 30)
+
+    drawn = asyncio.run(switch_after_the_first_step())
+    assert drawn == draws([0], (), 6, np.random.default_rng(5))
+    assert asyncio.run(lm.sample([0], 6, [], seed=5)) == draws(
+        [0], (2,), 6, np.random.default_rng(5)
+    )
+    lm.close()
 
 
 def test_numpy_output_is_unchanged_and_needs_no_torch():

@@ -104,3 +104,31 @@ def test_a_request_names_its_adapter_with_variant(vllm_lm, adapter, merged_model
     np.testing.assert_allclose(base, expected(context), atol=1e-4)
     with pytest.raises(KeyError, match="'nope'.*'random'"):
         vllm_lm.next_token_logprobs_sync(context, variant="nope")
+
+
+def test_sample_draws_under_its_variant(vllm_lm, adapter, merged_model, expected):
+    """``sample``/``batch_sample(variant=)`` draw every step under that adapter: vLLM's own
+    greedy run follows the merged model's argmax, and core's seeded sampler draws what it
+    draws with the adapter set; an unregistered name fails before any work."""
+    path, _ = adapter
+    try:
+        vllm_lm.add_lora(path, "random")
+    except ValueError:  # registered by an earlier test of this module
+        pass
+    prompt = [50256, 464, 3290]
+    context, greedy = list(prompt), []
+    for _ in range(4):
+        greedy.append(int(np.argmax(expected(context, model=merged_model))))
+        context.append(greedy[-1])
+    assert asyncio.run(vllm_lm.sample(prompt, 4, [], temperature=0, variant="random")) == greedy
+    batch = asyncio.run(vllm_lm.batch_sample([prompt], 4, [], temperature=0, variant="random"))
+    assert batch == [greedy]
+    seeded = asyncio.run(vllm_lm.sample(prompt, 4, [], seed=1, variant="random"))
+    vllm_lm.set_lora("random")
+    try:
+        assert asyncio.run(vllm_lm.sample(prompt, 4, [], seed=1)) == seeded
+    finally:
+        vllm_lm.clear_lora()
+    for seed in (None, 1):
+        with pytest.raises(KeyError, match="'nope'"):
+            asyncio.run(vllm_lm.sample(prompt, 2, [], seed=seed, variant="nope"))

@@ -171,6 +171,12 @@ def _lora_option(lora_name: str | None) -> dict[str, str]:
     return {} if lora_name is None else {"lora_name": lora_name}
 
 
+def _variant_option(lora_name: str | None) -> dict[str, str]:
+    """``lora_name`` as core's ``variant=`` keyword; nothing for None (core's default, the
+    model's current variant)."""
+    return {} if lora_name is None else {"variant": lora_name}
+
+
 class _CoreBacked(AsyncLM):
     """What every facade shares: all calls go to ``self.core_lm``, a genlm-core model.
 
@@ -324,7 +330,7 @@ class _CoreBacked(AsyncLM):
         for every call). Backends without pinning (vllm's own prefix cache) compute the
         prompt once.
         """
-        options = {} if lora_name is None else {"variant": lora_name}
+        options = _variant_option(lora_name)
         cache_kv = getattr(self.core_lm, "cache_kv", None)
         if cache_kv is not None:
             cache_kv(prompt_tokens, **options)
@@ -348,19 +354,14 @@ class _CoreBacked(AsyncLM):
 
         Draws are exact (core's Gumbel-max over the float32 row); the same seed gives the same
         tokens, though not the same tokens as genlm-backend's torch.multinomial draws.
-        ``lora_name``: the adapter of every step (None: the model's current one), drawn with
-        the same sampler from this model's rows under it.
+        ``lora_name``: the adapter of every step (core's ``variant``; None: the model's
+        current one).
         """
-        if lora_name is not None:  # core's sample draws under the current variant
-            check_sampling_args(max_tokens, temperature)
-            limit = self.core_lm.max_context_length
-            if limit is not None:  # stop at the limit, as core's sampler does
-                max_tokens = min(max_tokens, max(0, limit + 1 - len(prompt_token_ids)))
-            return await super().sample(
-                prompt_token_ids, max_tokens, eos_token_ids, temperature, seed, lora_name
-            )
         eos = eos_id_set(eos_token_ids, ())
-        tokens = await self.core_lm.sample(prompt_token_ids, max_tokens, eos, temperature, seed)
+        options = _variant_option(lora_name)
+        tokens = await self.core_lm.sample(
+            prompt_token_ids, max_tokens, eos, temperature, seed, **options
+        )
         if tokens and tokens[-1] in eos:
             tokens.pop()
         return tokens

@@ -469,18 +469,23 @@ class BatchedLM(abc.ABC):
         eos_token_ids: Sequence[int] | None = None,
         temperature: float = 1.0,
         seed: int | None = None,
+        *,
+        variant: Hashable = CURRENT_VARIANT,
     ) -> list[int]:
         """Ancestral sampling; returns the new tokens, the EOS token included if one ended it.
 
         ``eos_token_ids=None`` uses ``vocab.eos_token_ids``; ``temperature=0`` is greedy;
-        the same ``seed`` gives the same tokens (None draws fresh entropy). Sampling also
+        the same ``seed`` gives the same tokens (None draws fresh entropy). ``variant``
+        selects the variant of every step, like a row request's; by default the model's
+        current one when ``sample`` is called (a later ``set_lora`` does not change a
+        sample already running). Sampling also
         stops, returning the tokens drawn so far, once the context (prompt and new tokens)
         is longer than :attr:`max_context_length`: the last token is drawn from a context
         of exactly that length, so at most ``max_context_length + 1 - len(prompt)`` tokens
         come back.
         """
         check_sampling_args(max_tokens, temperature)
-        request = self.validate_request(prompt_token_ids)
+        request = self.validate_request(prompt_token_ids, variant)
         eos, rng = eos_id_set(eos_token_ids, self._vocab.eos_token_ids), np.random.default_rng(seed)
         return await self._sample(request, max_tokens, eos, temperature, rng)
 
@@ -492,15 +497,14 @@ class BatchedLM(abc.ABC):
         temperature: float,
         rng: np.random.Generator,
     ) -> list[int]:
-        """Draw from the validated ``request``'s context on (each step under the model's
-        variant when it is asked, as every call is)."""
-        context = list(request.ids)
+        """Draw from the validated ``request``'s context on, every step under its variant."""
+        context, variant = list(request.ids), request.variant
         generated: list[int] = []
         limit = self.max_context_length
         # Stop, like vLLM's length cap, rather than lose the tokens drawn so far when the
         # growing context would be refused.
         while len(generated) < max_tokens and (limit is None or len(context) <= limit):
-            logprobs = await self.next_token_logprobs(context)
+            logprobs = await self.next_token_logprobs(context, variant=variant)
             token = sample_token(logprobs, rng, temperature)
             generated.append(token)
             context.append(token)
@@ -515,11 +519,14 @@ class BatchedLM(abc.ABC):
         eos_token_ids: Sequence[int] | None = None,
         temperature: float = 1.0,
         seed: int | None = None,
+        *,
+        variant: Hashable = CURRENT_VARIANT,
     ) -> list[list[int]]:
-        """:meth:`sample` for each prompt, concurrently, every prompt checked first; prompt
-        ``i`` draws from stream ``i`` of ``numpy.random.SeedSequence(seed).spawn``."""
+        """:meth:`sample` for each prompt (all under ``variant``), concurrently, every
+        prompt checked first; prompt ``i`` draws from stream ``i`` of
+        ``numpy.random.SeedSequence(seed).spawn``."""
         check_sampling_args(max_tokens, temperature)
-        requests = [self.validate_request(prompt) for prompt in prompts]
+        requests = self.validate_requests(prompts, variant)
         eos = eos_id_set(eos_token_ids, self._vocab.eos_token_ids)
         rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(len(requests))]
         return await gather_all(

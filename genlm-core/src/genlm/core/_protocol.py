@@ -32,7 +32,8 @@ class AsyncLM(Protocol):
     ``variant=`` selects what besides the context changes the distribution for this request
     only (hf: a LoRA adapter name, None for the base model; by default the model's current
     one), and ``output="torch"`` returns float32 torch tensors on the device the backend
-    computed them on instead of numpy arrays.
+    computed them on instead of numpy arrays. ``sample`` and ``batch_sample`` take
+    ``variant=`` too: the variant of every step.
     """
 
     @property
@@ -70,6 +71,7 @@ class AsyncLM(Protocol):
         eos_token_ids: Sequence[int] | None,
         temperature: float = 1.0,
         seed: int | None = None,
+        **options: Any,
     ) -> list[int]:
         """Ancestral sampling: the generated ids (an EOS included), without the prompt.
 
@@ -85,6 +87,7 @@ class AsyncLM(Protocol):
         eos_token_ids: Sequence[int] | None,
         temperature: float = 1.0,
         seed: int | None = None,
+        **options: Any,
     ) -> list[list[int]]:
         """:meth:`sample` for several prompts, their steps batched; one seed for all."""
 

@@ -42,7 +42,13 @@ from typing import Any, Literal
 import numpy as np
 
 from genlm.core import ModelClosedError, UnknownVariantError, Vocabulary
-from genlm.core.backend import BatchedLM, check_sampling_args, eos_id_set, resolve_model_path
+from genlm.core.backend import (
+    CURRENT_VARIANT,
+    BatchedLM,
+    check_sampling_args,
+    eos_id_set,
+    resolve_model_path,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -451,6 +457,8 @@ class VLLMLM(BatchedLM):
         eos_token_ids: Sequence[int] | None = None,
         temperature: float = 1.0,
         seed: int | None = None,
+        *,
+        variant: Hashable = CURRENT_VARIANT,
     ) -> list[int]:
         """Sample a continuation of one prompt.
 
@@ -465,6 +473,8 @@ class VLLMLM(BatchedLM):
                 vLLM's own notion of EOS is not used.
             temperature: sampling temperature, >= 0 (0: greedy).
             seed: None for vLLM's unseeded sampler, else the seed of core's sampler.
+            variant: the LoRA adapter of every step (a name registered with
+                :meth:`add_lora`, None for the base model); by default the current one.
 
         Returns:
             The new token ids, the EOS token included if one ended the generation.
@@ -475,13 +485,14 @@ class VLLMLM(BatchedLM):
             ModelClosedError: the model was closed.
             ValueError: ``max_tokens`` or ``temperature`` is negative.
             RuntimeError: unseeded, the engine stopped without finishing a request.
+            UnknownVariantError: no adapter is registered under ``variant``.
         """
         if self._core_samples(max_tokens, temperature, seed):
             return await super().sample(
-                prompt_token_ids, max_tokens, eos_token_ids, temperature, seed
+                prompt_token_ids, max_tokens, eos_token_ids, temperature, seed, variant=variant
             )
         outputs = await self._native_sample(
-            [prompt_token_ids], max_tokens, eos_token_ids, temperature
+            [prompt_token_ids], max_tokens, eos_token_ids, temperature, variant
         )
         return outputs[0]
 
@@ -492,6 +503,8 @@ class VLLMLM(BatchedLM):
         eos_token_ids: Sequence[int] | None = None,
         temperature: float = 1.0,
         seed: int | None = None,
+        *,
+        variant: Hashable = CURRENT_VARIANT,
     ) -> list[list[int]]:
         """:meth:`sample` for each prompt; unseeded, in one engine run; seeded, prompt ``i``
         gets its own seed stream (as core's ``batch_sample``).
@@ -503,6 +516,7 @@ class VLLMLM(BatchedLM):
             temperature: sampling temperature, >= 0 (0: greedy).
             seed: None for vLLM's unseeded sampler, else the root of the prompts' seed
                 streams for core's sampler.
+            variant: the LoRA adapter of every prompt's steps (as in :meth:`sample`).
 
         Returns:
             The new token ids of each prompt, in the order of ``prompts``.
@@ -513,10 +527,13 @@ class VLLMLM(BatchedLM):
             ModelClosedError: the model was closed.
             ValueError: ``max_tokens`` or ``temperature`` is negative.
             RuntimeError: unseeded, the engine stopped without finishing a request.
+            UnknownVariantError: no adapter is registered under ``variant``.
         """
         if self._core_samples(max_tokens, temperature, seed):
-            return await super().batch_sample(prompts, max_tokens, eos_token_ids, temperature, seed)
-        return await self._native_sample(prompts, max_tokens, eos_token_ids, temperature)
+            return await super().batch_sample(
+                prompts, max_tokens, eos_token_ids, temperature, seed, variant=variant
+            )
+        return await self._native_sample(prompts, max_tokens, eos_token_ids, temperature, variant)
 
     @staticmethod
     def _core_samples(max_tokens: int, temperature: float, seed: int | None) -> bool:
@@ -535,8 +552,10 @@ class VLLMLM(BatchedLM):
         max_tokens: int,
         eos_token_ids: Sequence[int] | None,
         temperature: float,
+        variant: Hashable,
     ) -> list[list[int]]:
-        """Unseeded generation by vLLM's sampler, in one engine run on the worker.
+        """Unseeded generation by vLLM's sampler, in one engine run on the worker, under
+        ``variant``'s adapter.
 
         Seeds stay with core's sampler: vLLM's seeded draws differ between its CPU and
         GPU samplers, and vLLM 0.32's CPU build fails a seeded request whose prompt is
@@ -544,7 +563,7 @@ class VLLMLM(BatchedLM):
         If the caller is cancelled, the run stops at the next engine step and aborts its
         requests (see :meth:`_run`).
         """
-        requests = self.validate_requests(prompts)
+        requests = self.validate_requests(prompts, variant)
         # Ids outside the vocabulary are never drawn, so they stop nothing, as in core's
         # sampler (vLLM would refuse the request on the worker).
         size = len(self.vocab)
