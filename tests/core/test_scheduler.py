@@ -751,6 +751,69 @@ class TestFiringRule:
             worker.close()
 
 
+class TestOptionsSetLater:
+    """The options may be set while requests wait: those requests follow the new values."""
+
+    @pytest.mark.parametrize("new_wait", [0.0, 0.001])
+    def test_a_lowered_max_wait_s_applies_to_queued_requests(self, new_wait):
+        """Requests queued under a long wait are served under the new, short one (before,
+        a wait set to 0 left them queued with no flush or timer to fire them: never
+        answered), and so are the requests queued behind them."""
+        worker = ModelWorker("test")
+        gate = Gate()
+        batcher = AutoBatcher(gate, worker, max_wait_s=1000.0, max_batch_size=8)
+
+        async def main():
+            first = batcher.submit(0)
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert not first.done() and gate.started == 0  # waiting for company
+            behind = batcher.submit(1)
+            await asyncio.sleep(0)
+            batcher.max_wait_s = new_wait
+            gc.collect()  # nothing but its flush or timer holds the loop's state
+            return await asyncio.wait_for(asyncio.gather(first, behind), 30)
+
+        assert run(main()) == [("r", 0), ("r", 1)]
+        worker.close()
+
+    def test_max_wait_s_set_from_another_thread_reaches_the_loop(self):
+        """A setter called off the loop's thread has the loop apply the rule itself."""
+        worker = ModelWorker("test")
+        gate = Gate()
+        batcher = AutoBatcher(gate, worker, max_wait_s=1000.0)
+
+        async def main():
+            waiter = batcher.submit(0)
+            await asyncio.sleep(0)  # its arrival flush ran: it waits for company
+            setter = threading.Thread(target=setattr, args=(batcher, "max_wait_s", 0.0))
+            setter.start()
+            setter.join(10)
+            return await asyncio.wait_for(waiter, 30)
+
+        assert run(main()) == ("r", 0)
+        worker.close()
+
+    def test_a_raised_max_in_flight_hands_a_waiting_batch_over_now(self, gated):
+        """A batch queued for want of room goes to the worker as soon as room is made: a
+        request made afterwards no longer joins it."""
+        gate, batcher = gated(max_in_flight=1)
+
+        async def main():
+            first = batcher.submit(0)
+            await until(lambda: gate.started == 1)
+            second = batcher.submit(1)
+            await asyncio.sleep(0.01)  # its arrival flush ran; no room, so it waits
+            batcher.max_in_flight = 2
+            third = batcher.submit(2)
+            await asyncio.sleep(0.01)
+            gate.open()
+            return await asyncio.wait_for(asyncio.gather(first, second, third), 5)
+
+        assert run(main()) == [("r", 0), ("r", 1), ("r", 2)]
+        assert gate.batches == [[0], [1], [2]]
+
+
 class TestRunSync:
     def test_items_are_deduplicated_grouped_and_chunked(self):
         """run_sync computes each distinct item once, in batches of one group and at most

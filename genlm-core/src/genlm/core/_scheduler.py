@@ -85,9 +85,10 @@ class _Entry:
     item: Any
     key: Hashable
     group: Hashable
-    #: Loop time at which a partial batch holding this entry may fire (arrival time
-    #: plus ``max_wait_s``); it also orders batches, oldest first.
-    deadline: float
+    #: Loop time of arrival: a partial batch holding this entry may fire from
+    #: ``arrival + max_wait_s`` on (the option's value then, so a change applies to
+    #: queued requests too); it also orders batches, oldest first.
+    arrival: float
     waiters: list[Waiter]
     #: The queues' :attr:`_Queues.round` when the entry was queued: its arrival flush has
     #: run once the queues' round is past it.
@@ -170,8 +171,10 @@ class AutoBatcher(Generic[I, R]):
             raises, that batch's waiters get the exception.
         max_in_flight: most batches per event loop handed to the worker at once.
 
-    The three options may be set again later (the attributes of the same names); every
-    value is checked where it is set.
+    The three options may be set again later (the attributes of the same names), from
+    any thread; every value is checked where it is set, and requests already queued
+    follow the new values (a partial batch waits ``max_wait_s`` as it is now after its
+    oldest request's arrival).
 
     Raises:
         TypeError: ``max_batch_size`` or ``max_in_flight`` not an integer, or
@@ -194,9 +197,6 @@ class AutoBatcher(Generic[I, R]):
     ):
         self.run_batch = run_batch
         self.worker = worker
-        self.max_batch_size = max_batch_size
-        self.max_wait_s = max_wait_s
-        self.max_in_flight = max_in_flight
         self._key = key
         self._group = group
         self._on_results = on_results
@@ -208,11 +208,15 @@ class AutoBatcher(Generic[I, R]):
         self._last: weakref.ref[_LoopState] | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self.max_in_flight = max_in_flight
         #: Counters for tests and benchmarks: batches run and items computed.
         self.stats = {"batches": 0, "items": 0}
 
     # The options are read on every request as plain attributes (``_max_batch_size``...);
-    # the properties check a value when it is set.
+    # the properties check a value when it is set, and have every event loop apply the
+    # firing rule again to what it has queued (see _reapply).
 
     @property
     def max_batch_size(self) -> int:
@@ -222,6 +226,7 @@ class AutoBatcher(Generic[I, R]):
     @max_batch_size.setter
     def max_batch_size(self, value: int) -> None:
         self._max_batch_size = checked_count("max_batch_size", value, 1)
+        self._options_changed()
 
     @property
     def max_wait_s(self) -> float:
@@ -231,6 +236,7 @@ class AutoBatcher(Generic[I, R]):
     @max_wait_s.setter
     def max_wait_s(self, value: float) -> None:
         self._max_wait_s = checked_seconds("max_wait_s", value)
+        self._options_changed()
 
     @property
     def max_in_flight(self) -> int:
@@ -240,6 +246,37 @@ class AutoBatcher(Generic[I, R]):
     @max_in_flight.setter
     def max_in_flight(self, value: int) -> None:
         self._max_in_flight = checked_count("max_in_flight", value, 1)
+        self._options_changed()
+
+    def _options_changed(self) -> None:
+        """Have each event loop apply the firing rule again to its queued requests under
+        the options just set (on that loop's thread; at once for the calling thread's
+        running loop), so that a lowered ``max_wait_s`` or a raised ``max_in_flight``
+        takes effect for requests already waiting. Safe from any thread."""
+        try:
+            current = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        with self._lock:
+            states = list(self._states.values())
+        for state in states:
+            loop = state.loop()
+            if loop is None or not state.queues:
+                continue
+            if loop is current:
+                self._reapply(state)
+                continue
+            try:
+                loop.call_soon_threadsafe(self._reapply, state)
+            except RuntimeError:  # the loop is closed: nobody can await its futures
+                pass
+
+    def _reapply(self, state: _LoopState) -> None:
+        """Fire what the current options allow now and re-arm the timer for them."""
+        if state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
+        self._flush(state, asyncio.get_running_loop().time())
 
     def _state(self, loop: asyncio.AbstractEventLoop) -> _LoopState:
         """The loop's state, registered if new; refuses once closed.
@@ -277,7 +314,7 @@ class AutoBatcher(Generic[I, R]):
         loop = asyncio.get_running_loop()
         state = self._loop_state(loop)
         waiter: asyncio.Future[R] = _Future(loop=loop)
-        queue = self._enqueue(state, item, waiter, loop.time() + self._max_wait_s)
+        queue = self._enqueue(state, item, waiter, loop.time())
         if queue is not None:  # queued anew, else it joined a pending entry
             full = len(queue) >= self._max_batch_size
             # _arrived has nothing to do for a partial batch whose flush is scheduled.
@@ -289,14 +326,14 @@ class AutoBatcher(Generic[I, R]):
         """:meth:`submit` each of ``items``, in order, as if they arrived together (one
         lookup of the loop's state, one arrival time); a future per item."""
         loop = asyncio.get_running_loop()
-        state, deadline = self._loop_state(loop), loop.time() + self._max_wait_s
+        state, arrival = self._loop_state(loop), loop.time()
         enqueue = self._enqueue
         waiters = []
         full = queued = False
         try:
             for item in items:
                 waiters.append(waiter := _Future(loop=loop))
-                queue = enqueue(state, item, waiter, deadline)
+                queue = enqueue(state, item, waiter, arrival)
                 if queue is not None:
                     queued = True
                     full = full or len(queue) >= self._max_batch_size
@@ -332,7 +369,7 @@ class AutoBatcher(Generic[I, R]):
             state.soon = loop.call_soon(self._on_soon, state)
 
     def _enqueue(
-        self, queues: _Queues, item: I, waiter: Waiter, deadline: float
+        self, queues: _Queues, item: I, waiter: Waiter, arrival: float
     ) -> dict[_Entry, None] | None:
         """Join ``item``'s pending entry, or queue a new one; return its group's queue
         if a new entry was queued, None if it joined."""
@@ -340,7 +377,7 @@ class AutoBatcher(Generic[I, R]):
         group = self._group(item) if self._group is not None else None
         # Looked up first: a key or group that cannot be hashed fails before any change.
         queue = queues.queues.get(group)
-        entry = _Entry(item, key, group, deadline, [waiter], queues.round)
+        entry = _Entry(item, key, group, arrival, [waiter], queues.round)
         pending = queues.entries.setdefault(key, entry)  # one hash of the key, new or not
         if pending is not entry:
             with self._lock:
@@ -388,9 +425,9 @@ class AutoBatcher(Generic[I, R]):
             if len(batch) < self._max_batch_size:
                 if batch[-1].round >= queues.round:  # rounds rise along a queue
                     batch = [entry for entry in batch if entry.round < queues.round]
-                if not batch or batch[0].deadline > now:
+                if not batch or batch[0].arrival + self._max_wait_s > now:
                     continue
-            if best is None or batch[0].deadline < best[0].deadline:
+            if best is None or batch[0].arrival < best[0].arrival:
                 best = batch
         if best is not None:
             queue = queues.queues[best[0].group]
@@ -427,7 +464,7 @@ class AutoBatcher(Generic[I, R]):
 
     def _arm(self, state: _LoopState) -> None:
         """Arm the loop's one timer for the oldest queued request's deadline."""
-        deadline = min(next(iter(q)).deadline for q in state.queues.values())
+        deadline = min(next(iter(q)).arrival for q in state.queues.values()) + self._max_wait_s
         if state.timer is not None:
             if state.timer.when() <= deadline:
                 return
