@@ -474,6 +474,37 @@ class TestClose:
         np.testing.assert_allclose(new, mock_logprobs((1, 2), 8, 1), atol=1e-6)
         assert lm.batch_count == 2
 
+    def test_a_clear_cache_whose_backend_clear_raises_still_refuses_joins(self):
+        """The backend's clear changes its state, then raises: clear_cache() raises that
+        error, and a request made afterwards is still computed anew rather than joining
+        the old state's batch in flight."""
+        from genlm.core.mock import MockLM
+
+        class HalfClear(MockLM):
+            def _clear_backend_cache(self):
+                self.seed = 1
+                raise RuntimeError("the backend's clear failed half way")
+
+        lm = HalfClear([bytes([i]) for i in range(8)])
+
+        async def main():
+            first = asyncio.ensure_future(lm.next_token_logprobs([1, 2]))
+            await asyncio.sleep(0)  # it submits ...
+            await asyncio.sleep(0)  # ... and its batch goes to the worker
+            lm.worker.call(lambda: None)  # the loop blocked: computed, not yet delivered
+            with pytest.raises(RuntimeError, match="half way"):
+                lm.clear_cache()
+            again = await lm.next_token_logprobs([1, 2])
+            return await first, again
+
+        try:
+            old, new = run(main())
+        finally:
+            lm.close()
+        np.testing.assert_allclose(old, mock_logprobs((1, 2), 8, 0), atol=1e-6)
+        np.testing.assert_allclose(new, mock_logprobs((1, 2), 8, 1), atol=1e-6)
+        assert lm.batch_count == 2
+
     def test_clear_cache_racing_close_does_not_raise(self, lm):
         """clear_cache() after close started is a no-op for the backend, not an error."""
         lm.next_token_logprobs_sync([1])

@@ -60,6 +60,11 @@ def test_a_request_names_a_served_variant():
     assert len(lm.output_cache) == 3
     with pytest.raises(KeyError, match="'c'; loaded: 'a', 'b'"):
         lm.next_token_logprobs_sync([0], variant="c")
+    keyed = type("Keyed", (AdapterMock,), {"_served_variants": lambda self: {"a": 1}.keys()})
+    other = keyed(VOCAB)  # a name that cannot be a key is not a served one either
+    with pytest.raises(KeyError, match=r"\['a'\]; loaded: 'a'"):
+        other.next_token_logprobs_sync([0], variant=["a"])
+    other.close()
     # Also the ValueError genlm-backend 0.3.1 raised, and its message is the plain text
     # (a KeyError's str is the repr of its message).
     with pytest.raises(ValueError) as raised:

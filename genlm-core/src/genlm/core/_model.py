@@ -213,7 +213,11 @@ class BatchedLM(abc.ABC):
         served = self._served_variants()
         if served is None:
             raise ValueError(f"{self.name} has no variants (adapters); got variant={variant!r}")
-        if variant not in served:
+        try:
+            known = variant in served
+        except TypeError:  # unhashable (a list): no variant's name, and no key either
+            known = False
+        if not known:
             loaded = ", ".join(sorted(map(repr, served))) or "none"
             raise UnknownVariantError(
                 f"{self.name} has no variant (adapter) {variant!r}; loaded: {loaded}"
@@ -543,18 +547,22 @@ class BatchedLM(abc.ABC):
         later request never joins a batch that was in flight (it is computed anew).
         """
         self.output_cache.clear()
-        if not self._closed:
-            try:
+        try:
+            if not self._closed:
                 self.worker.call(self._clear_backend_and_rows)
-            except ModelClosedError:  # closed meanwhile: the release drops that state anyway
-                pass
-        self.batcher.refuse_joins()
+        except ModelClosedError:  # closed meanwhile: the release drops that state anyway
+            pass
+        finally:  # also when the backend's clear raised: its state may have changed
+            self.batcher.refuse_joins()
 
     def _clear_backend_and_rows(self) -> None:
         """Worker side of :meth:`clear_cache`: the backend's state, then the rows of the
-        batches that ran before it (a batch that starts later records the new generation)."""
-        self._clear_backend_cache()
-        self.output_cache.clear()
+        batches that ran before it (a batch that starts later records the new generation),
+        those rows even when the backend's clear raised (it may have changed part of it)."""
+        try:
+            self._clear_backend_cache()
+        finally:
+            self.output_cache.clear()
 
     def _begin_close(self) -> concurrent.futures.Future[None]:
         """Start closing, once: refuse new requests, fail queued ones, and queue the
