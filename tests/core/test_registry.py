@@ -166,6 +166,26 @@ class TestPluginAPI:
         assert "built for plugin API 1" in str(error) and "serves plugin API 3" in str(error)
         assert str(error).endswith("pip install --upgrade dist-p")
 
+    def test_an_incompatible_owner_still_holds_its_name(self):
+        """The owner of a name built for another API: no other plugin takes the name over
+        (it was served, silently); asking for it raises the owner's line, and the
+        intruder's claim is reported."""
+        owner = BackendSpec(name="x", loader="a.b:c", distribution="genlm-backend-x", plugin_api=2)
+        other = attrs.evolve(owner, distribution="genlm-backend-other", plugin_api=PLUGIN_API)
+        for order in ((0, 1), (1, 0)):
+            plugins = [
+                ("x", "genlm-backend-x", plugin("x", owner)),
+                ("other", "genlm-backend-other", plugin("other", other)),
+            ]
+            reg = Registry()
+            reg.register_plugins([plugins[i] for i in order])
+            assert "x" not in reg.backends
+            with pytest.raises(BackendUnavailableError, match="built for plugin API 2"):
+                reg.select("x")
+            lines = sorted(str(e) for e in reg.errors)
+            assert len(lines) == 2 and "belongs to genlm-backend-x" in lines[0]
+            assert "'other'" in lines[0] and "plugin API 2" in lines[1]
+
     def test_loading_an_incompatible_backend_raises_its_line(self):
         """Asking for the rejected backend raises the same one line; auto-selection lists it."""
         new = BackendSpec(

@@ -83,6 +83,9 @@ class _Claim:
     spec: BackendSpec
     plugin: str
     distribution: str | None
+    #: The owner's claim from a build for another plugin API (already reported): it
+    #: still holds the name against others, but no backend is served under it.
+    incompatible: PluginLoadError | None = attrs.field(default=None, eq=False)
 
     @property
     def owns(self) -> bool:
@@ -267,14 +270,16 @@ class Registry:
     def _claim_backend(self, spec: BackendSpec, plugin: str, dist: str | None) -> None:
         if not isinstance(spec, BackendSpec):
             raise TypeError(f"register() takes a BackendSpec, got {type(spec).__name__}")
+        claim = _Claim(spec, plugin, dist)
         reason = incompatibility(spec.plugin_api, dist or spec.distribution)
         if reason is not None:
-            self.incompatible[spec.name] = self._broken(
-                plugin, dist, f"backend {spec.name!r} {reason}"
-            )
-            return
+            error = self._broken(plugin, dist, f"backend {spec.name!r} {reason}")
+            if not claim.owns:  # out of the running
+                self.incompatible[spec.name] = error
+                return
+            # The owner's name stays its own: another plugin must not take it over.
+            claim = _Claim(spec, plugin, dist, error)
         claims = self._claims.setdefault(spec.name, [])
-        claim = _Claim(spec, plugin, dist)
         if claim not in claims:
             claims.append(claim)
 
@@ -282,9 +287,11 @@ class Registry:
         """Give each claimed name to its winner; report every rejected claim once."""
         for name in sorted(self._claims):
             winner, rejected = _arbitrate(name, self._claims[name])
-            if winner is None:
+            if winner is None or winner.incompatible is not None:
                 self.backends.pop(name, None)
                 self._winners.pop(name, None)
+                if winner is not None:
+                    self.incompatible[name] = winner.incompatible
             else:
                 self.backends[name] = winner.spec
                 self._winners[name] = winner
