@@ -60,3 +60,36 @@ def test_the_published_byte_api_takes_the_facade_as_it_is(hf_llm):
     for (z1, ps1), (z2, ps2) in zip(via_facade, via_core, strict=True):
         assert z1 == z2 and np.isfinite(z1)
         np.testing.assert_array_equal(ps1, ps2)
+
+
+def test_genlm_bytes_takes_a_subclass_of_the_documented_base_class(hf_llm):
+    """A model written against 0.3.1's ``AsyncLM`` base class (``super().__init__(tokenizer)``
+    and the two row methods, torch rows) runs under genlm-bytes as 0.2.0 ran it: the same
+    numbers as the core model it forwards to."""
+    from genlm.backend.llm import AsyncLM as BaseLM
+
+    class Forwarding(BaseLM):
+        def __init__(self, core_lm):
+            super().__init__(core_lm.tokenizer)
+            self.core_lm = core_lm
+
+        async def next_token_logprobs(self, token_ids):
+            return await self.core_lm.next_token_logprobs(token_ids, output="torch")
+
+        def next_token_logprobs_sync(self, token_ids):
+            return self.core_lm.next_token_logprobs_sync(token_ids, output="torch")
+
+    user = Forwarding(hf_llm.core_lm)
+    assert user.vocab.tokens == hf_llm.core_lm.vocab.tokens
+    assert user.vocab.eos_token_ids == hf_llm.core_lm.vocab.eos_token_ids
+
+    async def walk(llm):
+        beam = await ByteBeamState.initial(llm, BeamParams(K=3))
+        beam = await beam.prefill(b" Once upon")
+        out = [(beam.logZ, (await beam.logp_next()).ps)]
+        await beam.cleanup()
+        return out
+
+    for (z1, ps1), (z2, ps2) in zip(asyncio.run(walk(user)), asyncio.run(walk(hf_llm.core_lm))):
+        assert z1 == z2 and np.isfinite(z1)
+        np.testing.assert_array_equal(ps1, ps2)

@@ -20,7 +20,7 @@ from typing import Any, Self
 import numpy as np
 import torch
 
-from genlm.backend.tokenization import decode_vocab, vocab_lists
+from genlm.backend.tokenization import read_vocab, vocab_lists
 from genlm.core import BackendNotFoundError, Vocabulary
 from genlm.core.backend import (
     BatchedLM,
@@ -53,7 +53,15 @@ class AsyncLM(ABC):
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
-        self.byte_vocab, self.str_vocab = decode_vocab(tokenizer)
+        self._token_vocab = read_vocab(tokenizer)
+        self.byte_vocab, self.str_vocab = vocab_lists(self._token_vocab, tokenizer)
+
+    @property
+    def vocab(self) -> Vocabulary:
+        """The tokenizer's :class:`~genlm.core.Vocabulary` (EOS ids included): what
+        genlm-bytes (``ByteBeamState.initial``, ``ByteLM``) and genlm.core APIs read, so a
+        subclass works with them as the model classes do."""
+        return self._token_vocab
 
     @abstractmethod
     async def next_token_logprobs(self, token_ids: Sequence[int]) -> torch.Tensor:

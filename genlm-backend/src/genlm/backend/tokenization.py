@@ -137,12 +137,18 @@ def decode_vocab(
             "byte2str_fallback must be 'tokenizer', 'latin1' or 'replace', "
             f"got {byte2str_fallback!r}"
         )
+    return vocab_lists(read_vocab(tokenizer), tokenizer, byte2str_fallback)
+
+
+def read_vocab(tokenizer: Any) -> Vocabulary:
+    """The tokenizer's :class:`~genlm.core.Vocabulary`, checked exact as :func:`decode_vocab`
+    checks it (same errors)."""
     try:
         vocab = Vocabulary.from_tokenizer(tokenizer)
     except Exception as e:
         raise ValueError(f"Could not decode byte representation of {tokenizer!r}: {e}") from e
     _check_exact(vocab, tokenizer)
-    return vocab_lists(vocab, tokenizer, byte2str_fallback)
+    return vocab
 
 
 def vocab_lists(
