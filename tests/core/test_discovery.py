@@ -191,8 +191,11 @@ class TestAvailability:
             "genlm-backend-ghost",
             loader="genlm_no_such_module_5f3a:load",
             priority=50,
+            auto_select=True,
         )
-        good = backend_plugin(make_module, "good", "genlm-backend-good", priority=1)
+        good = backend_plugin(
+            make_module, "good", "genlm-backend-good", priority=1, auto_select=True
+        )
         installed([("ghost", ghost, "genlm-backend-ghost"), ("good", good, "genlm-backend-good")])
         reg = Registry.discover()
         reason = reg.backends["ghost"].unavailable_reason()
@@ -245,7 +248,13 @@ class TestAvailability:
         """When each candidate fails to import, the error lists each failure."""
         broken = make_module("raise ImportError('gone')\n")
         reg = _registry_of(
-            BackendSpec(name="top", loader=f"{broken}:load", distribution="d", plugin_api=1),
+            BackendSpec(
+                name="top",
+                loader=f"{broken}:load",
+                distribution="d",
+                plugin_api=1,
+                auto_select=True,
+            ),
         )
         with (
             pytest.warns(RuntimeWarning),
@@ -327,9 +336,21 @@ def _serve_top_over_mock(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
     ranked over the mock backend ``m`` (priority 1)."""
     reg = _registry_of(
         BackendSpec(
-            name="top", loader=f"{module}:load", distribution="d", plugin_api=1, priority=9
+            name="top",
+            loader=f"{module}:load",
+            distribution="d",
+            plugin_api=1,
+            priority=9,
+            auto_select=True,
         ),
-        BackendSpec(name="m", loader=MOCK_LOADER, distribution="d", plugin_api=1, priority=1),
+        BackendSpec(
+            name="m",
+            loader=MOCK_LOADER,
+            distribution="d",
+            plugin_api=1,
+            priority=1,
+            auto_select=True,
+        ),
     )
     monkeypatch.setattr(_registry, "_registry", reg)
 

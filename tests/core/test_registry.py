@@ -66,6 +66,17 @@ class TestSelection:
         with pytest.raises(BackendNotFoundError, match="gpu: needs a CUDA GPU"):
             reg.select(among={"gpu", "manual"})
 
+    def test_a_backend_is_auto_selected_only_when_its_spec_says_so(self):
+        """auto_select defaults to False: a plugin that leaves it out (a toy backend)
+        never takes over the calls that name no backend."""
+        quiet = BackendSpec(
+            name="toy", loader="genlm.core.mock:MockLM.from_name", distribution="d", plugin_api=1
+        )
+        assert quiet.auto_select is False
+        reg = registry(plugin("p", quiet, spec("real", 1)))
+        assert reg.select().name == "real"
+        assert reg.select("toy").name == "toy"
+
     def test_unknown_backend_names_installed_ones_and_pip_hint(self):
         """An unknown backend's error lists what is installed and what to pip install."""
         reg = registry(plugin("p", spec("alpha"), spec("beta")))

@@ -25,7 +25,7 @@ def test_entry_point_registers_hf_with_priority_10():
     eps = importlib.metadata.entry_points(group="genlm.backends")
     assert any(ep.name == "hf" and ep.value == "genlm.backends.hf.plugin" for ep in eps)
     spec = get_registry(refresh=True).backends["hf"]
-    assert spec.priority == 10
+    assert spec.priority == 10 and spec.auto_select
     assert spec.distribution == "genlm-backend-hf"
     assert spec.unavailable_reason() is None
 

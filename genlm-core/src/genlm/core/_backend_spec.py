@@ -45,7 +45,8 @@ class BackendSpec:
         probe: a callable (or its ``"module:callable"`` path) returning None when the
             backend can run here, or a short reason why not. Must be cheap: no heavy imports.
         priority: auto-selection rank; the available backend with the highest wins.
-        auto_select: whether ``backend=None`` may pick it at all.
+        auto_select: whether ``backend=None`` may pick it at all (default False: a backend
+            serves users who name none only when its plugin says so).
         description: one line for ``genlm backends``.
         plugin_api: the plugin API version the plugin was built for (keyword only,
             required): a literal, never ``genlm.core.backend.PLUGIN_API`` read at run time.
@@ -58,7 +59,7 @@ class BackendSpec:
     distribution: str = attrs.field(validator=attrs.validators.instance_of(str))
     probe: str | Callable[[], str | None] | None = attrs.field(default=None)
     priority: int = attrs.field(default=0)
-    auto_select: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    auto_select: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     description: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     plugin_api: int = attrs.field(kw_only=True)
 

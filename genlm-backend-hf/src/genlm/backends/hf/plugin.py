@@ -14,6 +14,7 @@ genlm_register_backends = backend_hook(
         plugin_api=1,
         probe="genlm.backends.hf.plugin:unavailable_reason",
         priority=10,
+        auto_select=True,
         description="Hugging Face transformers (CPU or CUDA) with automatic KV reuse and LoRA",
     )
 )
