@@ -229,6 +229,20 @@ class TestAvailability:
         assert isinstance(lm, MockLM)
         lm.close()
 
+    def test_the_cli_loader_falls_back_as_load_model_by_name_does(self, make_module, monkeypatch):
+        """genlm.core.cli.load_model (genlm smc, genlm bytes) with no backend named: the
+        chosen backend failing to import is skipped with the same warning."""
+        from genlm.core.cli import load_model
+
+        broken = make_module("raise ImportError('libcuda.so.1: cannot open shared object file')\n")
+        _serve_top_over_mock(monkeypatch, broken)
+        with pytest.warns(RuntimeWarning, match="'top' was chosen but importing .*libcuda"):
+            lm = load_model("stories260K", None)
+        assert isinstance(lm, MockLM)
+        lm.close()
+        with pytest.raises(ImportError, match="libcuda"):  # named: no fallback
+            load_model("stories260K", "top")
+
     def test_no_fallback_when_the_backend_is_named(self, make_module, monkeypatch):
         """backend='top' whose module fails to import raises that error; the mock backend
         below it is not loaded instead."""

@@ -113,9 +113,11 @@ def load_model(model: str, backend: str | None, **opts: Any) -> Any:
 
     What a command plugin calls to load the model its user named (``genlm bytes`` does):
     a mistake becomes a :class:`~genlm.core.cli.CLIError` before anything heavy loads.
+    With ``backend=None``, as :func:`~genlm.core.load_model_by_name`: a chosen backend
+    whose code fails to import is skipped with a warning for the next usable one.
     """
     from genlm.core._registry import get_registry
 
     spec = select_backend(backend)
     name = check_model(model, spec.name)
-    return get_registry().load_model(name, spec.name, **opts)
+    return get_registry().load_model(name, None if backend is None else spec.name, **opts)
