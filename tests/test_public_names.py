@@ -11,6 +11,7 @@ its top-level names, the keys of its ``_EXPORTS`` (the lazy exports), and its su
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,10 +31,24 @@ def modules(root: Path) -> dict[str, Path]:
     return found
 
 
+def top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements run at module level: ``body`` and the blocks of its ``if``, ``try``,
+    ``with`` and loops, not the bodies of functions and classes."""
+    for node in body:
+        yield node
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.stmt):
+                yield from top_level([child])
+            elif isinstance(child, ast.ExceptHandler):
+                yield from top_level(child.body)
+
+
 def defined_names(tree: ast.Module) -> set[str]:
     """Names a module defines at top level (under ``if TYPE_CHECKING`` too) or exports lazily."""
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in top_level(tree.body):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names.add(node.name)
         elif isinstance(node, ast.Import | ast.ImportFrom):
@@ -98,11 +113,19 @@ def test_the_check_sees_a_name_that_moved(tmp_path):
     lazily exported name, a top-level name and a submodule are not."""
     pkg = tmp_path / "dist" / "src" / "genlm" / "thing"
     pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text('_EXPORTS = {"Lazy": "_impl"}\nLOCAL = 1\n')
+    (pkg / "__init__.py").write_text(
+        '_EXPORTS = {"Lazy": "_impl"}\nLOCAL = 1\n'
+        "def f():\n    from os import sep as inner\n    hidden = 1\n"
+    )
     (pkg / "_impl.py").write_text("class Lazy: ...\n")
     user = tmp_path / "benchmarks" / "use.py"
     user.parent.mkdir()
-    user.write_text("from genlm.thing import Lazy, LOCAL, _impl\nfrom genlm.thing import Moved\n")
+    user.write_text(
+        "from genlm.thing import Lazy, LOCAL, _impl\nfrom genlm.thing import Moved\n"
+        "from genlm.thing import hidden, inner\n"
+    )
     assert missing_imports(tmp_path, [user]) == [
-        "benchmarks/use.py:2: from genlm.thing import Moved"
+        "benchmarks/use.py:2: from genlm.thing import Moved",
+        "benchmarks/use.py:3: from genlm.thing import hidden",
+        "benchmarks/use.py:3: from genlm.thing import inner",
     ]
