@@ -9,7 +9,16 @@ from _smoke import assert_installed, start
 
 
 async def check() -> None:
+    import importlib.metadata
+
     import genlm.backend
+
+    # 0.3's documented extras, `[mlx]` and `[lora]`, bring the GenLM distributions for them.
+    meta = importlib.metadata.metadata("genlm-backend-compat")
+    assert {"mlx", "lora"} <= set(meta.get_all("Provides-Extra")), meta.get_all("Provides-Extra")
+    requires = meta.get_all("Requires-Dist")
+    assert any(r.startswith("genlm-backend-mlx") and 'extra == "mlx"' in r for r in requires)
+    assert any(r.startswith("genlm-backend-hf[lora]") and 'extra == "lora"' in r for r in requires)
     from genlm.backend import load_model_by_name as load_03
     from genlm.core import load_model_by_name
 
