@@ -19,7 +19,7 @@ import pytest
 from support.plugins import plugin_module
 
 from genlm.core import BackendNotFoundError, BackendUnavailableError, _registry, load_model_by_name
-from genlm.core.backend import BackendSpec, Registry
+from genlm.core.backend import PLUGIN_API, BackendSpec, Registry
 from genlm.core.cli import main
 from genlm.core.mock import MockLM
 
@@ -275,6 +275,39 @@ class TestAvailability:
             pytest.raises(BackendNotFoundError, match="top: importing"),
         ):
             reg.load_model("stories260K")
+
+
+class TestVersionHints:
+    def test_a_plugin_for_another_core_is_told_which_upgrade_fixes_it(self, make_module, installed):
+        """A plugin using a BackendSpec field this core lacks, or importing a genlm.core
+        name it lacks, fails before the version check can run: its line still names this
+        core's plugin API and the upgrade. An unrelated failure gets no such note."""
+        newer = make_module(
+            """
+            from genlm.core.backend import BackendSpec, backend_hook
+
+            genlm_register_backends = backend_hook(
+                lambda: BackendSpec(
+                    name="n", loader="a:b", distribution="genlm-backend-n", plugin_api=2,
+                    context_hint=4096,
+                )
+            )
+            """
+        )
+        older = make_module("from genlm.core.backend import a_name_core_dropped\n")
+        other = make_module("raise ImportError('libfoo.so: cannot open shared object file')\n")
+        installed(
+            [
+                ("n", newer, "genlm-backend-n"),
+                ("o", older, "genlm-backend-o"),
+                ("x", other, "genlm-backend-x"),
+            ]
+        )
+        lines = {error.plugin: str(error) for error in Registry.discover().errors}
+        hint = f"serves plugin API {PLUGIN_API}): pip install --upgrade genlm-core genlm-backend-"
+        assert "context_hint" in lines["n"] and lines["n"].endswith(hint + "n")
+        assert "a_name_core_dropped" in lines["o"] and lines["o"].endswith(hint + "o")
+        assert "libfoo" in lines["x"] and "plugin API" not in lines["x"]
 
 
 class TestIsolation:

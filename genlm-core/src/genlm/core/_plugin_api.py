@@ -39,3 +39,25 @@ def incompatibility(plugin_api: int, distribution: str) -> str | None:
         f"{core} serves plugin API {PLUGIN_API}; not loaded; "
         f"to fix: pip install --upgrade {upgrade}"
     )
+
+
+def mismatch_hint(exc: BaseException, distribution: str | None) -> str:
+    """A note for a plugin's import or registration error that reads as a plugin API
+    mismatch the version check could not see (it runs once a spec is built): a
+    genlm.core name the plugin imports and this core lacks, or a ``BackendSpec`` or
+    ``Command`` field it does not know. Empty for any other error.
+
+    Returns:
+        ``""``, or ``"; ..."`` naming this core's plugin API and the upgrades that fix it.
+    """
+    from_core = isinstance(exc, ImportError) and (exc.name or "").startswith("genlm.core")
+    unknown_field = isinstance(exc, TypeError) and any(
+        f"{cls}.__init__()" in str(exc) for cls in ("BackendSpec", "Command")
+    )
+    if not (from_core or unknown_field):
+        return ""
+    upgrade = f"genlm-core {distribution}" if distribution else "genlm-core and the plugin"
+    return (
+        f"; the plugin may be built for another genlm-core (this one serves plugin API "
+        f"{PLUGIN_API}): pip install --upgrade {upgrade}"
+    )

@@ -48,7 +48,7 @@ from genlm.core._errors import (
     BackendUnavailableError,
     PluginLoadError,
 )
-from genlm.core._plugin_api import incompatibility
+from genlm.core._plugin_api import incompatibility, mismatch_hint
 
 logger = logging.getLogger(__name__)
 
@@ -216,7 +216,8 @@ class Registry:
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:  # SystemExit too: a plugin never stops discovery
-                registry._broken(name, dist, f"failed to import {value}: {exc!r}", exc)
+                message = f"failed to import {value}: {exc!r}{mismatch_hint(exc, dist)}"
+                registry._broken(name, dist, message, exc)
         registry.register_plugins(modules)
         return registry
 
@@ -261,7 +262,8 @@ class Registry:
                         raise
                     except BaseException as exc:
                         failed = True
-                        self._broken(name, dist, f"{hook_name} raised {exc!r}", exc)
+                        message = f"{hook_name} raised {exc!r}{mismatch_hint(exc, dist)}"
+                        self._broken(name, dist, message, exc)
             if not given and not failed:
                 hook_names = [hook_name for hook_name, _ in hooks]
                 self._broken(name, dist, _registered_nothing(module, hook_names, implemented))
