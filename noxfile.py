@@ -260,7 +260,12 @@ def docs(session: nox.Session) -> None:
     session.run("mkdocs", "build", "--strict", env={**ENV, "NO_MKDOCS_2_WARNING": "1"})
     # The pages' examples and the checker's own test; the READMEs' blocks need the backends
     # and run in the bytes and mlx sessions, the backend author's page in core.
-    pytest(session, "tests/docs/test_doc_examples.py", "tests/docs/test_check_docstrings.py")
+    pytest(
+        session,
+        "tests/docs/test_doc_examples.py",
+        "tests/docs/test_check_docstrings.py",
+        "tests/docs/test_reference_pages.py",
+    )
     session.run("python", "docs/check_docstrings.py")
 
 
