@@ -39,6 +39,26 @@ def test_unknown_output_or_variant_is_a_clear_error():
     lm.close()
 
 
+def test_torch_rows_without_torch_say_what_is_missing_before_any_work(monkeypatch):
+    """Where torch is not installed (here: hidden), ``output="torch"`` names torch and the
+    fix before anything is queued, for every request form."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch fails, find_spec is None
+    lm = MockLM(VOCAB)
+    calls = (
+        lambda: lm.next_token_logprobs_sync([0], output="torch"),
+        lambda: lm.batch_next_token_logprobs_sync([[0], [1]], output="torch"),
+        lambda: asyncio.run(lm.next_token_logprobs([0], output="torch")),
+        lambda: asyncio.run(lm.batch_next_token_logprobs([[0]], output="torch")),
+    )
+    for call in calls:
+        with pytest.raises(ModuleNotFoundError, match="output='torch' needs torch"):
+            call()
+    assert lm.batch_count == 0
+    lm.close()
+
+
 class AdapterMock(MockLM):
     """A mock serving two named variants, whose rows differ from the base model's."""
 

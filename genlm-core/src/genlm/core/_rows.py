@@ -9,6 +9,7 @@ a backend hands torch rows in, so genlm-core stays torch-free.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 from collections.abc import Sequence
@@ -26,9 +27,17 @@ OUTPUTS = ("numpy", "torch")
 
 
 def check_output(output: str) -> None:
-    """Raise ``ValueError`` unless ``output`` is one of :data:`OUTPUTS`."""
+    """Raise ``ValueError`` unless ``output`` is one of :data:`OUTPUTS`, and
+    ``ModuleNotFoundError`` for ``"torch"`` where torch is not installed (before any work,
+    rather than a bare import error once the rows are computed)."""
     if output not in OUTPUTS:
         raise ValueError(f"output must be 'numpy' or 'torch', got {output!r}")
+    if output == "torch" and importlib.util.find_spec("torch") is None:
+        raise ModuleNotFoundError(
+            "output='torch' needs torch, which is not installed here (pip install torch); "
+            "output='numpy' needs nothing more",
+            name="torch",
+        )
 
 
 def is_torch(x: Any) -> bool:
