@@ -378,6 +378,33 @@ class TestIsolation:
         assert "mock" in out and "broken plugin bye (genlm-backend-bye)" in out
 
 
+def test_a_command_of_a_hidden_plugin_blames_the_allowlist(
+    make_module, installed, process_registry, monkeypatch, capsys
+):
+    """`genlm hello` when GENLM_BACKENDS hid the plugin adding it: the usage error names
+    the variable and what it hid (it read as a command never installed)."""
+    hello = make_module(
+        """
+        from genlm.core.cli import Command, command_hook
+
+        genlm_register_commands = command_hook(
+            Command(name="hello", help="greets", configure=lambda p: None, run=lambda a: 0)
+        )
+        """
+    )
+    installed([("hello", hello, "genlm-hello"), ("mock", "genlm.core.mock_plugin", "genlm-core")])
+    monkeypatch.setenv("GENLM_BACKENDS", "mock")
+    with pytest.raises(SystemExit) as exit_:
+        main(["hello"])
+    assert exit_.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "invalid choice: 'hello'" in line
+    assert "GENLM_BACKENDS='mock' hides the installed plugins hello" in line
+    monkeypatch.delenv("GENLM_BACKENDS")
+    _registry.get_registry(refresh=True)
+    assert main(["hello"]) == 0  # shown, it runs
+
+
 def _serve_top_over_mock(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
     """Make ``load_model_by_name`` see backend ``top`` (loader ``module:load``, priority 9)
     ranked over the mock backend ``m`` (priority 1)."""

@@ -61,9 +61,18 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage errors are one line on stderr (exit status 2)."""
+    """An ``ArgumentParser`` whose usage errors are one line on stderr (exit status 2).
+
+    ``hidden_note``: what ``GENLM_BACKENDS`` hid (the registry's ``allowlist_note``), added
+    to an unknown command's error, so a command of a hidden plugin does not read as one
+    never installed.
+    """
+
+    hidden_note: str | None = None
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        if self.hidden_note and "invalid choice" in message:
+            message = f"{message}; {self.hidden_note}"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -132,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     registry = get_registry()
     commands = _core_commands() + [c for _, c in sorted(registry.commands.items())]
     parser = build_parser(commands, lambda command, exc: registry.command_failed(command.name, exc))
+    parser.hidden_note = registry.allowlist_note
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING - 10 * args.verbose, format="%(levelname)s %(name)s: %(message)s"
