@@ -93,6 +93,9 @@ def test_the_kv_budget_is_checked_by_its_name():
     for option, bad in (("max_forward_tokens", 2.5), ("kv_length_multiple", "8")):
         with pytest.raises(TypeError, match=f"{option} must be an integer"):
             HFLM(model, tok, **{option: bad})
+    for bad in ("false", 0, 1):  # "false" was truthy: torch rows
+        with pytest.raises(TypeError, match="device_rows must be True, False or None"):
+            HFLM(model, tok, device_rows=bad)
 
 
 def test_quantization_options_fail_clearly():

@@ -102,6 +102,8 @@ class HFLM(BatchedLM):
         **kwargs: Any,
     ):
         max_forward_tokens = checked_count("max_forward_tokens", max_forward_tokens, 1)
+        if device_rows is not None and not isinstance(device_rows, bool):
+            raise TypeError(f"device_rows must be True, False or None, got {device_rows!r}")
         if kv_length_multiple is not None:
             kv_length_multiple = checked_count("kv_length_multiple", kv_length_multiple, 1)
         backends = None if sdpa_backends is None else _sdpa_backends(sdpa_backends)
