@@ -282,6 +282,8 @@ def test_bad_inputs_raise_clear_errors():
             with pytest.raises(ValueError, match=f"{next(iter(options))} must be"):
                 ByteLM(lm, **options)
         assert ByteLM(lm, K=np.int64(4)).K == 4  # numpy integers are integers
+        with pytest.raises(TypeError, match="device_rows must be True, False or None"):
+            ByteLM(lm, device_rows="no")  # truthy: it asked for torch rows
         # The mass cache's budget is named as the caller passed it; a whole float is taken.
         for bad, error in ((2.5, TypeError), ("100", TypeError), (-1, ValueError)):
             with pytest.raises(error, match="cache_bytes must be"):

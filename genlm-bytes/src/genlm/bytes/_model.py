@@ -110,6 +110,8 @@ class ByteModel(AsyncClosing):
         check_beam_options(K, prune_threshold, heal_max_backoff, heal_max_splits)
         if not _is_count(lookahead, 0):
             raise ValueError(f"lookahead must be an integer >= 0, got {lookahead!r}")
+        if device_rows is not None and not isinstance(device_rows, bool):
+            raise TypeError(f"device_rows must be True, False or None, got {device_rows!r}")
         self.lm = lm
         self.K = K
         self.prune_threshold = prune_threshold
