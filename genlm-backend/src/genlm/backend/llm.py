@@ -545,9 +545,10 @@ class AsyncVirtualLM(_CoreBacked):
         Args:
             model_name: the model's name or path.
             engine_opts: ``vllm.LLM`` arguments, passed through.
-            **kwargs: ``cache_size`` (rows kept in core's output cache; 0, the documented
-                default, disables it), ``cache_opts`` (ignored), ``batch_size``, ``timeout``
-                and core options.
+            **kwargs: ``cache_size`` (core's output cache holds that many rows' bytes,
+                ``cache_size * len(vocab) * 4``; its keys count too, so slightly fewer rows
+                fit; 0, the documented default, disables it), ``cache_opts`` (ignored),
+                ``batch_size``, ``timeout`` and core options.
         """
         VLLMLM = _plugin("vllm").VLLMLM  # noqa: N806 - a class
 
