@@ -30,6 +30,7 @@ def weird_registry(monkeypatch):
         loader="genlm.core.mock:MockLM.from_name",
         distribution="genlm-backend-weird",
         plugin_api=PLUGIN_API,
+        auto_select=True,
     )
     registry = Registry()
     registry.register_plugins([("weird-plugin", "genlm-backend-weird", plugin_module("w", spec))])
