@@ -81,3 +81,66 @@ def test_torch_tensors_are_accepted_and_results_are_numpy():
         TokenByteTrie([b"a"], device="tpu")
     with pytest.raises(ValueError, match="weights"):
         trie.weight_sum(np.ones(2))
+
+
+def test_released_keyword_names_are_the_documented_options():
+    """genlm-bytes 0.2.0's eos_byte_strings/atomic_byte_strings/eot_sentinel (as genlm-control
+    calls them) mean eos_tokens/atomic_tokens/eot_token, also through from_vocab; both names
+    with different values are refused."""
+    decode = [b"a", b"ab", b"\n\n", b"</s>"]
+    w = np.array([0.1, 0.2, 0.3, 0.4])
+    documented = TokenByteTrie(decode, eos_tokens=[b"</s>"], atomic_tokens=[b"ab"], eot_token=b"")
+    released = TokenByteTrie(
+        decode, eos_byte_strings=[b"</s>"], atomic_byte_strings=[b"ab"], eot_sentinel=b""
+    )
+    assert released.eos_token_ids == documented.eos_token_ids == [3]
+    assert released.eos_byte_strings == released.eos_tokens == {b"</s>"}
+    assert released.eot_sentinel == released.eot_token == b""
+    # b"ab" atomic: its 0.2 weight counts at no prefix node; b"</s>" goes to the EOS node.
+    by_prefix = dict(zip(released.node2prefix[:-1], released.weight_sum(w, TrieMode.WITH_EOS)))
+    assert by_prefix[b"a"] == pytest.approx(0.1)
+    for mode in (TrieMode.WITHOUT_EOS, TrieMode.WITH_EOS):
+        np.testing.assert_array_equal(released.weight_sum(w, mode), documented.weight_sum(w, mode))
+    both = TokenByteTrie(decode, eos_tokens=[b"</s>"], eos_byte_strings={b"</s>"})
+    assert both.eos_token_ids == [3]
+    with pytest.raises(ValueError, match="eos_tokens and eos_byte_strings"):
+        TokenByteTrie(decode, eos_tokens=[b"</s>"], eos_byte_strings=[b"\n\n"])
+    with pytest.raises(ValueError, match="atomic_tokens and atomic_byte_strings"):
+        TokenByteTrie(decode, atomic_tokens=[b"ab"], atomic_byte_strings=[b"a"])
+    with pytest.raises(TypeError, match="eos_byte_strings must be a list of byte strings"):
+        TokenByteTrie(decode, eos_byte_strings=b"</s>")
+
+    async def scenario():
+        async_trie = AsyncTokenByteTrie.from_vocab(decode, eos_byte_strings=[b"</s>"])
+        try:
+            assert async_trie.trie.eos_token_ids == [3]
+            got = await async_trie.weight_sum(w, TrieMode.WITH_EOS)
+            assert got[async_trie.trie.eos_node] == pytest.approx(0.4)
+        finally:
+            await async_trie.cleanup()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"eos_tokens": [b"</S>"]}, r"EOS byte string b'</S>' is not the bytes of any token"),
+        ({"eos_byte_strings": [b"</s>", b"zz"]}, r"EOS byte string b'zz'"),
+        ({"atomic_tokens": [b"zz"]}, r"atomic byte string b'zz' is not the bytes of any token"),
+        ({"atomic_byte_strings": [b"b"]}, r"atomic byte string b'b'"),
+    ],
+)
+def test_byte_strings_that_spell_no_token_are_refused(kwargs, message):
+    """An EOS string no token spells would leave the trie silently without EOS (and an
+    unknown atomic token is a typo too): both raise, naming the string."""
+    with pytest.raises(ValueError, match=message):
+        TokenByteTrie([b"a", b"ab", b"</s>"], **kwargs)
+
+
+def test_an_empty_vocabulary_is_refused():
+    """A trie of no tokens has nothing to sum: refused when built, not at the first call."""
+    with pytest.raises(ValueError, match="vocabulary .decode. is empty"):
+        TokenByteTrie([])
+    with pytest.raises(ValueError, match="vocabulary .decode. is empty"):
+        AsyncTokenByteTrie.from_vocab([], eos_tokens=[])

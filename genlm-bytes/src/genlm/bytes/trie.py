@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from genlm.bytes._aliases import either_byte_strings, either_name
 from genlm.bytes._eos import split_eos
 from genlm.bytes.byte_lm.trie_state import TrieMode
 from genlm.core import AsyncTokenByteTrie as CoreAsyncTrie
@@ -47,7 +48,7 @@ class EosModeTrie:
     weight sums (in a :class:`TrieMode` chosen per call) and maxima, its EOS node last.
 
     Args:
-        decode: ``decode[i]`` is token ``i``'s bytes.
+        decode: ``decode[i]`` is token ``i``'s bytes (not empty).
         device: accepted for compatibility (``None``, ``"cpu"`` or ``"cuda"``); the trie
             always computes on the CPU.
         atomic_tokens: tokens (bytes) that are not spelled by their bytes; their weight
@@ -55,6 +56,15 @@ class EosModeTrie:
         eot_token: accepted for compatibility; the end of a token is not a node here.
         eos_tokens: tokens (bytes) that end the sequence in ``WITH_EOS`` mode.
         max_batch_size: accepted for compatibility (rows are computed together anyway).
+        atomic_byte_strings, eot_sentinel, eos_byte_strings: genlm-bytes 0.2.0's released
+            names of ``atomic_tokens``, ``eot_token`` and ``eos_tokens`` (keywords only);
+            give either name of each, or both equal.
+
+    Each EOS and atomic byte string must be the bytes of some token: one that is not
+    raises ``ValueError`` (an EOS string that spells no token would silently leave the
+    trie without EOS), and so does an empty ``decode``, both names of an option given
+    different values, an unknown device; an EOS or atomic option that is one byte string
+    instead of a list, or holds something not bytes, raises ``TypeError``.
 
     Attributes:
         core: the :class:`genlm.core.TokenByteTrie` doing the work.
@@ -77,22 +87,50 @@ class EosModeTrie:
         eot_token: bytes | None = None,
         eos_tokens: Sequence[bytes] | None = None,
         max_batch_size: int = 64,
+        *,
+        atomic_byte_strings: Sequence[bytes] | None = None,
+        eot_sentinel: bytes | None = None,
+        eos_byte_strings: Sequence[bytes] | None = None,
     ):
         if device not in (None, "cpu", "cuda"):
             raise ValueError(f"Invalid device: {device!r}. Must be 'cpu', 'cuda' or None")
         self.decode = [bytes(t) for t in decode]
+        if not self.decode:
+            raise ValueError("the vocabulary (decode) is empty: a trie needs at least one token")
         self.device = "cpu"
-        self.eot_token = eot_token
+        #: The end-of-token value (unused here); also ``eot_sentinel``, 0.2.0's name.
+        self.eot_token = self.eot_sentinel = either_name(
+            "eot_token", eot_token, "eot_sentinel", eot_sentinel
+        )
         self.max_batch_size = max_batch_size
-        self.eos_tokens = set(eos_tokens or ())
+        #: The EOS byte strings; also ``eos_byte_strings``, 0.2.0's name (the same set).
+        self.eos_tokens = self.eos_byte_strings = self._known(
+            "EOS",
+            either_byte_strings("eos_tokens", eos_tokens, "eos_byte_strings", eos_byte_strings),
+        )
         self.eos_token_ids = [i for i, t in enumerate(self.decode) if t in self.eos_tokens]
-        atomic = set(atomic_tokens or ())
+        atomic = self._known(
+            "atomic",
+            either_byte_strings(
+                "atomic_tokens", atomic_tokens, "atomic_byte_strings", atomic_byte_strings
+            ),
+        )
         self.core = CoreTrie(
             self.decode, atomic_ids=[i for i, t in enumerate(self.decode) if t in atomic]
         )
         self.root = self.core.root
         self.eos_node = self.core.num_nodes
         self.num_nodes = self.core.num_nodes + 1
+
+    def _known(self, role: str, strings: set[bytes] | None) -> set[bytes]:
+        """``strings`` (None: none), each checked to be the bytes of some token."""
+        missing = sorted((strings or set()) - set(self.decode))
+        if missing:
+            raise ValueError(
+                f"{role} byte string {missing[0]!r} is not the bytes of any token of the "
+                "vocabulary (decode)"
+            )
+        return strings or set()
 
     @property
     def node2prefix(self) -> list[bytes]:

@@ -9,11 +9,13 @@ options, and ``ByteBeamState`` is :class:`genlm.bytes.BeamState` with 0.2's prun
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import attrs
 
+from genlm.bytes._aliases import byte_string_set, either_name
 from genlm.bytes._beam import BeamState
 from genlm.bytes._dist import NextByteLogprobs
 from genlm.bytes._model import ByteModel, check_beam_options, log_threshold
@@ -21,19 +23,6 @@ from genlm.bytes._types import Candidate
 from genlm.bytes.byte_lm.trie_state import LazyTrieState, TrieMode
 
 __all__ = ["BeamParams", "ByteBeamState"]
-
-
-def _eos_set(value: Iterable[bytes] | None) -> set[bytes] | None:
-    if value is None:
-        return None
-    if isinstance(value, (bytes, str)):
-        raise TypeError("EOS strings must be a list of byte strings (e.g. [b'\\n\\n']), not one")
-    out = set()
-    for item in value:
-        if not isinstance(item, (bytes, bytearray)):
-            raise TypeError(f"an EOS string must be bytes, got {item!r}")
-        out.add(bytes(item))
-    return out
 
 
 @attrs.define(kw_only=False)
@@ -61,23 +50,23 @@ class BeamParams:
     K: int | None
     prune_threshold: float = 0.0
     verbose: bool = False
-    eos_tokens: set[bytes] | None = attrs.field(default=None, converter=_eos_set)
+    eos_tokens: set[bytes] | None = attrs.field(
+        default=None, converter=partial(byte_string_set, "eos_tokens")
+    )
     heal: bool = True
     heal_max_backoff: int | None = None
     heal_max_splits: int | None = None
-    eos_byte_strings: set[bytes] | None = attrs.field(default=None, converter=_eos_set)
+    eos_byte_strings: set[bytes] | None = attrs.field(
+        default=None, converter=partial(byte_string_set, "eos_byte_strings")
+    )
 
     def __attrs_post_init__(self) -> None:
         check_beam_options(
             self.K, self.prune_threshold, self.heal_max_backoff, self.heal_max_splits
         )
-        a, b = self.eos_tokens, self.eos_byte_strings
-        if a is not None and b is not None and a != b:
-            raise ValueError(
-                "eos_tokens and eos_byte_strings name the same option and differ: "
-                f"{sorted(a)} vs {sorted(b)}; give one"
-            )
-        merged = a if a is not None else b
+        merged = either_name(
+            "eos_tokens", self.eos_tokens, "eos_byte_strings", self.eos_byte_strings
+        )
         self.eos_tokens = self.eos_byte_strings = merged if merged is not None else set()
 
     @property
