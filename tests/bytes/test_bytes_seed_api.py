@@ -8,6 +8,8 @@ and ``cleanup``. Each is checked against the project's own ``ByteLM`` path or br
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from support.bytes_lms import FixedLM, brute_force_next_symbol, run
@@ -201,6 +203,33 @@ def test_beam_params_accept_both_eos_names():
             assert ok.logZ == 0.0
 
     run(scenario())
+
+
+def test_beam_params_is_the_documented_dataclass():
+    """BeamParams is a stdlib dataclass (as the docs show and 0.2.0 ships): replace, asdict
+    and fields work; a replaced copy is checked again, and replace changes the EOS strings
+    by either name."""
+    params = BeamParams(K=5, prune_threshold=0.1, eos_byte_strings=[b"."], heal=False)
+    assert dataclasses.is_dataclass(params)
+    documented = ["K", "prune_threshold", "verbose", "eos_tokens", "heal"]
+    documented += ["heal_max_backoff", "heal_max_splits"]
+    assert [f.name for f in dataclasses.fields(BeamParams)] == [*documented, "eos_byte_strings"]
+    narrower = dataclasses.replace(params, K=3)
+    assert (narrower.K, narrower.prune_threshold, narrower.heal) == (3, 0.1, False)
+    assert narrower.eos_tokens == narrower.eos_byte_strings == {b"."}
+    assert params.K == 5  # replace makes a copy
+    for name in ("eos_tokens", "eos_byte_strings"):
+        other = dataclasses.replace(params, **{name: [b"\n", b"!"]})
+        assert other.eos_tokens == other.eos_byte_strings == {b"\n", b"!"}
+    with pytest.raises(ValueError, match="K must be"):
+        dataclasses.replace(params, K=0)
+    with pytest.raises(ValueError, match="eos_byte_strings"):
+        dataclasses.replace(params, eos_tokens=[b"x"], eos_byte_strings=[b"y"])
+    as_dict = dataclasses.asdict(params)
+    assert as_dict["K"] == 5 and as_dict["eos_tokens"] == {b"."}
+    assert BeamParams(**as_dict) == params
+    assert repr(params).startswith("BeamParams(K=5, prune_threshold=0.1, verbose=False,")
+    assert "eos_tokens={b'.'}" in repr(params)
 
 
 def test_extend_holds_the_token_boundary_mass():

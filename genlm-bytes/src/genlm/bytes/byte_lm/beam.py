@@ -9,13 +9,11 @@ options, and ``ByteBeamState`` is :class:`genlm.bytes.BeamState` with 0.2's prun
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
-from functools import partial
 from typing import Any
 
-import attrs
-
-from genlm.bytes._aliases import byte_string_set, either_name
+from genlm.bytes._aliases import either_byte_strings
 from genlm.bytes._beam import BeamState
 from genlm.bytes._dist import NextByteLogprobs
 from genlm.bytes._model import ByteModel, check_beam_options, log_threshold
@@ -25,9 +23,24 @@ from genlm.bytes.byte_lm.trie_state import LazyTrieState, TrieMode
 __all__ = ["BeamParams", "ByteBeamState"]
 
 
-@attrs.define(kw_only=False)
+class _HeldEos(set):
+    """The EOS strings as a :class:`BeamParams` holds them, under both its names.
+
+    The type marks a value read back from a ``BeamParams``: ``dataclasses.replace(params,
+    eos_byte_strings=...)`` passes the other name (``eos_tokens``) as read, and that value
+    yields to the one given fresh, so ``replace`` changes the EOS strings by either name.
+    """
+
+    def __repr__(self) -> str:
+        return repr(set(self))
+
+
+@dataclasses.dataclass
 class BeamParams:
     """Options of the byte-level beam, by the published genlm-bytes 0.2 names.
+
+    A stdlib dataclass, as documented (and as 0.2.0's is): ``dataclasses.replace``,
+    ``asdict``, ``fields`` work on it, and a replaced copy is checked again.
 
     Args:
         K: beam width, candidates kept before each step (None: no limit, exact).
@@ -40,34 +53,36 @@ class BeamParams:
         heal_max_backoff: most bytes moved out of a partial token when healing (None: all).
         heal_max_splits: most extra tokens committed inside the moved bytes (None: no limit).
         eos_byte_strings: the same as ``eos_tokens`` (genlm-bytes 0.2.0's released name, used
-            by genlm-control 0.4.1); give one of the two, or both equal.
+            by genlm-control 0.4.1); give one of the two, or both equal. Both attributes
+            then hold the same set (empty for none); a value read back from a
+            ``BeamParams`` yields to one given under the other name (``replace``).
 
     Bad values raise when the parameters are built, as ``ByteLM`` would: ``ValueError``
     (also for ``eos_tokens`` and ``eos_byte_strings`` that differ), ``TypeError`` for an
-    EOS string that is not bytes or one string instead of a list.
+    EOS string that is not bytes or one string instead of a list. Values assigned later
+    are not checked.
     """
 
     K: int | None
     prune_threshold: float = 0.0
     verbose: bool = False
-    eos_tokens: set[bytes] | None = attrs.field(
-        default=None, converter=partial(byte_string_set, "eos_tokens")
-    )
+    eos_tokens: set[bytes] | None = None
     heal: bool = True
     heal_max_backoff: int | None = None
     heal_max_splits: int | None = None
-    eos_byte_strings: set[bytes] | None = attrs.field(
-        default=None, converter=partial(byte_string_set, "eos_byte_strings")
-    )
+    eos_byte_strings: set[bytes] | None = None
 
-    def __attrs_post_init__(self) -> None:
+    def __post_init__(self) -> None:
         check_beam_options(
             self.K, self.prune_threshold, self.heal_max_backoff, self.heal_max_splits
         )
-        merged = either_name(
-            "eos_tokens", self.eos_tokens, "eos_byte_strings", self.eos_byte_strings
-        )
-        self.eos_tokens = self.eos_byte_strings = merged if merged is not None else set()
+        given, released = self.eos_tokens, self.eos_byte_strings
+        if isinstance(given, _HeldEos) and not isinstance(released, (_HeldEos, type(None))):
+            given = None
+        if isinstance(released, _HeldEos) and not isinstance(given, (_HeldEos, type(None))):
+            released = None
+        merged = either_byte_strings("eos_tokens", given, "eos_byte_strings", released)
+        self.eos_tokens = self.eos_byte_strings = _HeldEos(merged or ())
 
     @property
     def log_prune_threshold(self) -> float:
