@@ -152,6 +152,70 @@ def test_seed_beam_prunes_only_when_asked(K):
     run(scenario())
 
 
+def test_documented_constructor_makes_a_beam_of_candidates():
+    """``ByteBeamState(states, params)`` (positional or by keyword), as documented: a beam
+    of some candidates of another, stepping as :class:`SeedBeam` does from them alone."""
+
+    async def scenario():
+        async with MockLM(VOCAB, seed=3) as lm:
+            params = BeamParams(K=None, eos_tokens=[b"</s>"])
+            beam = await ByteBeamState.initial(lm, params)
+            for b in b"ab":
+                beam = await (beam << b)
+            assert len(beam) > 1
+            whole = ByteBeamState(states=list(beam), params=beam.params)
+            assert whole.logZ == beam.logZ and whole.data == beam.data == b"ab"
+            first = list(beam)[0]
+            top = ByteBeamState(list(beam)[:1], params)
+            assert type(top) is ByteBeamState and len(top) == 1 and top.data == b"ab"
+            c = first.candidate
+            expected = SeedBeam(lm, None, [(c.context, first.partial, c.logp)])
+            assert top.logZ == pytest.approx(expected.logZ, abs=1e-9)
+            for b in b"c.":
+                top = await top.advance(b)
+                expected = expected.shift(b)
+                assert type(top) is ByteBeamState
+                assert top.logZ == pytest.approx(expected.logZ, abs=1e-9)
+                ps = (await top.logp_next()).ps
+                got = np.exp(np.concatenate([ps[:256], ps[257:]]))
+                np.testing.assert_allclose(got, expected.next_symbol(), rtol=1e-9, atol=1e-12)
+            assert top.data == b"abc."
+
+    run(scenario())
+
+
+def test_documented_constructor_refuses_what_it_cannot_make():
+    """Each refusal of ``ByteBeamState(states, params)`` names its cause: no states, states
+    that are not candidates or that do not belong together, options other than the model's."""
+
+    async def scenario():
+        async with MockLM(VOCAB, seed=3) as lm:
+            params = BeamParams(K=None, eos_tokens=[b"</s>"])
+            beam = await (await ByteBeamState.initial(lm, params)).advance(ord("a"))
+            later = await beam.advance(ord("b"))
+            states = list(beam)
+            with pytest.raises(ValueError, match="at least one state"):
+                ByteBeamState([], params)
+            with pytest.raises(TypeError, match="must be a BeamParams"):
+                ByteBeamState(states, {"K": None})
+            with pytest.raises(TypeError, match="must be LazyTrieState"):
+                ByteBeamState(beam.candidates, params)
+            with pytest.raises(ValueError, match="different modes"):
+                ByteBeamState([states[0], states[0].with_mode(TrieMode.WITHOUT_EOS)], params)
+            with pytest.raises(ValueError, match="after different bytes"):
+                ByteBeamState([states[0], list(later)[0]], params)
+            async with MockLM(VOCAB, seed=4) as other_lm:
+                other = await ByteBeamState.initial(other_lm, params)
+                with pytest.raises(ValueError, match="different models"):
+                    ByteBeamState([*list(other), *states], params)
+            with pytest.raises(ValueError, match=r"K=2 \(the model's: None\)"):
+                ByteBeamState(states, BeamParams(K=2, eos_tokens=[b"</s>"]))
+            with pytest.raises(ValueError, match=r"eos_tokens=\{b'\.'\}"):
+                ByteBeamState(states, BeamParams(K=None, eos_tokens=[b"."]))
+
+    run(scenario())
+
+
 def test_ps_layout_is_the_normalized_brute_force():
     """``ps``: 258 entries, bytes 0..255, end of token (-inf) at 256, EOS at 257 (the last);
     normalized over bytes and EOS, equal to brute force over tokenizations."""

@@ -75,7 +75,8 @@ class BeamState(AsyncClosing):
     pruned beam (:meth:`prune`: the ``K`` heaviest candidates whose share of the mass is
     above the threshold), so a step costs at most ``K`` LM contexts; with ``prune=False``
     they work on the beam as it is, and the caller prunes. A state makes its successors
-    of its own class (:meth:`_derive`), so a subclass's states stay of that class.
+    of its own class (:meth:`_derive`, through :meth:`_make`), so a subclass's states stay of
+    that class.
 
     The methods that ask the token LM for rows raise its errors (e.g.
     ``InvalidContextError`` for a token id outside the vocabulary) as they are; once the
@@ -116,7 +117,19 @@ class BeamState(AsyncClosing):
     def at_context(cls, byte_lm: ByteModel, context: tuple[int, ...]) -> Self:
         """One candidate of weight 0 at a token boundary right after ``context`` (not
         checked here: the token LM validates it when first asked)."""
-        return cls(byte_lm, [Candidate(context, 0.0, byte_lm.trie.root, None, 0.0)])
+        return cls._make(byte_lm, [Candidate(context, 0.0, byte_lm.trie.root, None, 0.0)])
+
+    @classmethod
+    def _make(
+        cls,
+        byte_lm: ByteModel,
+        candidates: Sequence[Candidate],
+        data: bytes = b"",
+        eos_mode: bool = True,
+    ) -> Self:
+        """A state of this class from the constructor's arguments: where every state is
+        made, so a subclass whose own constructor takes other arguments overrides it."""
+        return cls(byte_lm, candidates, data, eos_mode)
 
     # ---- the beam ----------------------------------------------------------------------
 
@@ -138,7 +151,7 @@ class BeamState(AsyncClosing):
     ) -> Self:
         """A state of this class and model: ``candidates``, after ``data`` (default: this
         state's bytes), in ``eos_mode`` (default: this state's)."""
-        return type(self)(
+        return self._make(
             self.byte_lm,
             candidates,
             self.data if data is None else data,

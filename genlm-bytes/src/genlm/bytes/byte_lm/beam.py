@@ -10,7 +10,7 @@ options, and ``ByteBeamState`` is :class:`genlm.bytes.BeamState` with 0.2's prun
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from genlm.bytes._aliases import either_byte_strings
@@ -113,7 +113,67 @@ class ByteBeamState(BeamState):
     which needs a vocabulary with a BOS token and takes the published API's trie options:
     ``max_batch_size`` and ``device`` are accepted and have no effect (the token model's
     scheduler batches; the trie runs on the CPU), anything else raises ``TypeError``.
+
+    ``ByteBeamState(states, params)``, as documented, makes a beam of candidates of an
+    existing one (``ByteBeamState(list(beam)[:1], beam.params)``): ``states`` are
+    :class:`LazyTrieState` of one beam's model, in one mode, after the same bytes (a
+    ``TypeError`` or ``ValueError`` says which is not). ``params`` must be the options
+    that model was made with (``beam.params``, or equal to the ``initial`` ones): the
+    options are the model's, fixed by :meth:`initial`, so others raise ``ValueError``.
+    At least one state is needed, as the model comes from the states.
     """
+
+    def __init__(self, states: Iterable[LazyTrieState], params: BeamParams):
+        states = list(states)
+        if not isinstance(params, BeamParams):
+            raise TypeError(f"params must be a BeamParams, got {params!r}")
+        if not states:
+            raise ValueError(
+                "ByteBeamState(states, params) needs at least one state (its model comes from "
+                "them); start a beam with ByteBeamState.initial(llm, params)"
+            )
+        for state in states:
+            if not isinstance(state, LazyTrieState):
+                raise TypeError(
+                    f"states must be LazyTrieState (the candidates of a beam: list(beam)), "
+                    f"got {state!r}"
+                )
+        first = states[0]
+        for state in states[1:]:
+            if state.byte_lm is not first.byte_lm:
+                raise ValueError("the states belong to beams of different models")
+            if state.eos_mode != first.eos_mode:
+                raise ValueError("the states are in different modes (TrieMode); use with_mode")
+            if state.data != first.data:
+                raise ValueError(
+                    f"the states are after different bytes ({first.data!r}, {state.data!r})"
+                )
+        own = _params_of(first.byte_lm)
+        if params != own:
+            differ = [
+                f"{f.name}={getattr(params, f.name)!r} (the model's: {getattr(own, f.name)!r})"
+                for f in dataclasses.fields(BeamParams)
+                if getattr(params, f.name) != getattr(own, f.name) and f.name != "eos_byte_strings"
+            ]
+            raise ValueError(
+                f"params differ from the options the states' model was made with: "
+                f"{', '.join(differ)}; a beam's options are fixed by ByteBeamState.initial, "
+                "so pass beam.params, or start a beam with these params there"
+            )
+        super().__init__(first.byte_lm, [s.candidate for s in states], first.data, first.eos_mode)
+
+    @classmethod
+    def _make(
+        cls,
+        byte_lm: ByteModel,
+        candidates: Sequence[Candidate],
+        data: bytes = b"",
+        eos_mode: bool = True,
+    ) -> ByteBeamState:
+        """A state from :class:`BeamState`'s arguments, past the documented constructor."""
+        state = cls.__new__(cls)
+        BeamState.__init__(state, byte_lm, candidates, data, eos_mode)
+        return state
 
     @classmethod
     async def initial(
@@ -140,22 +200,15 @@ class ByteBeamState(BeamState):
 
     @property
     def params(self) -> BeamParams:
-        """The beam's options by the published names."""
-        m = self.byte_lm
-        return BeamParams(
-            K=m.K,
-            prune_threshold=m.prune_threshold,
-            verbose=m.verbose,
-            eos_tokens={m.lm.vocab.tokens[i] for i in m.eos_ids},
-            heal=m.heal,
-            heal_max_backoff=m.heal_max_backoff,
-            heal_max_splits=m.heal_max_splits,
-        )
+        """The beam's options by the published names: a new :class:`BeamParams` equal to
+        the one :meth:`initial` was given (the options are the model's; changing this
+        object changes no beam)."""
+        return _params_of(self.byte_lm)
 
     @property
     def states(self) -> list[LazyTrieState]:
         """The candidates as :class:`LazyTrieState` views, heaviest first."""
-        return [LazyTrieState(self.byte_lm, c, self.eos_mode) for c in self.candidates]
+        return [LazyTrieState(self.byte_lm, c, self.eos_mode, self.data) for c in self.candidates]
 
     def __iter__(self) -> Iterator[LazyTrieState]:
         return iter(self.states)
@@ -173,7 +226,7 @@ class ByteBeamState(BeamState):
         nexts = await self.byte_lm.next_tokens([ctx for ctx, _ in found], self.eos_mode)
         root = self.byte_lm.trie.root
         return [
-            LazyTrieState(self.byte_lm, Candidate(ctx, w, root, n, w), self.eos_mode)
+            LazyTrieState(self.byte_lm, Candidate(ctx, w, root, n, w), self.eos_mode, self.data)
             for (ctx, w), n in zip(found, nexts)
         ]
 
@@ -193,3 +246,16 @@ class ByteBeamState(BeamState):
         """Release the model's caches (shared by all its states), as genlm-bytes 0.2's
         releases its trie's task: the states stay usable, the caches fill again on use."""
         self.byte_lm.clear_cache()
+
+
+def _params_of(model: ByteModel) -> BeamParams:
+    """The :class:`BeamParams` that mean ``model``'s options (its EOS ids as byte strings)."""
+    return BeamParams(
+        K=model.K,
+        prune_threshold=model.prune_threshold,
+        verbose=model.verbose,
+        eos_tokens={model.lm.vocab.tokens[i] for i in model.eos_ids},
+        heal=model.heal,
+        heal_max_backoff=model.heal_max_backoff,
+        heal_max_splits=model.heal_max_splits,
+    )

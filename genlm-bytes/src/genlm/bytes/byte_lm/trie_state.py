@@ -53,6 +53,8 @@ class LazyTrieState:
         byte_lm: the model the candidate belongs to.
         candidate: the candidate.
         eos_mode: whether EOS tokens that are text end the sequence (``TrieMode.WITH_EOS``).
+        data: the bytes consumed since the prompt (its beam's; ``<<`` adds to them), so a
+            ``ByteBeamState`` made of candidates reports the bytes it is after.
 
     A candidate at a token boundary holds no masses until :meth:`materialize` fetches them;
     what reads them before raises ``ValueError`` ("State is not yet materialized.", 0.2's
@@ -62,6 +64,7 @@ class LazyTrieState:
     byte_lm: ByteModel
     candidate: Candidate
     eos_mode: bool = True
+    data: bytes = b""
 
     @property
     def node(self) -> int:
@@ -139,7 +142,11 @@ class LazyTrieState:
         weight = c.logp + float(c.next.mass[child])
         if weight == -np.inf:
             return None
-        return attrs.evolve(self, candidate=Candidate(c.context, c.logp, child, c.next, weight))
+        return attrs.evolve(
+            self,
+            candidate=Candidate(c.context, c.logp, child, c.next, weight),
+            data=self.data + bytes([byte]),
+        )
 
     def with_mode(self, mode: TrieMode) -> LazyTrieState:
         """The same candidate with EOS counted as ``mode`` says: masses recomputed from its
