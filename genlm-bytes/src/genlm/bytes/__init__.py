@@ -21,6 +21,7 @@ if _TYPE_CHECKING:
     from genlm.bytes._beam import GeneratedBytes as GeneratedBytes
     from genlm.bytes._beam import UnreachableByteError as UnreachableByteError
     from genlm.bytes._bytelm import ByteLM as ByteLM
+    from genlm.bytes._chart import Chart as Chart
     from genlm.bytes._dist import EOS as EOS
     from genlm.bytes._dist import EOT as EOT
     from genlm.bytes._dist import NextByteLogprobs as NextByteLogprobs

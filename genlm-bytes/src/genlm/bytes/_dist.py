@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from genlm.bytes._chart import Chart
 from genlm.core import EOS_EDGE
 from genlm.core.backend import check_temperature
 
@@ -83,6 +84,19 @@ class NextByteLogprobs:
         out[257] = norm[EOS]
         return out
 
+    def materialize(self) -> Chart:
+        """:attr:`ps` as genlm-bytes 0.2's ``LazyByteProbs.materialize`` gives it: a
+        :class:`Chart` of log-probabilities (``zero`` -inf) keyed by byte value 0..255,
+        ``None`` for end of token and 257 for EOS (0.2's indices; ``dist[EOS]`` here is
+        ``materialize()[257]``)."""
+        return Chart(-np.inf, zip(_PS_KEYS, self.ps.tolist()))
+
+    def pretty(self) -> Chart:
+        """:meth:`materialize` with readable keys, as 0.2's ``pretty``: each byte as
+        ``bytes`` (``b"a"``), ``"EOT"`` and ``"EOS"``; ``print`` it to list the possible
+        symbols, most likely first."""
+        return Chart(-np.inf, zip(_PRETTY_KEYS, self.ps.tolist()))
+
     def normalized(self) -> np.ndarray:
         """The distribution to sample from: ``logprobs - log_total`` (an all -inf row gives NaN)."""
         return self.logprobs - self.log_total
@@ -139,6 +153,11 @@ class NextByteLogprobs:
     def __repr__(self) -> str:
         shown = ", ".join(f"{_label(i)}: {p:.3f}" for i, p in self.top(5))
         return f"NextByteLogprobs({shown}, EOT: {self.log_eot:.3f})"
+
+
+#: The keys of :meth:`NextByteLogprobs.materialize` and ``pretty``, one per entry of ``ps``.
+_PS_KEYS: list[int | None] = [*range(256), None, 257]
+_PRETTY_KEYS: list[bytes | str] = [*(bytes([b]) for b in range(256)), "EOT", "EOS"]
 
 
 def _label(symbol: int) -> str:
