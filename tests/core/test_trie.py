@@ -147,6 +147,51 @@ class TestStructure:
         assert trie.node_of(b"ad") is None and trie.node_of(b"abc") is None
         assert trie.node_of(b"") == trie.root
 
+    @pytest.mark.parametrize(
+        ("byte", "error"),
+        [
+            (257 + ord("b"), ValueError),  # key 355 is the root's key for b"b" one node on
+            (-1, ValueError),  # key 257 * a - 1 is node a-1's EOS_EDGE child
+            (-257 + ord("a"), ValueError),
+            (ord("b") + 0.0, TypeError),
+            (True, TypeError),
+        ],
+    )
+    def test_child_refuses_edges_that_are_not_labels(self, byte, error):
+        """child() refuses an edge outside 0..EOS_EDGE or not an integer: its lookup key
+        node * 257 + byte named another node's child (child(a, -1) was the EOS node)."""
+        trie = TokenByteTrie([b"ab", b"b", b"x"], eos_token_ids=[2])
+        a = trie.child(trie.root, ord("a"))
+        for node in (trie.root, a):
+            with pytest.raises(error, match="edge label"):
+                trie.child(node, byte)
+
+    def test_child_takes_numpy_integers_and_every_label(self):
+        """numpy integer nodes and edges are ids like Python ints; EOS_EDGE is a label."""
+        trie = TokenByteTrie([b"ab", b"b", b"x"], eos_token_ids=[2])
+        a = trie.child(trie.root, ord("a"))
+        assert trie.prefix(trie.child(np.int64(a), np.uint8(ord("b")))) == b"ab"
+        assert trie.child(trie.root, EOS_EDGE) == trie.eos_node
+        assert trie.child(a, EOS_EDGE) is None and trie.child(a, 0) is None
+        assert trie.child(a, 255) is None
+
+    @pytest.mark.parametrize("method", ["children", "prefix", "tokens_at", "tokens_below"])
+    def test_navigation_refuses_ids_that_are_not_nodes(self, method):
+        """A node id outside 0..num_nodes-1 is a ValueError (numpy read -1 as the last node),
+        a float or bool a TypeError; numpy integers are node ids."""
+        trie = TokenByteTrie([b"ab", b"b"])
+        call = getattr(trie, method)
+        for node in (-1, -trie.num_nodes, trie.num_nodes):
+            with pytest.raises(ValueError, match=f"node {node} is not a node"):
+                call(node)
+        for node in (1.0, True):
+            with pytest.raises(TypeError, match="integer node id"):
+                call(node)
+        last = trie.num_nodes - 1
+        assert np.array_equal(np.asarray(call(np.int64(last))), np.asarray(call(last)))
+        with pytest.raises(ValueError, match="is not a node"):
+            trie.child(-1, ord("a"))
+
     def test_rejects_out_of_range_ids(self):
         """EOS or atomic ids outside the vocabulary are rejected at build time."""
         with pytest.raises(ValueError, match="eos_token_ids"):

@@ -190,6 +190,11 @@ class TokenByteTrie:
     A row of another shape raises ``ValueError``. Each also takes a torch tensor, on any
     device, and then returns a float64 tensor on that device, computed there
     (``_trie_torch``; torch is imported only then).
+
+    The navigation methods (:meth:`children`, :meth:`child`, :meth:`prefix`,
+    :meth:`tokens_at`, :meth:`tokens_below`) take a node id ``0 .. num_nodes - 1`` (a
+    Python or numpy integer): another id is a ``ValueError`` (numpy would read ``-1`` as
+    the last node), a float or bool a ``TypeError``.
     """
 
     root: int = 0
@@ -383,14 +388,41 @@ class TokenByteTrie:
 
     # ------------------------------------------------------------------ navigation
 
+    def _node(self, node: int) -> int:
+        """``node`` as an ``int``, checked: numpy would read a negative id from the end.
+
+        Raises:
+            TypeError: ``node`` is not an integer (a float, a bool).
+            ValueError: it is not a node of this trie.
+        """
+        if not is_integer(node):
+            raise TypeError(f"node must be an integer node id, got {node!r}")
+        if not 0 <= node < self.num_nodes:
+            raise ValueError(f"node {node} is not a node of this trie (0..{self.num_nodes - 1})")
+        return int(node)
+
     def children(self, node: int) -> dict[int, int]:
         """``{edge label: child id}`` in increasing edge order (:data:`EOS_EDGE` at the root)."""
+        node = self._node(node)
         lo, hi = int(self.child_start[node]), int(self.child_stop[node])
         return dict(zip(self.edge[lo:hi].tolist(), range(lo, hi)))
 
     def child(self, node: int, byte: int) -> int | None:
-        """The child of ``node`` along edge ``byte`` (0..255, or :data:`EOS_EDGE`), or None."""
-        return self._transitions.get(node * 257 + byte)
+        """The child of ``node`` along edge ``byte`` (0..255, or :data:`EOS_EDGE`), or None.
+
+        Raises:
+            TypeError: ``node`` or ``byte`` is not an integer (a float, a bool).
+            ValueError: ``node`` is not a node of this trie, or ``byte`` is not an edge
+                label (the lookup key ``node * 257 + byte`` would name another node's child).
+        """
+        # Byte-level walks call this once per candidate and byte, so plain ints pass on two
+        # type tests and a range test (the node's range only on a miss: a node outside the
+        # trie has no key); anything else takes the full checks (numpy integers pass them).
+        if node.__class__ is int and byte.__class__ is int and 0 <= byte <= EOS_EDGE:
+            found = self._transitions.get(node * 257 + byte)
+            if found is not None or 0 <= node < self.num_nodes:
+                return found
+        return self._transitions.get(self._node(node) * 257 + _edge(byte))
 
     @cached_property
     def _transitions(self) -> dict[int, int]:
@@ -410,6 +442,7 @@ class TokenByteTrie:
 
     def prefix(self, node: int) -> bytes:
         """The bytes on the path from the root to ``node`` (empty for the root and EOS node)."""
+        node = self._node(node)
         out = []
         while node > 0:
             e = int(self.edge[node])
@@ -421,10 +454,12 @@ class TokenByteTrie:
 
     def tokens_at(self, node: int) -> np.ndarray:
         """Sorted ids of the tokens ending exactly at ``node`` (a view: do not modify)."""
+        node = self._node(node)
         return self._tokens_by_node[self._tokens_ptr[node] : self._tokens_ptr[node + 1]]
 
     def tokens_below(self, node: int) -> np.ndarray:
         """Ids of the tokens whose weight counts towards ``node`` (a view: do not modify)."""
+        node = self._node(node)
         return self._pre_tokens[self._sub_lo[node] : self._sub_hi[node]]
 
     # ------------------------------------------------------------------ kernels
@@ -733,6 +768,20 @@ def _check_id(i: int, V: int, what: str) -> int:
     if not 0 <= i < V:
         raise ValueError(f"{what} contains {i}, outside the vocabulary range [0, {V})")
     return i
+
+
+def _edge(byte: int) -> int:
+    """``byte`` as an ``int`` edge label (0..255, or :data:`EOS_EDGE`).
+
+    Raises:
+        TypeError: it is not an integer (a float, a bool).
+        ValueError: it is outside 0..EOS_EDGE.
+    """
+    if not is_integer(byte):
+        raise TypeError(f"an edge label must be an integer byte, got {byte!r}")
+    if not 0 <= byte <= EOS_EDGE:
+        raise ValueError(f"edge label {byte} is not a byte (0..255) or EOS_EDGE ({EOS_EDGE})")
+    return int(byte)
 
 
 def _adjacent_lcp(flat: np.ndarray, offs: np.ndarray, lens: np.ndarray) -> np.ndarray:
