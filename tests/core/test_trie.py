@@ -404,11 +404,24 @@ class TestKernels:
         np.testing.assert_array_equal(trie.batch_weight_max(W), other.batch_weight_max(W))
         np.testing.assert_allclose(trie.batch_weight_sum(W), other.batch_weight_sum(W), rtol=1e-14)
 
+    @pytest.mark.parametrize("threads", [1.5, 2.0, True, "2"])
+    def test_threads_must_be_an_integer(self, threads):
+        """threads that is not an integer fails at construction, by name (1.5 failed at the
+        first batched call, inside range(); True was one thread)."""
+        with pytest.raises(TypeError, match="threads must be an integer"):
+            TokenByteTrie([b"a"], threads=threads)
+
+    def test_numpy_integer_threads_are_accepted(self):
+        """A numpy integer is a thread count like a Python int."""
+        trie = TokenByteTrie([b"a", b"b"], threads=np.int64(2))
+        assert trie.threads == 2 and type(trie.threads) is int
+        np.testing.assert_array_equal(trie.batch_weight_sum(np.ones((3, 2)))[:, trie.root], 2.0)
+
     def test_bad_kernel_and_threads_are_rejected(self, monkeypatch):
         """An unknown kernel, threads < 1, or 'c' where it was not built fail with clear errors."""
         with pytest.raises(ValueError, match="kernel must be"):
             TokenByteTrie([b"a"], kernel="fortran")
-        with pytest.raises(ValueError, match="threads must be at least 1"):
+        with pytest.raises(ValueError, match="threads must be >= 1"):
             TokenByteTrie([b"a"], threads=0)
         monkeypatch.setattr(trie_module, "_trie_kernel", None)
         with pytest.raises(RuntimeError, match="C kernel was not built"):

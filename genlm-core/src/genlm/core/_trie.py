@@ -113,7 +113,7 @@ from typing import Literal
 import numpy as np
 
 from genlm.core._rows import is_torch as _is_torch
-from genlm.core._validation import is_integer
+from genlm.core._validation import checked_count, is_integer
 
 try:
     from genlm.core import _trie_kernel
@@ -163,7 +163,8 @@ class TokenByteTrie:
     Raises:
         TypeError: an entry of ``vocab`` is not bytes (``None`` included: a hole is
             ``b""``), an EOS or atomic id is not an integer (a float, a bool), or
-            ``eos_token_ids``/``atomic_ids`` is a bare id instead of a collection.
+            ``eos_token_ids``/``atomic_ids`` is a bare id instead of a collection;
+            ``threads`` is not an integer (a float, a bool, a string).
         ValueError: an EOS or atomic id is outside the vocabulary; an unknown
             ``kernel``, or ``threads`` below 1.
 
@@ -216,9 +217,8 @@ class TokenByteTrie:
             )
         self.kernel = "numpy" if kernel == "numpy" or _trie_kernel is None else "c"
         _log_installed_kernel()
-        if threads is not None and threads < 1:
-            raise ValueError(f"threads must be at least 1, got {threads}")
-        self.threads = threads or _usable_cpus()
+        # Checked here, not at the first batched call (where 1.5 failed inside range()).
+        self.threads = _usable_cpus() if threads is None else checked_count("threads", threads, 1)
         V = len(vocab)
         _check_bytes(vocab)
         eos = sorted(
