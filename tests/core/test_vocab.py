@@ -486,6 +486,66 @@ class TestVocabulary:
         with pytest.raises(ValueError, match="-1"):
             vocab.decode([0, -1])
 
+    @pytest.mark.parametrize(
+        ("call", "message"),
+        [
+            (lambda v: v.decode([1.7]), r"decode: 1\.7 \(float\)"),  # int() made it b"b"
+            (lambda v: v.decode("12"), "decode takes token ids, not str"),
+            (lambda v: v.decode(b"\x01"), "decode takes token ids, not bytes"),
+            (lambda v: v.decode(np.array([0.9, 2.2])), "dtype float64"),
+            (lambda v: v.decode(np.array([True])), "dtype bool"),
+            (lambda v: v.decode([0, True]), "decode: True is a bool"),
+            (lambda v: v.decode([np.float64(1.0)]), "decode: .* is not an integer"),
+            (lambda v: v[2.9], r"Vocabulary index: 2\.9"),
+            (lambda v: v["1"], "Vocabulary index: '1'"),
+            (lambda v: v.is_special(3.5), r"is_special: 3\.5"),
+        ],
+    )
+    def test_ids_that_are_not_integers_are_refused(self, call, message):
+        """decode, indexing and is_special refuse ids that are not integers by name: int()
+        truncated 1.7 to 1, read "12" as ids 1 and 2 and True as 1."""
+        vocab = Vocabulary((b"a", b"b", b"c", b"<s>"), special_ids={3})
+        with pytest.raises(TypeError, match=message):
+            call(vocab)
+
+    def test_numpy_integer_ids_are_ids(self):
+        """numpy integers (scalars, arrays of any integer dtype) are ids like Python ints."""
+        vocab = Vocabulary((b"a", b"b", b"c", b"<s>"), special_ids={3})
+        assert vocab.decode([np.int64(1), np.uint8(0)]) == b"ba"
+        assert vocab.decode(np.array([3, 2, 0], dtype=np.int32)) == b"ca"
+        assert vocab.decode(np.array([3, 2], dtype=np.uint16), keep_special=True) == b"<s>c"
+        assert vocab[np.int32(2)] == b"c" and vocab.is_special(np.int64(3))
+
+    @pytest.mark.parametrize(
+        ("field", "value", "message"),
+        [
+            ("special_ids", {True}, "special_ids: True is a bool"),
+            ("special_ids", {1.0}, r"special_ids: 1\.0 \(float\)"),
+            ("special_ids", 1, "special_ids must be a collection of token ids"),
+            ("unused_ids", [1.5], r"unused_ids: 1\.5"),
+            ("eos_token_ids", [1.0], r"eos_token_ids: 1\.0 \(float\)"),  # kept as (1.0,)
+            ("eos_token_ids", "1", "eos_token_ids must be a collection of token ids"),
+            ("bos_token_id", 1.0, r"bos_token_id: 1\.0"),
+            ("bos_token_id", True, "bos_token_id: True is a bool"),
+        ],
+    )
+    def test_named_ids_must_be_integers(self, field, value, message):
+        """The ids a vocabulary names are integers, checked when it is built."""
+        with pytest.raises(TypeError, match=message):
+            Vocabulary((b"a", b""), **{field: value})
+
+    def test_named_numpy_ids_become_ints(self):
+        """numpy integer ids are stored as Python ints (equal and hashing alike)."""
+        vocab = Vocabulary(
+            (b"a", b"b", b""),
+            special_ids=np.array([1]),
+            unused_ids=[np.int32(2)],
+            bos_token_id=np.int64(1),
+            eos_token_ids=(np.uint8(0),),
+        )
+        named = [*vocab.special_ids, *vocab.unused_ids, vocab.bos_token_id, *vocab.eos_token_ids]
+        assert named == [1, 2, 1, 0] and {type(i) for i in named} == {int}
+
     def test_unknown_tokenizer_type(self):
         """An object that is no known tokenizer is refused with a TypeError naming its type."""
         with pytest.raises(TypeError, match="dict"):

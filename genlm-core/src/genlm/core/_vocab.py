@@ -12,6 +12,7 @@ tiktoken are recognised by duck typing and never imported here.
 from __future__ import annotations
 
 import json
+import operator
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -396,6 +397,30 @@ def _from_transformers(tokenizer: Any, size: int | None) -> Vocabulary:
     return _build(model_tokens, added, scheme, size, extra_special=special, bos=bos, eos=eos)
 
 
+def _token_id(value: object, what: str) -> int:
+    """``value`` as a token id: a Python or numpy integer, not a bool (``int()`` read 1.7
+    as 1, ``"1"`` as 1 and True as 1).
+
+    Raises:
+        TypeError: it is not an integer; the message starts with ``what``.
+    """
+    if value is True or value is False:  # numpy bools have no __index__
+        raise TypeError(f"{what}: {value!r} is a bool, not an integer token id")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{what}: {value!r} ({type(value).__name__}) is not an integer token id"
+        ) from None
+
+
+def _token_ids(ids: Iterable[int], what: str) -> list[int]:
+    """A collection of token ids as ints (:func:`_token_id`); a bare id or a string is not one."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise TypeError(f"{what} must be a collection of token ids, got {ids!r:.60}")
+    return [i if i.__class__ is int else _token_id(i, what) for i in ids]
+
+
 @attrs.frozen
 class Vocabulary:
     """The byte string of every token id of a model.
@@ -434,17 +459,29 @@ class Vocabulary:
         bos_token_id: the beginning-of-sequence id, if the tokenizer has one.
         eos_token_ids: the end-of-sequence ids (possibly several, possibly none).
 
+    Token ids, here and in every method, are Python or numpy integers; a float, a bool or a
+    string is a ``TypeError`` naming the argument (``int()`` would read 1.7 as 1).
+
     Raises:
         ValueError: a named id is out of range, both special and unused, or an unused id
             has bytes.
-        TypeError: a token is not ``bytes``.
+        TypeError: a token is not ``bytes``; a named id is not an integer, or a collection
+            of ids is a bare id.
     """
 
     tokens: tuple[bytes, ...] = attrs.field(converter=tuple)
-    special_ids: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
-    unused_ids: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
-    bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    special_ids: frozenset[int] = attrs.field(
+        default=frozenset(), converter=lambda ids: frozenset(_token_ids(ids, "special_ids"))
+    )
+    unused_ids: frozenset[int] = attrs.field(
+        default=frozenset(), converter=lambda ids: frozenset(_token_ids(ids, "unused_ids"))
+    )
+    bos_token_id: int | None = attrs.field(
+        default=None, converter=lambda i: None if i is None else _token_id(i, "bos_token_id")
+    )
+    eos_token_ids: tuple[int, ...] = attrs.field(
+        default=(), converter=lambda ids: tuple(_token_ids(ids, "eos_token_ids"))
+    )
 
     def __attrs_post_init__(self) -> None:
         # Validate once here so every consumer can trust ids and bytes without rechecking.
@@ -472,7 +509,7 @@ class Vocabulary:
         return len(self.tokens)
 
     def __getitem__(self, i: int) -> bytes:
-        i = int(i)
+        i = _token_id(i, "Vocabulary index")
         if not 0 <= i < len(self.tokens):
             raise IndexError(
                 f"token id {i} is out of range for a vocabulary of {len(self.tokens)} tokens"
@@ -480,8 +517,12 @@ class Vocabulary:
         return self.tokens[i]
 
     def is_special(self, i: int) -> bool:
-        """Whether token ``i`` is special (never ordinary text); False for ids out of range."""
-        return int(i) in self.special_ids
+        """Whether token ``i`` is special (never ordinary text); False for ids out of range.
+
+        Raises:
+            TypeError: ``i`` is not an integer (a float, a bool, a string).
+        """
+        return _token_id(i, "is_special") in self.special_ids
 
     @property
     def byte_vocab(self) -> list[bytes]:
@@ -498,15 +539,28 @@ class Vocabulary:
         return np.flatnonzero(mask)
 
     def decode(self, ids: Iterable[int], *, keep_special: bool = False) -> bytes:
-        """The bytes of ``ids`` joined (maybe not UTF-8), specials only if ``keep_special``."""
-        n = len(self.tokens)
+        """The bytes of ``ids`` joined (maybe not UTF-8), specials only if ``keep_special``.
+
+        Raises:
+            TypeError: ``ids`` is a string (its characters are no ids), or holds an id that
+                is not an integer (a float, a bool).
+            ValueError: an id is outside the vocabulary.
+        """
+        if isinstance(ids, (str, bytes)):  # its characters would be read as ids
+            raise TypeError(f"decode takes token ids, not {type(ids).__name__} {ids!r:.60}")
+        if isinstance(ids, np.ndarray):  # one check of its dtype, then Python ints
+            if ids.dtype.kind not in "iu":
+                raise TypeError(f"decode: token ids of dtype {ids.dtype} are not integers")
+            ids = ids.tolist()
+        tokens, special, n = self.tokens, self.special_ids, len(self.tokens)
         out = []
-        for raw in ids:
-            i = int(raw)
+        for i in ids:
+            if i.__class__ is not int:  # numpy integers pass _token_id
+                i = _token_id(i, "decode")
             if not 0 <= i < n:
                 raise ValueError(f"token id {i} is out of range for a vocabulary of {n} tokens")
-            if keep_special or i not in self.special_ids:
-                out.append(self.tokens[i])
+            if keep_special or i not in special:
+                out.append(tokens[i])
         return b"".join(out)
 
     @classmethod
