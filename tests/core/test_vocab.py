@@ -66,6 +66,24 @@ def special_literals(name: str) -> tuple[str, ...]:
     return tuple(t["content"] for t in spec["added_tokens"])
 
 
+@functools.cache
+def metaspace_tokenizer(scheme: str):
+    """stories260K's tokenizer as newer Hugging Face conversions write SentencePiece ones: no
+    normalizer, a Metaspace pre-tokenizer and decoder with ``prepend_scheme=scheme``; with
+    its Vocabulary."""
+    tokenizers = pytest.importorskip("tokenizers")
+    spec = json.loads((tokenizer_dir("stories260K") / "tokenizer.json").read_text("utf-8"))
+    metaspace = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": scheme}
+    spec["normalizer"] = None
+    spec["pre_tokenizer"] = {**metaspace, "split": False}
+    spec["decoder"] = {
+        "type": "Sequence",
+        "decoders": [{"type": "ByteFallback"}, {**metaspace, "split": False}],
+    }
+    tok = tokenizers.Tokenizer.from_str(json.dumps(spec))
+    return tok, Vocabulary.from_tokenizer(tok)
+
+
 def gpt2_bytes_to_unicode() -> dict[int, str]:
     """openai/gpt-2 encoder.py's byte map, written out here independently of the module."""
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
@@ -229,6 +247,21 @@ class TestRealTokenizers:
         ids = tok.encode("a\u2581b", add_special_tokens=False)
         assert ids == tok.encode("a b", add_special_tokens=False)
         assert vocab.decode(ids) == b" a b" and tok.decode(ids) == "a b"
+
+    @pytest.mark.parametrize("scheme", ["first", "always", "never"])
+    @property_settings
+    @given(s=texts)
+    def test_metaspace_prefix_only_before_a_non_space(self, scheme, s):
+        """Under a Metaspace pre-tokenizer with a prepend scheme the dummy b" " comes only
+        where the text does not start with a space (" a" joins to b" a", not b"  a" as under
+        Llama 2's Prepend normalizer); without one (``never``) the ids join to the text."""
+        assume(not any(lit in s for lit in special_literals("stories260K")))
+        tok, vocab = metaspace_tokenizer(scheme)
+        text = s.replace("\u2581", " ").encode("utf-8")
+        prefix = scheme != "never" and text != b"" and not text.startswith(b" ")
+        assert vocab.decode(tok.encode(s, add_special_tokens=False).ids) == (
+            b" " + text if prefix else text
+        )
 
     def test_duplicate_bytes_keep_distinct_ids(self):
         """SentencePiece ▁ and <0x20> are different ids with the same byte, and both stay text."""

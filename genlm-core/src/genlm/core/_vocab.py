@@ -433,13 +433,15 @@ class Vocabulary:
 
     The byte-exact property, for ``ids = tokenizer.encode(s, add_special_tokens=False)`` where
     ``s`` contains no special-token literal: ``vocab.decode(ids) == s.encode("utf-8")`` for
-    byte-level tokenizers, and ``== b" " + s.encode("utf-8")`` for tokenizers that add a dummy
-    prefix (the ``Prepend("▁")`` normalizer of Llama 2 and stories260K, or Metaspace with a
-    prepend scheme; for them the empty string encodes to no ids at all). The leading b" " is
-    real: it is the first token's ``▁``, which ``tokenizer.decode`` strips afterwards. Those
-    tokenizers also read a literal ``▁`` (U+2581) in the text as a space ("a▁b" and "a b" get
-    the same ids), so for them the join is ``b" " + s.replace("▁", " ").encode("utf-8")``. WordPiece
-    (``##``) vocabularies are not byte-exact and come out as their raw token text.
+    byte-level tokenizers. SentencePiece-style tokenizers read a literal ``▁`` (U+2581) in the
+    text as a space ("a▁b" and "a b" get the same ids), so their ids join to
+    ``t = s.replace("▁", " ").encode("utf-8")``, after a b" " where they add a dummy prefix:
+    the ``Prepend("▁")`` normalizer of Llama 2 and stories260K always adds one (``b" " + t``:
+    " a" joins to b"  a"), a Metaspace pre-tokenizer with a prepend scheme (``"first"``,
+    ``"always"``) only where ``t`` does not already start with b" " (" a" and "a" both join
+    to b" a"), and ``"never"`` none. The empty string encodes to no ids at all. The leading
+    b" " is real: it is the first token's ``▁``, which ``tokenizer.decode`` strips afterwards.
+    WordPiece (``##``) vocabularies are not byte-exact and come out as their raw token text.
 
     ``special_ids`` are added tokens flagged special (plus control/unknown pieces of slow
     SentencePiece tokenizers). They are never ordinary text: the tokenizer emits them only when
