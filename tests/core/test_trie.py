@@ -346,6 +346,17 @@ class TestWeights:
             np.testing.assert_array_equal(single(row), [-np.inf])
             np.testing.assert_array_equal(batched(rows), [[-np.inf], [-np.inf]])
 
+    @pytest.mark.parametrize(
+        "method", ["weight_sum", "weight_max", "log_weight_sum", "batch_weight_sum"]
+    )
+    def test_complex_weights_are_refused(self, method):
+        """Complex weights are a TypeError: the float64 cast dropped their imaginary parts
+        with only a ComplexWarning."""
+        trie = TokenByteTrie([b"a", b"b"])
+        row = np.array([0.5, 0.5 + 1j])
+        with pytest.raises(TypeError, match="weights must be real numbers, got complex128"):
+            getattr(trie, method)(row if not method.startswith("batch") else row[None])
+
     def test_shape_is_checked(self):
         """Weights of the wrong shape are rejected with the expected shape in the message."""
         trie = TokenByteTrie([b"a", b"b"])

@@ -172,6 +172,25 @@ def test_wrong_shapes_are_rejected():
         trie.batch_weight_sum(torch.ones(2))
 
 
+def test_complex_rows_are_refused():
+    """Complex tensors are a TypeError, directly and through the async trie: the float64 cast
+    dropped their imaginary parts (the async trie's without a warning)."""
+    trie = TokenByteTrie([b"a", b"b"])
+    row = torch.tensor([0.5, 0.5 + 1j])
+    with pytest.raises(TypeError, match="weights must be real numbers, got torch.complex64"):
+        trie.weight_sum(row)
+    with pytest.raises(TypeError, match="real numbers"):
+        trie.batch_log_weight_sum(row[None])
+
+    async def main():
+        async with AsyncTokenByteTrie(trie) as atrie:
+            for weights in (row, row.numpy()):
+                with pytest.raises(TypeError, match="real numbers"):
+                    await atrie.weight_sum(weights)
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_async_trie_batches_torch_rows_on_their_device(device):
     """Concurrent torch rows are stacked into one call; each result is a row on the device."""

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from genlm.core._scheduler import AutoBatcher
-from genlm.core._trie import TokenByteTrie, _as_float64, _is_torch
+from genlm.core._trie import TokenByteTrie, _as_float64, _check_real, _is_torch
 from genlm.core._worker import ModelWorker
 
 #: Operation name -> the batched trie method computing it.
@@ -86,6 +86,7 @@ class AsyncTokenByteTrie:
                 f"expected one row of {self.trie.vocab_size} weights, got shape {tuple(row.shape)}"
             )
         if where != "numpy":
+            _check_real(row)
             try:
                 row = row.detach().double()  # on its device; float8 rows do not stack with others
             except RuntimeError as error:  # e.g. a quantized tensor

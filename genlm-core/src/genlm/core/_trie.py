@@ -188,7 +188,8 @@ class TokenByteTrie:
     and return a float64 array of one value per node, indexed by node id; their
     ``batch_`` twins take ``(B, vocab_size)``, split the rows over :attr:`threads`
     threads and return ``(B, num_nodes)`` (rows may be views of one pooled output block).
-    A row of another shape raises ``ValueError``. Each also takes a torch tensor, on any
+    A row of another shape raises ``ValueError``, complex weights ``TypeError`` (a cast would
+    drop their imaginary parts). Each also takes a torch tensor, on any
     device, and then returns a float64 tensor on that device, computed there
     (``_trie_torch``; torch is imported only then).
 
@@ -523,6 +524,7 @@ class TokenByteTrie:
 
     def _on_torch(self, operation: str, weights, batched: bool):
         """Run ``operation`` of the torch kernel on ``weights``' device; a float64 tensor there."""
+        _check_real(weights)
         kernel = self._torch_kernel
         out = getattr(kernel, operation)(kernel.rows(weights, batched))
         return out if batched else out[0]
@@ -730,13 +732,23 @@ def _as_float64(weights: object) -> np.ndarray:
 
     Raises:
         TypeError, ValueError: they are not numbers (numpy's error class, with a message
-            that says so).
+            that says so), or are complex (numpy would drop the imaginary parts).
     """
+    _check_real(weights)
     try:
         return np.asarray(weights, dtype=np.float64)
     except (TypeError, ValueError) as error:
         cls = TypeError if isinstance(error, TypeError) else ValueError
         raise cls(f"weights must be an array of numbers: {error}") from error
+
+
+def _check_real(weights: object) -> None:
+    """Raise TypeError for complex weights (an array or a tensor): the cast to float64 would
+    drop their imaginary parts, with at most a warning."""
+    if (isinstance(weights, np.ndarray) and weights.dtype.kind == "c") or (
+        _is_torch(weights) and weights.is_complex()
+    ):
+        raise TypeError(f"weights must be real numbers, got {weights.dtype} weights")
 
 
 def _check_bytes(vocab: Sequence[bytes]) -> None:
