@@ -159,6 +159,54 @@ def test_cpu_tensors_of_any_float_dtype(dtype):
     check(*asyncio.run(run()), rows[1])
 
 
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("cls", [TokenCharacterTrie, ParallelTokenCharacterTrie])
+def test_a_batch_may_be_a_list_of_tensor_rows(cls, dtype, device):
+    """A batch given as a list (or tuple) of tensor rows, as genlm-backend 0.3.1 documents
+    (``list[torch.Tensor|np.ndarray]``), gives the masses of the float32 rows of the same
+    values: numpy, which stacked the list, raised TypeError for bfloat16 and device rows."""
+    trie = cls([Token(i, b) for i, b in enumerate(VOCAB)] + ["do", End()])
+    rng = np.random.default_rng(3)
+    rows = [torch.tensor(rng.random(len(trie.decode))).to(dtype) for _ in range(3)]
+    same_values = torch.stack(rows).float().numpy()
+    on_device = [row.to(device) for row in rows]
+    for batch in (on_device, tuple(on_device)):
+        np.testing.assert_allclose(
+            trie.batch_weight_sum(batch), trie.batch_weight_sum(same_values), rtol=1e-12
+        )
+        np.testing.assert_array_equal(
+            trie.batch_weight_max(batch), trie.batch_weight_max(same_values)
+        )
+    mixed = [on_device[0], same_values[1], rows[2]]  # read on the host, row by row
+    np.testing.assert_allclose(
+        trie.batch_weight_sum(mixed), trie.batch_weight_sum(same_values), rtol=1e-12
+    )
+
+
+def test_a_list_of_rows_must_be_a_batch_of_real_rows():
+    """Tensor rows of different lengths are a ValueError naming the shapes; complex rows
+    (tensors or arrays) a TypeError, where torch dropped the imaginary parts silently."""
+    trie = TokenCharacterTrie([Token(i, b) for i, b in enumerate(VOCAB)])
+    V = len(VOCAB)
+    with pytest.raises(ValueError, match="differ in shape"):
+        trie.batch_weight_sum([torch.ones(V), torch.ones(V - 1)])
+    complex_row = torch.ones(V, dtype=torch.complex64)
+    for ws in ([torch.ones(V), complex_row], [np.ones(V), complex_row], complex_row[None]):
+        with pytest.raises(TypeError, match="real numbers"):
+            trie.batch_weight_sum(ws)
+    with pytest.raises(TypeError, match="real numbers"):
+        trie.weight_max(complex_row.numpy())
+
+
 def test_async_trie_batches_and_equals_the_sync_trie():
     trie = TokenCharacterTrie([Token(i, b) for i, b in enumerate(VOCAB)] + [End()])
     rng = np.random.default_rng(1)

@@ -140,9 +140,17 @@ class TokenCharacterTrie:
     def _weights(self, ws: Any, batched: bool) -> Any:
         """``ws`` as core's kernel takes it: a float64 array, or a tensor on a non-CPU device.
 
+        A batch may be a list of rows (genlm-backend 0.3.1 documents
+        ``list[torch.Tensor | np.ndarray]``): tensor rows are stacked by torch
+        (:func:`_stacked`), since numpy reads neither bfloat16 nor device tensors.
+
         Raises:
             ValueError: ``ws`` is not one weight per entry (a ``(B, V)`` batch if ``batched``).
+            TypeError: ``ws`` is complex (a cast would drop the imaginary parts).
         """
+        if batched and isinstance(ws, (list, tuple)) and any(map(is_torch, ws)):
+            ws = _stacked(ws)
+        _check_real(ws)
         if is_torch(ws):
             ws = ws.detach()
             if ws.device.type == "cpu":  # core's C kernel beats its torch kernel on the CPU
@@ -325,6 +333,39 @@ class AsyncTokenCharacterTrie:
         if core is not None:
             core.batcher.reject_new()  # queued calls fail with ModelClosedError
             core.worker.close(wait=False)
+
+
+def _check_real(ws: Any) -> None:
+    """Raise TypeError for complex weights (an array or a tensor): the cast to float64 would
+    drop their imaginary parts (a CPU tensor's silently)."""
+    if (is_torch(ws) and ws.is_complex()) or (isinstance(ws, np.ndarray) and ws.dtype.kind == "c"):
+        raise TypeError(f"weights must be real numbers, got {ws.dtype} weights")
+
+
+def _stacked(rows: Sequence[Any]) -> Any:
+    """A batch given as a list of rows, some of them tensors, as one ``(B, V)`` batch.
+
+    Tensor rows on one device (and no other rows) are stacked there as float64, so core's
+    torch kernel reduces them on that device; otherwise each tensor row is read on the host.
+    Tensors are widened by torch: numpy reads no bfloat16 and no device memory.
+
+    Raises:
+        ValueError: the rows differ in shape.
+        TypeError: a tensor row is complex.
+    """
+    import torch  # already imported: some rows are tensors
+
+    shapes = {tuple(np.shape(row)) for row in rows}
+    if len(shapes) > 1:
+        raise ValueError(f"the rows of a batch differ in shape: {sorted(shapes)}")
+    tensors = [row.detach() for row in rows if is_torch(row)]
+    for tensor in tensors:
+        _check_real(tensor)
+    if len(tensors) == len(rows) and len({t.device for t in tensors}) == 1:
+        return torch.stack([t.to(torch.float64) for t in tensors])
+    return np.stack(
+        [row.detach().double().cpu().numpy() if is_torch(row) else np.asarray(row) for row in rows]
+    )
 
 
 def _spelling(entry: Any) -> bytes:
