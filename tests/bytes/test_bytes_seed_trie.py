@@ -83,6 +83,24 @@ def test_torch_tensors_are_accepted_and_results_are_numpy():
         trie.weight_sum(np.ones(2))
 
 
+def test_bfloat16_tensors_and_lists_of_tensors_are_read_as_their_values():
+    """0.2.0 took any tensor and lists of them: bfloat16 rows (numpy cannot read them), a
+    batch tensor and a list of row tensors give the float64 sums of the same values."""
+    torch = pytest.importorskip("torch")
+    trie = TokenByteTrie([b"a", b"ab", b"b"], eos_tokens=[b"b"])
+    rows = torch.tensor([[0.25, 0.5, 0.125], [0.5, 0.25, 0.0625]], dtype=torch.bfloat16)
+    values = rows.float().numpy().astype(np.float64)  # bfloat16 holds these exactly
+    expected = trie.batch_weight_sum(values, TrieMode.WITH_EOS)
+    np.testing.assert_array_equal(trie.batch_weight_sum(rows, TrieMode.WITH_EOS), expected)
+    np.testing.assert_array_equal(trie.batch_weight_sum(list(rows), TrieMode.WITH_EOS), expected)
+    np.testing.assert_array_equal(trie.weight_sum(rows[1], TrieMode.WITH_EOS), expected[1])
+    np.testing.assert_array_equal(trie.batch_weight_max(rows), trie.batch_weight_max(values))
+    with pytest.raises(TypeError, match="must be real"):
+        trie.weight_sum(torch.ones(3, dtype=torch.complex64))
+    with pytest.raises(TypeError, match="must be real"):
+        trie.weight_sum(np.ones(3, dtype=complex))
+
+
 def test_released_keyword_names_are_the_documented_options():
     """genlm-bytes 0.2.0's eos_byte_strings/atomic_byte_strings/eot_sentinel (as genlm-control
     calls them) mean eos_tokens/atomic_tokens/eot_token, also through from_vocab; both names

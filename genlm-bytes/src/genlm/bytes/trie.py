@@ -37,10 +37,24 @@ __all__ = [
 
 
 def _as_numpy(ws: Any) -> np.ndarray:
-    """A float64 array from numpy data or a torch tensor (on any device)."""
+    """A float64 array from numpy data, a torch tensor (any device and float dtype) or a
+    list of rows that holds tensors, as genlm-bytes 0.2 took them.
+
+    Tensors are widened by torch: numpy reads no bfloat16 and no device memory.
+
+    Raises:
+        TypeError: complex weights (the cast would drop their imaginary parts).
+    """
     if hasattr(ws, "detach"):  # a torch tensor: no torch import needed
-        ws = ws.detach().cpu().numpy()
-    return np.asarray(ws, dtype=np.float64)
+        if ws.is_complex():
+            raise TypeError(f"weights must be real, got a {ws.dtype} tensor")
+        return ws.detach().double().cpu().numpy()
+    if isinstance(ws, (list, tuple)) and any(hasattr(w, "detach") for w in ws):
+        return np.stack([_as_numpy(w) for w in ws])
+    ws = np.asarray(ws)
+    if ws.dtype.kind == "c":
+        raise TypeError(f"weights must be real, got {ws.dtype}")
+    return ws.astype(np.float64, copy=False)
 
 
 class EosModeTrie:
