@@ -46,9 +46,9 @@ def context(n: int, seed: int) -> list[int]:
 def test_limit_is_read_from_the_model_arguments(lm):
     """max_position_embeddings (Llama), n_positions (GPT-2), or none."""
     assert lm.max_context_length == 512
-    assert _max_positions(SimpleNamespace(n_positions=1024, n_ctx=1024)) == 1024
-    assert _max_positions(SimpleNamespace(max_position_embeddings=None)) is None
-    assert _max_positions(None) is None
+    assert _max_positions([SimpleNamespace(n_positions=1024, n_ctx=1024)]) == 1024
+    assert _max_positions([SimpleNamespace(max_position_embeddings=None)]) is None
+    assert _max_positions([]) is None
 
 
 def test_512_tokens_run_and_513_are_rejected(lm, reference):

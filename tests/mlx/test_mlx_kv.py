@@ -11,6 +11,7 @@ import mlx_lm
 import numpy as np
 import pytest
 from mlx_lm.models.cache import RotatingKVCache
+from support.mlx_reference import plain_logprobs
 
 from genlm.backends.mlx import MLXLM
 
@@ -35,12 +36,6 @@ class Spy(nn.Module):
 
     def make_cache(self):
         return self._make_cache(self.inner) if self._make_cache else self.inner.make_cache()
-
-
-def plain_logprobs(model, context):
-    """Independent expectation: one uncached full forward of ``context`` alone."""
-    logits = model(mx.array([list(context)]))[0, -1].astype(mx.float32)
-    return np.array(logits - mx.logsumexp(logits))
 
 
 @pytest.fixture(scope="module")

@@ -77,10 +77,10 @@ class MLXLM(BatchedLM):
         prefill_chunk_size = checked_count("prefill_chunk_size", prefill_chunk_size, 1)
         _materialize(model)
         hf_tokenizer = _unwrap(tokenizer)
-        width = getattr(getattr(model, "args", None), "vocab_size", None)
-        vocab = Vocabulary.from_tokenizer(hf_tokenizer, size=width)
+        args = _text_args(model)
+        vocab = Vocabulary.from_tokenizer(hf_tokenizer, size=_positive_arg(args, "vocab_size"))
         kwargs.setdefault("name", "mlx")
-        kwargs.setdefault("max_context_length", _max_positions(getattr(model, "args", None)))
+        kwargs.setdefault("max_context_length", _max_positions(args))
         super().__init__(vocab, hf_tokenizer, **kwargs)
         self.model = model
         self.kv_cache = _kv.KVStore(
@@ -257,17 +257,37 @@ def _materialize(model: nn.Module) -> None:
         ) from exc
 
 
-def _max_positions(args: Any) -> int | None:
-    """The maximum positions in an mlx-lm model's arguments, or None where they name none.
+def _text_args(model: Any) -> list[Any]:
+    """Where an mlx-lm model states its language model's arguments, in lookup order.
+
+    Models that wrap a language model (qwen2_vl, qwen3_vl, qwen3_5_moe, mistral3, pixtral,
+    lfm2-vl) keep its vocabulary size and maximum positions in ``args.text_config`` (a dict,
+    or an object), not in ``args``: it comes first where present, as transformers'
+    ``get_text_config()``, then ``args`` itself.
+    """
+    args = getattr(model, "args", None)
+    return [source for source in (getattr(args, "text_config", None), args) if source is not None]
+
+
+def _positive_arg(sources: list[Any], *names: str) -> int | None:
+    """The first of ``names`` that ``sources`` (dicts or objects, in order) set to a
+    positive integer, or None."""
+    for source in sources:
+        for name in names:
+            value = source.get(name) if isinstance(source, dict) else getattr(source, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def _max_positions(sources: list[Any]) -> int | None:
+    """The maximum positions in an mlx-lm model's arguments (:func:`_text_args`), or None
+    where they name none.
 
     Most mlx-lm models call it ``max_position_embeddings``; GPT-2 style models
     (learned position embeddings) ``n_positions``.
     """
-    for name in ("max_position_embeddings", "n_positions"):
-        value = getattr(args, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+    return _positive_arg(sources, "max_position_embeddings", "n_positions")
 
 
 def _unwrap(tokenizer: Any) -> Any:

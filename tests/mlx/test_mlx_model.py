@@ -1,0 +1,50 @@
+"""What MLXLM reads from the model it wraps."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from support.mlx_reference import plain_logprobs
+
+from genlm.backends.mlx import MLXLM
+
+
+@pytest.fixture(scope="module")
+def tokenizer(stories_dir):
+    """stories260K's tokenizer (512 tokens)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(stories_dir)
+
+
+def test_wrapped_language_model_arguments_come_from_text_config(tokenizer):
+    """A model keeping its language model's arguments in ``args.text_config`` (qwen2_vl,
+    its vocabulary padded to 576 past the tokenizer's 512, as Qwen2-VL's 152064 past
+    151657) gets a 576-wide vocabulary and the 64-position limit, and its plain forward's
+    rows (both were read from ``args``, which names neither: every request failed on the
+    row width, and no limit was set)."""
+    from mlx_lm.models import qwen2_vl
+
+    text = dict(
+        model_type="qwen2",
+        hidden_size=32,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        vocab_size=576,
+        max_position_embeddings=64,
+    )
+    mx.random.seed(0)
+    args = qwen2_vl.ModelArgs.from_dict({"model_type": "qwen2_vl", "text_config": text})
+    model = qwen2_vl.Model(args)
+    lm = MLXLM(model, tokenizer, cache_bytes=0)
+    try:
+        assert len(lm.vocab) == 576 and lm.max_context_length == 64
+        contexts = [[1, 403, 407], [1, 403, 407, 261]]
+        for context, row in zip(contexts, lm.batch_next_token_logprobs_sync(contexts)):
+            np.testing.assert_allclose(row, plain_logprobs(model, context), atol=1e-5)
+    finally:
+        lm.close()
