@@ -147,7 +147,7 @@ def test_state_space_model_falls_back(stories_dir, caplog):
 
 
 def _batch_unsafe_model(model_type: str):
-    """A small random model of ``model_type`` whose attention broke on batched rows
+    """A small random model of ``model_type`` whose forward broke on batched rows
     resumed with BatchKVCache (weights scaled up, so wrong rows differ clearly)."""
     import importlib
 
@@ -173,6 +173,10 @@ def _batch_unsafe_model(model_type: str):
         )
     elif model_type == "internlm2":
         config.update(max_position_embeddings=512, tie_word_embeddings=False, bias=False)
+    elif model_type == "gpt_bigcode":
+        config.update(
+            n_embd=64, n_layer=2, n_inner=128, n_head=4, n_positions=512, layer_norm_epsilon=1e-5
+        )
     else:  # llama with a RoPE scaled by the sequence length
         config.update(max_position_embeddings=512, rope_scaling={"type": "dynamic", "factor": 2.0})
     module = importlib.import_module(f"mlx_lm.models.{model_type}")
@@ -186,15 +190,15 @@ def _batch_unsafe_model(model_type: str):
     return model
 
 
-@pytest.mark.parametrize("model_type", ["gemma2", "internlm2", "llama"])
+@pytest.mark.parametrize("model_type", ["gemma2", "gpt_bigcode", "internlm2", "llama"])
 def test_models_broken_by_batched_resumes_equal_their_plain_forward(
     stories_dir, model_type, caplog
 ):
-    """gemma2, and models with a RoPE scaled by the sequence length (llama with dynamic
-    rope_scaling; internlm2's own before mlx-lm 0.32), recompute instead of resuming a
-    batch from stored KV: rows of different cached lengths, and equal fresh contexts,
-    equal each context's own forward (gemma2's were off by nats or failed to broadcast,
-    the others' every batch of two resumed rows failed)."""
+    """gemma2, gpt_bigcode, and models with a RoPE scaled by the sequence length (llama
+    with dynamic rope_scaling; internlm2's own before mlx-lm 0.32) recompute instead of
+    resuming a batch from stored KV: rows of different cached lengths, and equal fresh
+    contexts, equal each context's own forward (gemma2's were off by nats or failed to
+    broadcast, the others' every batch of two resumed rows failed)."""
     from transformers import AutoTokenizer
 
     model = _batch_unsafe_model(model_type)
