@@ -177,6 +177,13 @@ def _batch_unsafe_model(model_type: str):
         config.update(
             n_embd=64, n_layer=2, n_inner=128, n_head=4, n_positions=512, layer_norm_epsilon=1e-5
         )
+    elif model_type == "phi3":  # "longrope" (as Phi-3-mini-128k)
+        factors = {"short_factor": [1.0] * 8, "long_factor": [4.0] * 8}
+        config.update(
+            max_position_embeddings=512,
+            original_max_position_embeddings=64,
+            rope_scaling={"type": "longrope", **factors},
+        )
     else:  # llama with a RoPE scaled by the sequence length
         config.update(max_position_embeddings=512, rope_scaling={"type": "dynamic", "factor": 2.0})
     module = importlib.import_module(f"mlx_lm.models.{model_type}")
@@ -190,15 +197,16 @@ def _batch_unsafe_model(model_type: str):
     return model
 
 
-@pytest.mark.parametrize("model_type", ["gemma2", "gpt_bigcode", "internlm2", "llama"])
+@pytest.mark.parametrize("model_type", ["gemma2", "gpt_bigcode", "internlm2", "llama", "phi3"])
 def test_models_broken_by_batched_resumes_equal_their_plain_forward(
     stories_dir, model_type, caplog
 ):
     """gemma2, gpt_bigcode, and models with a RoPE scaled by the sequence length (llama
-    with dynamic rope_scaling; internlm2's own before mlx-lm 0.32) recompute instead of
-    resuming a batch from stored KV: rows of different cached lengths, and equal fresh
-    contexts, equal each context's own forward (gemma2's were off by nats or failed to
-    broadcast, the others' every batch of two resumed rows failed)."""
+    with dynamic rope_scaling; internlm2's own before mlx-lm 0.32; phi3's "longrope"
+    before mlx-lm 0.31) recompute instead of resuming a batch from stored KV: rows of
+    different cached lengths, and equal fresh contexts, equal each context's own forward
+    (gemma2's were off by nats or failed to broadcast, the others' every batch of two
+    resumed rows failed)."""
     from transformers import AutoTokenizer
 
     model = _batch_unsafe_model(model_type)

@@ -63,11 +63,12 @@ _BATCH_UNSAFE_TYPES = {
 
 def batch_resume_problem(model: object) -> str | None:
     """Why ``model`` must not resume batched rows from stored KV, or None: its type is in
-    :data:`_BATCH_UNSAFE_TYPES`, or a RoPE module of it scales by the sequence length
-    (mlx-lm's ``DynamicNTKScalingRoPE`` and ``DynamicNTKAlphaRoPE``: Llama or Qwen2 with
-    ``rope_scaling`` "dynamic", InternLM2 before mlx-lm 0.32, InternLM3, Hunyuan), which
-    takes one offset where a resumed batch has one per row (every batch of two rows
-    failed)."""
+    :data:`_BATCH_UNSAFE_TYPES`, or a RoPE module of it scales by the sequence length:
+    mlx-lm's ``DynamicNTKScalingRoPE`` and ``DynamicNTKAlphaRoPE`` (Llama or Qwen2 with
+    ``rope_scaling`` "dynamic", InternLM2 before mlx-lm 0.32, InternLM3, Hunyuan), and
+    before mlx-lm 0.31 ``SuScaledRoPE`` (Phi-3's "longrope", PhiMoE, MiniCPM3), whose
+    ``offset + L > original_max_position_embeddings`` fails on per-row offsets (every
+    batch of two resumed rows failed)."""
     model_type = getattr(model, "model_type", None) or getattr(
         getattr(model, "args", None), "model_type", None
     )
@@ -76,21 +77,27 @@ def batch_resume_problem(model: object) -> str | None:
             f"mlx-lm's {model_type} breaks on batched rows resumed from stored KV: "
             f"{_BATCH_UNSAFE_TYPES[model_type]}"
         )
+    scaled = ("DynamicNTK", "SuScaledRoPE") if _mlx_lm_version() < (0, 31) else ("DynamicNTK",)
     modules = model.modules() if hasattr(model, "modules") else []
-    names = sorted({type(m).__name__ for m in modules if "DynamicNTK" in type(m).__name__})
+    names = sorted({type(m).__name__ for m in modules if type(m).__name__.startswith(scaled)})
     if names:
         return (
-            f"its {'/'.join(names)} takes one position offset, not the per-row offsets of "
-            "batched rows resumed from stored KV"
+            f"its {'/'.join(names)} scales by the sequence length and takes one position "
+            "offset, not the per-row offsets of batched rows resumed from stored KV"
         )
     return None
 
 
 @functools.cache
+def _mlx_lm_version() -> tuple[int, int]:
+    """The installed mlx-lm's (major, minor) version."""
+    major, minor = (int(part) for part in importlib.metadata.version("mlx-lm").split(".")[:2])
+    return major, minor
+
+
 def _state_has_idx() -> bool:
     """Whether the installed mlx-lm's ``BatchKVCache.state`` ends with the write position."""
-    major, minor = (int(part) for part in importlib.metadata.version("mlx-lm").split(".")[:2])
-    return (major, minor) >= (0, 32)
+    return _mlx_lm_version() >= (0, 32)
 
 
 def _stop(cache: BatchKVCache) -> int:
