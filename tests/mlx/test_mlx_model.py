@@ -1,6 +1,10 @@
-"""What MLXLM reads from the model it wraps."""
+"""What MLXLM reads from the model it wraps, and lets go of when closed."""
 
 from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
 
 import mlx.core as mx
 import numpy as np
@@ -48,3 +52,23 @@ def test_wrapped_language_model_arguments_come_from_text_config(tokenizer):
             np.testing.assert_allclose(row, plain_logprobs(model, context), atol=1e-5)
     finally:
         lm.close()
+
+
+def test_aclose_releases_the_model(stories_dir):
+    """After ``aclose()`` (the end of ``async with``) the model's weights are freed although
+    the closed object is still referenced (it kept ``model``: MLX held the weights until
+    the object went)."""
+    import mlx_lm
+
+    model, tokenizer = mlx_lm.load(stories_dir)
+    weights = weakref.ref(model)
+
+    async def use_and_close(lm: MLXLM) -> None:
+        async with lm:
+            await lm.next_token_logprobs([1, 403, 407])
+
+    lm = MLXLM(model, tokenizer, cache_bytes=0)
+    del model
+    asyncio.run(use_and_close(lm))
+    gc.collect()
+    assert weights() is None and lm.model is None

@@ -82,7 +82,8 @@ class MLXLM(BatchedLM):
         kwargs.setdefault("name", "mlx")
         kwargs.setdefault("max_context_length", _max_positions(args))
         super().__init__(vocab, hf_tokenizer, **kwargs)
-        self.model = model
+        #: The wrapped model; None once closed (see :meth:`_close_backend`).
+        self.model: nn.Module | None = model
         self.kv_cache = _kv.KVStore(
             checked_count("kv_cache_bytes", kv_cache_bytes, 0, whole_floats=True)
         )
@@ -224,7 +225,11 @@ class MLXLM(BatchedLM):
         self.kv_cache.clear()
 
     def _close_backend(self) -> None:
+        """Drop the KV and the model, then MLX's buffer cache: a closed model's weights are
+        freed once nothing else holds them (a ``from_name`` model's at once), though the
+        closed object is still referenced (after ``async with``)."""
         self.kv_cache.clear()
+        self.model = None
         mx.clear_cache()
 
 
