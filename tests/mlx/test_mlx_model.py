@@ -1,12 +1,15 @@
-"""What MLXLM reads from the model it wraps, and lets go of when closed."""
+"""What MLXLM takes from the model it wraps, what it refuses, and what it lets go of when
+closed."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import weakref
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from support.mlx_reference import plain_logprobs
@@ -72,3 +75,29 @@ def test_aclose_releases_the_model(stories_dir):
     asyncio.run(use_and_close(lm))
     gc.collect()
     assert weights() is None and lm.model is None
+
+
+class NoCacheModel(nn.Module):
+    """An mlx-lm-like model whose cache cannot be made (what MLXLM inspects to resume)."""
+
+    def make_cache(self):
+        raise RuntimeError("no cache for this model")
+
+
+@pytest.mark.parametrize(
+    ("model", "error", "match"),
+    [
+        ("stories260K", TypeError, r"cannot wrap str .*MLXLM\.from_name\('stories260K'\)"),
+        (nn.Linear(4, 4), TypeError, r"cannot wrap Linear .*mlx_lm\.load\(path\)\[0\]"),
+        (NoCacheModel(), RuntimeError, "no cache for this model"),
+    ],
+    ids=["name", "module", "failing-cache"],
+)
+def test_a_model_refused_leaves_no_thread(tokenizer, model, error, match):
+    """A name, a module that is no mlx-lm model (a TypeError pointing to from_name, not a
+    bare AttributeError), and a model whose caches fail all raise before the worker thread
+    starts (it started first, and a thread that ran MLX stays parked for good)."""
+    before = set(threading.enumerate())
+    with pytest.raises(error, match=match):
+        MLXLM(model, tokenizer)
+    assert set(threading.enumerate()) <= before

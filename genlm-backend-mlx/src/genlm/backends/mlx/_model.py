@@ -12,6 +12,7 @@ the caller's default device.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Hashable
 from typing import Any
 
@@ -74,6 +75,7 @@ class MLXLM(BatchedLM):
         prefill_chunk_size: int = 2048,
         **kwargs: Any,
     ):
+        _check_model(model)
         prefill_chunk_size = checked_count("prefill_chunk_size", prefill_chunk_size, 1)
         _materialize(model)
         hf_tokenizer = _unwrap(tokenizer)
@@ -81,6 +83,11 @@ class MLXLM(BatchedLM):
         vocab = Vocabulary.from_tokenizer(hf_tokenizer, size=_positive_arg(args, "vocab_size"))
         kwargs.setdefault("name", "mlx")
         kwargs.setdefault("max_context_length", _max_positions(args))
+        # Whether KV can resume, found here: whatever fails, fails before the worker thread
+        # starts (a thread that ran MLX never ends, see ``park_worker_thread``).
+        caches = make_prompt_cache(model)
+        blocked = _kv.non_resumable_types(caches)
+        problem = _kv.batch_resume_problem(model)
         super().__init__(vocab, hf_tokenizer, **kwargs)
         #: The wrapped model; None once closed (see :meth:`_close_backend`).
         self.model: nn.Module | None = model
@@ -88,9 +95,17 @@ class MLXLM(BatchedLM):
             checked_count("kv_cache_bytes", kv_cache_bytes, 0, whole_floats=True)
         )
         self.prefill_chunk_size = prefill_chunk_size
-        self._num_layers = 0
-        self.resumable = False
-        self.worker.call(self._setup, mx.default_device())
+        self._num_layers = len(caches)
+        #: Whether rows resume from stored KV (else every context is recomputed in full).
+        self.resumable = not blocked and problem is None
+        if not self.resumable:
+            logger.warning(
+                "%s: %s; every request recomputes its whole context (correct, but slower)",
+                self.name,
+                problem
+                or f"the model's {'/'.join(blocked)} caches cannot resume from a cached prefix",
+            )
+        self.worker.call(mx.set_default_device, mx.default_device())  # the worker's first call
 
     @classmethod
     def from_name(cls, name: str, **kwargs: Any) -> MLXLM:
@@ -101,22 +116,6 @@ class MLXLM(BatchedLM):
         """
         model, tokenizer = mlx_lm.load(resolve_model_path(name))
         return cls(model, tokenizer, **kwargs)
-
-    def _setup(self, device: mx.Device) -> None:
-        """Worker side of construction: adopt the device, find out whether KV can resume."""
-        mx.set_default_device(device)
-        caches = make_prompt_cache(self.model)
-        self._num_layers = len(caches)
-        blocked = _kv.non_resumable_types(caches)
-        problem = _kv.batch_resume_problem(self.model)
-        self.resumable = not blocked and problem is None
-        if not self.resumable:
-            logger.warning(
-                "%s: %s; every request recomputes its whole context (correct, but slower)",
-                self.name,
-                problem
-                or f"the model's {'/'.join(blocked)} caches cannot resume from a cached prefix",
-            )
 
     # ---- the backend -------------------------------------------------------------------
 
@@ -246,6 +245,20 @@ def _in_order(groups: list[list[int]], outputs: list[mx.array]) -> mx.array:
     if order == list(range(len(order))):
         return rows
     return rows[mx.array(np.argsort(order))]
+
+
+def _check_model(model: Any) -> None:
+    """Reject anything but a loaded mlx-lm model (an ``nn.Module`` with ``make_cache`` or
+    ``layers``, what mlx-lm's ``make_prompt_cache`` reads), pointing a name or path to
+    :meth:`MLXLM.from_name`."""
+    if isinstance(model, nn.Module) and (hasattr(model, "make_cache") or hasattr(model, "layers")):
+        return
+    name = repr(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else "name"
+    raise TypeError(
+        f"cannot wrap {type(model).__qualname__} ({type(model).__module__}); expected a loaded "
+        "mlx-lm model (an mlx.nn.Module with layers, as mlx_lm.load(path)[0] returns): "
+        f"MLXLM.from_name({name}) loads one by name, path or Hub id"
+    )
 
 
 def _materialize(model: nn.Module) -> None:
