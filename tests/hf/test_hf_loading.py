@@ -93,6 +93,10 @@ def test_the_kv_budget_is_checked_by_its_name():
     for option, bad in (("max_forward_tokens", 2.5), ("kv_length_multiple", "8")):
         with pytest.raises(TypeError, match=f"{option} must be an integer"):
             HFLM(model, tok, **{option: bad})
+    for bad in ("stories260K", tok):  # a name, a tokenizer
+        with pytest.raises(TypeError, match="HFLM takes a transformers model") as error:
+            HFLM(bad, tok)
+        assert type(bad).__name__ in str(error.value) and "HFLM.from_name" in str(error.value)
     for bad in ("false", 0, 1):  # "false" was truthy: torch rows
         with pytest.raises(TypeError, match="device_rows must be True, False or None"):
             HFLM(model, tok, device_rows=bad)
@@ -118,3 +122,22 @@ def test_from_name_dtype_and_hf_opts():
         lm.close()
     with pytest.raises(ValueError, match="unknown dtype"):
         HFLM.from_name("stories260K", dtype="float17")
+
+
+def test_a_model_whose_first_forward_fails_leaves_no_worker_thread():
+    """HFLM runs one token at construction; when that fails, the error propagates and the
+    worker thread it started is gone (it lived on while the error was held)."""
+    import threading
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(STORIES)
+    tok = transformers.AutoTokenizer.from_pretrained(STORIES)
+
+    def broken_forward(*args, **kwargs):
+        raise RuntimeError("this model cannot run here")
+
+    model.forward = broken_forward
+    before = set(threading.enumerate())
+    with pytest.raises(RuntimeError, match="cannot run here") as error:
+        HFLM(model, tok)
+    assert error.value is not None  # the error (and its traceback) is still held
+    assert set(threading.enumerate()) <= before

@@ -101,6 +101,11 @@ class HFLM(BatchedLM):
         sdpa_backends: Sequence[str] | None = None,
         **kwargs: Any,
     ):
+        if not (isinstance(model, torch.nn.Module) and hasattr(model, "config")):
+            raise TypeError(
+                f"HFLM takes a transformers model (a torch module with a config), got "
+                f"{type(model).__name__}; to load one by name use HFLM.from_name(name)"
+            )
         max_forward_tokens = checked_count("max_forward_tokens", max_forward_tokens, 1)
         if device_rows is not None and not isinstance(device_rows, bool):
             raise TypeError(f"device_rows must be True, False or None, got {device_rows!r}")
@@ -158,7 +163,11 @@ class HFLM(BatchedLM):
             for name in self._peft.peft_config:
                 self._adapters[name] = self._new_marker()
             self._active_lora = getattr(self._peft, "active_adapter", None)
-        self.shape: KVShape = self.worker.call(self._probe)
+        try:
+            self.shape: KVShape = self.worker.call(self._probe)
+        except BaseException:  # a model whose forward fails: stop the worker now, not at GC
+            self.close()
+            raise
         #: Whether rows are handed to core as torch tensors on :attr:`device` (see
         #: ``device_rows``); genlm-bytes reads it to keep its masses there too.
         self.device_rows: bool = self.device.type != "cpu" if device_rows is None else device_rows
