@@ -227,6 +227,14 @@ def test_a_cache_kv_that_does_not_fit_pins_nothing(loaded):
         lm.cache_kv(list(range(300, 315)))  # unpinned: fits
     finally:
         lm.close()
+    # A budget of exactly the prompt's tensor bytes holds no segment's bookkeeping too:
+    # with nothing pinned the prompt does not fit in it (blaming pinned prompts misled).
+    lm = HFLM(model, tok, cache_bytes=0, kv_cache_bytes=10 * per_token)
+    try:
+        with pytest.raises(MemoryError, match=r"10-token prompt .* does not fit in kv_c"):
+            lm.cache_kv(list(range(5, 15)))
+    finally:
+        lm.close()
 
 
 def test_sample_is_seeded_and_greedy_follows_full_forward(lm, reference):

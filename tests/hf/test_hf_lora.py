@@ -202,6 +202,65 @@ def test_remove_lora_drops_its_state_and_the_name_can_be_loaded_again(adapters, 
         lm.close()
 
 
+def test_a_request_after_the_name_is_loaded_again_never_joins_the_old_adapters_batch(
+    adapters, check
+):
+    """remove_lora("a") then add_lora(b's weights, "a") while a request under the old "a"
+    is in flight: a request made afterwards is computed anew under the new weights (it
+    joined the old computation and got the old adapter's row)."""
+    import torch
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(STORIES)
+    lm = HFLM(load_base(torch, transformers, torch.float64), tok)  # dedup on, no wait
+    context = CONTEXTS[2] * 4
+
+    async def main():
+        old = asyncio.ensure_future(lm.next_token_logprobs(context, variant="a"))
+        await asyncio.sleep(0)  # it submits ...
+        await asyncio.sleep(0)  # ... and its batch goes to the worker
+        lm.remove_lora("a")  # blocking calls on the loop: the old batch is not yet delivered
+        lm.add_lora(adapters["b"][0], "a")
+        async with asyncio.timeout(30):  # no new task: the request is made right now
+            new = await lm.next_token_logprobs(context, variant="a")
+        return await asyncio.wait_for(old, 30), new
+
+    try:
+        for name, (path, _) in adapters.items():
+            lm.add_lora(path, name)
+        old, new = asyncio.run(main())
+    finally:
+        lm.close()
+    check(adapters["a"][1], context, old)
+    check(adapters["b"][1], context, new)
+
+
+def test_two_callers_loading_one_name_get_it_once(lm, adapters):
+    """add_lora's "already loaded" check runs on the worker: of two threads loading one
+    name at once, one loads it and the other gets the ValueError (both succeeded, and the
+    last load won silently)."""
+    import threading
+
+    barrier, outcomes = threading.Barrier(2), []
+
+    def load(name):
+        barrier.wait(10)
+        try:
+            lm.add_lora(adapters[name][0], "c")
+            outcomes.append(name)
+        except ValueError as error:
+            outcomes.append(error)
+
+    threads = [threading.Thread(target=load, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    errors = [o for o in outcomes if isinstance(o, ValueError)]
+    assert len(outcomes) == 2 and len(errors) == 1
+    assert "an adapter named 'c' is already loaded" in str(errors[0])
+
+
 def test_removing_the_only_adapter_leaves_the_base_model_serving(adapters, base_model, check):
     """With its only adapter removed the model serves base rows (a PeftModel left with no
     adapter failed every request) and can load an adapter again."""

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from genlm.backends.hf._kv import (
+    SEGMENT_OVERHEAD_BYTES,
     BatchInputs,
     BufferedCache,
     KVShape,
@@ -256,16 +257,21 @@ class HFLM(BatchedLM):
     # ---- LoRA ------------------------------------------------------------------------
 
     def add_lora(self, path: str, name: str) -> None:
-        """Load the peft adapter saved at ``path`` as a new ``name``; it does not become active."""
+        """Load the peft adapter saved at ``path`` as a new ``name``; it does not become active.
+
+        Raises:
+            ValueError: an adapter named ``name`` is already loaded (checked on the worker,
+                so of two callers loading one name, one gets it and the other this error).
+        """
         if importlib.util.find_spec("peft") is None:
             raise ImportError("LoRA adapters need peft: pip install 'genlm-backend-hf[lora]'")
-        if name in self._adapters:
-            raise ValueError(f"an adapter named {name!r} is already loaded")
         self.worker.call(self._add_lora, str(path), name)
 
     def _add_lora(self, path: str, name: str) -> None:
         from peft import PeftModel
 
+        if name in self._adapters:
+            raise ValueError(f"an adapter named {name!r} is already loaded")
         if self._peft is None:
             # peft puts its layers into the model itself before it loads the adapter's
             # weights: an adapter that fails to load (shapes of another model) would stay
@@ -291,14 +297,21 @@ class HFLM(BatchedLM):
         """Unload the adapter ``name`` with its KV (pinned prompts included) and the cached
         rows (the output cache is cleared: rows are keyed by adapter name, and the name
         may be loaded again). If it was active, the base model becomes active. A request
-        for it that has not run yet fails with :class:`~genlm.core.UnknownVariantError`.
+        for it that has not run yet fails with :class:`~genlm.core.UnknownVariantError`
+        (unless the name is loaded again first: it then runs under the new adapter), and a
+        request made afterwards never shares a computation in flight under this one.
 
         Raises:
             UnknownVariantError: no adapter named ``name`` is loaded.
         """
         self._check_loaded(name)
-        self.worker.call(self._remove_lora, name)
-        self.output_cache.clear()  # also keeps out the rows of a batch running now
+        try:
+            self.worker.call(self._remove_lora, name)
+            self.output_cache.clear()  # also keeps out the rows of a batch running now
+        finally:
+            # A request made from now on (the name loaded again, say) never joins the
+            # computation of a batch in flight under the adapter removed.
+            self.batcher.refuse_joins()
 
     def _remove_lora(self, name: str) -> None:
         marker = self._adapters.pop(name, None)
@@ -394,7 +407,9 @@ class HFLM(BatchedLM):
         if sum(used for _, used in self.kv.chain(marker, context, len(context))) < len(context):
             self._logprobs_batch([context], variant)
         if not self.kv.pin_chain(marker, context):  # nothing pinned
-            needed, budget = len(context) * self.shape.bytes_per_token, self.kv.cache.max_bytes
+            # At least one segment: its tensors and its bookkeeping.
+            needed = len(context) * self.shape.bytes_per_token + SEGMENT_OVERHEAD_BYTES
+            budget = self.kv.cache.max_bytes
             why = (
                 "does not fit in"
                 if needed > budget
