@@ -8,6 +8,7 @@ and ``cleanup``. Each is checked against the project's own ``ByteLM`` path or br
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import numpy as np
@@ -148,6 +149,41 @@ def test_seed_beam_prunes_only_when_asked(K):
                 got = np.exp(np.concatenate([ps[:256], ps[257:]]))
                 np.testing.assert_allclose(got, expected.next_symbol(), rtol=1e-9, atol=1e-12)
             assert grew  # the path makes the unpruned beam exceed K: the case at stake
+
+    run(scenario())
+
+
+def test_initial_fetches_the_start_row_before_it_returns():
+    """As 0.2.0's ``initial`` materializes its state, the LM's row after BOS is fetched
+    before ``initial`` returns. A client storing the beam ``initial`` returns and then
+    prefilling its prompt (genlm-control 0.4.1's ``ByteLLM``) relies on that await: its
+    concurrent first calls all wait there, and each gets the prompted row (three of four
+    found the stored beam before the prompt was in it)."""
+    params = BeamParams(K=3, eos_tokens=[b"</s>"])
+
+    class Client:
+        """ByteLLM's first-call pattern: store the beam, then prefill the prompt."""
+
+        def __init__(self, lm):
+            self.lm, self.beam = lm, None
+
+        async def row(self):
+            if self.beam is None:
+                self.beam = await ByteBeamState.initial(self.lm, params)
+                self.beam = await self.beam.prefill(b"ab")
+            return (await self.beam.logp_next()).ps
+
+    async def scenario():
+        lm = MockLM(VOCAB)
+        beam = await ByteBeamState.initial(lm, params)
+        assert lm.batch_count == 1  # the row after BOS, fetched by initial
+        await beam.cleanup()
+        alone = await Client(lm).row()
+        client = Client(lm)
+        rows = await asyncio.gather(*(client.row() for _ in range(4)))
+        for row in rows:
+            np.testing.assert_array_equal(row, alone)
+        await lm.aclose()
 
     run(scenario())
 

@@ -180,7 +180,14 @@ class ByteBeamState(BeamState):
         cls, llm: Any, params: BeamParams, trie_opts: dict[str, Any] | None = None
     ) -> ByteBeamState:
         """The state at a token boundary right after the BOS token of ``llm`` (a genlm-core
-        ``AsyncLM``; ``genlm.backend``'s models are ones)."""
+        ``AsyncLM``; ``genlm.backend``'s models are ones), with the LM's row after BOS
+        fetched, as 0.2.0's ``initial`` materializes it.
+
+        That fetch is also an await before the beam exists: genlm-control's ``ByteLLM``
+        stores the beam ``initial`` returns, then prefills its prompt, so its concurrent
+        first calls (an SMC step's particles) must all be waiting here, not find the stored
+        beam before the prompt is in it.
+        """
         unknown = set(trie_opts or ()) - {"max_batch_size", "device"}
         if unknown:
             raise TypeError(f"unknown trie option(s) {sorted(unknown)}")
@@ -188,7 +195,9 @@ class ByteBeamState(BeamState):
         bos = llm.vocab.bos_token_id
         if bos is None:
             raise ValueError("the vocabulary has no BOS token; use ByteLM(lm).initial(ids)")
-        return cls.at_context(model, (bos,))
+        state = cls.at_context(model, (bos,))
+        [start] = await model.next_tokens([(bos,)], state.eos_mode)
+        return state._derive([Candidate((bos,), 0.0, model.trie.root, start, 0.0)])
 
     async def advance(self, byte: int, prune: bool = False) -> ByteBeamState:
         """:meth:`BeamState.advance`, from this beam as it is unless ``prune``."""
