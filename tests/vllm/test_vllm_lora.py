@@ -89,14 +89,19 @@ def test_unknown_adapter_names_the_registered_ones(vllm_lm):
         vllm_lm.set_lora("nope")
 
 
-def test_a_request_names_its_adapter_with_variant(vllm_lm, adapter, merged_model, expected):
-    """``variant=`` picks a registered adapter for one request, as hf's does, leaving the
-    model's own adapter alone; an unregistered name fails with the registered ones."""
-    path, _ = adapter
+@pytest.fixture
+def registered(vllm_lm, adapter):
+    """The adapter registered as "random" (the model is shared by the module's tests)."""
     try:
-        vllm_lm.add_lora(path, "random")
+        vllm_lm.add_lora(adapter[0], "random")
     except ValueError:  # registered by an earlier test of this module
         pass
+    return "random"
+
+
+def test_a_request_names_its_adapter_with_variant(vllm_lm, registered, merged_model, expected):
+    """``variant=`` picks a registered adapter for one request, as hf's does, leaving the
+    model's own adapter alone; an unregistered name fails with the registered ones."""
     context = [50256, 464, 3291]
     adapted = vllm_lm.next_token_logprobs_sync(context, variant="random")
     base = vllm_lm.next_token_logprobs_sync(context)
@@ -106,15 +111,10 @@ def test_a_request_names_its_adapter_with_variant(vllm_lm, adapter, merged_model
         vllm_lm.next_token_logprobs_sync(context, variant="nope")
 
 
-def test_sample_draws_under_its_variant(vllm_lm, adapter, merged_model, expected):
+def test_sample_draws_under_its_variant(vllm_lm, registered, merged_model, expected):
     """``sample``/``batch_sample(variant=)`` draw every step under that adapter: vLLM's own
     greedy run follows the merged model's argmax, and core's seeded sampler draws what it
     draws with the adapter set; an unregistered name fails before any work."""
-    path, _ = adapter
-    try:
-        vllm_lm.add_lora(path, "random")
-    except ValueError:  # registered by an earlier test of this module
-        pass
     prompt = [50256, 464, 3290]
     context, greedy = list(prompt), []
     for _ in range(4):
