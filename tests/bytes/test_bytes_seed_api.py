@@ -183,6 +183,14 @@ def test_initial_fetches_the_start_row_before_it_returns():
         rows = await asyncio.gather(*(client.row() for _ in range(4)))
         for row in rows:
             np.testing.assert_array_equal(row, alone)
+        # Each of those beams has a model of its own, all over one trie (built once per
+        # vocabulary: about 0.5 s at 128k tokens, on the event loop).
+        assert client.beam.byte_lm is not beam.byte_lm
+        assert client.beam.byte_lm.trie is beam.byte_lm.trie
+        other_lm = MockLM(Vocabulary(TOKENS, bos_token_id=0))
+        other = await ByteBeamState.initial(other_lm, params)
+        assert other.byte_lm.trie is not beam.byte_lm.trie
+        await other_lm.aclose()
         await lm.aclose()
 
     run(scenario())
