@@ -200,7 +200,13 @@ def test_a_list_of_rows_must_be_a_batch_of_real_rows():
     with pytest.raises(ValueError, match="differ in shape"):
         trie.batch_weight_sum([torch.ones(V), torch.ones(V - 1)])
     complex_row = torch.ones(V, dtype=torch.complex64)
-    for ws in ([torch.ones(V), complex_row], [np.ones(V), complex_row], complex_row[None]):
+    complex_array = complex_row.numpy()
+    for ws in (
+        [torch.ones(V), complex_row],
+        [np.ones(V), complex_row],
+        complex_row[None],
+        [np.ones(V), complex_array],  # no tensor: numpy makes the batch
+    ):
         with pytest.raises(TypeError, match="real numbers"):
             trie.batch_weight_sum(ws)
     with pytest.raises(TypeError, match="real numbers"):

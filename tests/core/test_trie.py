@@ -354,8 +354,11 @@ class TestWeights:
         with only a ComplexWarning."""
         trie = TokenByteTrie([b"a", b"b"])
         row = np.array([0.5, 0.5 + 1j])
-        with pytest.raises(TypeError, match="weights must be real numbers, got complex128"):
-            getattr(trie, method)(row if not method.startswith("batch") else row[None])
+        batched = method.startswith("batch")
+        # An array, and the lists numpy makes one of (rows, or numbers).
+        for weights in (row[None], [row]) if batched else (row, [0.5, 0.5 + 1j]):
+            with pytest.raises(TypeError, match="weights must be real numbers, got complex128"):
+                getattr(trie, method)(weights)
 
     def test_shape_is_checked(self):
         """Weights of the wrong shape are rejected with the expected shape in the message."""

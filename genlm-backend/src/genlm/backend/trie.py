@@ -156,7 +156,9 @@ class TokenCharacterTrie:
             if ws.device.type == "cpu":  # core's C kernel beats its torch kernel on the CPU
                 ws = ws.double().numpy()  # widened by torch: numpy has no bfloat16
         else:
-            ws = np.asarray(ws, dtype=np.float64)
+            ws = np.asarray(ws)
+            _check_real(ws)  # a list of complex rows is complex only from here
+            ws = ws.astype(np.float64, copy=False)
         if ws.ndim != (2 if batched else 1) or ws.shape[-1] != len(self.decode):
             raise ValueError(
                 f"weights of shape {tuple(ws.shape)} do not match a vocabulary of "

@@ -736,10 +736,20 @@ def _as_float64(weights: object) -> np.ndarray:
     """
     _check_real(weights)
     try:
-        return np.asarray(weights, dtype=np.float64)
+        array = np.asarray(weights)
     except (TypeError, ValueError) as error:
-        cls = TypeError if isinstance(error, TypeError) else ValueError
-        raise cls(f"weights must be an array of numbers: {error}") from error
+        raise _not_numbers(error) from error
+    _check_real(array)  # a list of complex rows or numbers is complex only from here
+    try:
+        return array.astype(np.float64, copy=False)
+    except (TypeError, ValueError) as error:
+        raise _not_numbers(error) from error
+
+
+def _not_numbers(error: TypeError | ValueError) -> TypeError | ValueError:
+    """numpy's error reading weights, of its class, saying what was expected."""
+    cls = TypeError if isinstance(error, TypeError) else ValueError
+    return cls(f"weights must be an array of numbers: {error}")
 
 
 def _check_real(weights: object) -> None:
