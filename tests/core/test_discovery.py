@@ -19,6 +19,7 @@ import pytest
 from support.plugins import plugin_module
 
 from genlm.core import BackendNotFoundError, BackendUnavailableError, _registry, load_model_by_name
+from genlm.core._plugin_api import mismatch_hint
 from genlm.core.backend import PLUGIN_API, BackendSpec, Registry
 from genlm.core.cli import main
 from genlm.core.mock import MockLM
@@ -308,6 +309,11 @@ class TestVersionHints:
         assert "context_hint" in lines["n"] and lines["n"].endswith(hint + "n")
         assert "a_name_core_dropped" in lines["o"] and lines["o"].endswith(hint + "o")
         assert "libfoo" in lines["x"] and "plugin API" not in lines["x"]
+
+    def test_the_hint_without_a_distribution_names_no_package_that_is_not_one(self):
+        """A plugin of unknown distribution: the hint's pip command names genlm-core alone."""
+        hint = mismatch_hint(ImportError("gone", name="genlm.core.backend"), None)
+        assert hint.endswith("pip install --upgrade genlm-core, and upgrade the plugin")
 
 
 class TestIsolation:

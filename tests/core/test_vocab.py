@@ -525,8 +525,10 @@ class TestVocabulary:
             (lambda v: v.decode([1.7]), r"decode: 1\.7 \(float\)"),  # int() made it b"b"
             (lambda v: v.decode("12"), "decode takes token ids, not str"),
             (lambda v: v.decode(b"\x01"), "decode takes token ids, not bytes"),
-            (lambda v: v.decode(np.array([0.9, 2.2])), "dtype float64"),
-            (lambda v: v.decode(np.array([True])), "dtype bool"),
+            (lambda v: v.decode(bytearray(b"\x01")), "decode takes token ids, not bytearray"),
+            (lambda v: v.decode(memoryview(b"\x01")), "decode takes token ids, not memoryview"),
+            (lambda v: v.decode(np.array([0.9, 2.2])), r"decode: .*0\.9.* is not an integer"),
+            (lambda v: v.decode(np.array([True])), r"decode: .*True.* is not an integer"),
             (lambda v: v.decode([0, True]), "decode: True is a bool"),
             (lambda v: v.decode([np.float64(1.0)]), "decode: .* is not an integer"),
             (lambda v: v[2.9], r"Vocabulary index: 2\.9"),
@@ -548,6 +550,10 @@ class TestVocabulary:
         assert vocab.decode(np.array([3, 2, 0], dtype=np.int32)) == b"ca"
         assert vocab.decode(np.array([3, 2], dtype=np.uint16), keep_special=True) == b"<s>c"
         assert vocab[np.int32(2)] == b"c" and vocab.is_special(np.int64(3))
+        # Arrays of other dtypes are read id by id: numpy's default empty array (float64)
+        # holds no id, an object array Python ints.
+        assert vocab.decode(np.array([])) == b""
+        assert vocab.decode(np.array([1, 2], dtype=object)) == b"bc"
 
     @pytest.mark.parametrize(
         ("field", "value", "message"),

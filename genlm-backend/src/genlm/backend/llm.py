@@ -20,7 +20,7 @@ from typing import Any, Self
 import numpy as np
 import torch
 
-from genlm.backend.tokenization import read_vocab, vocab_lists
+from genlm.backend.tokenization import _read_vocab, vocab_lists
 from genlm.core import BackendNotFoundError, Vocabulary
 from genlm.core.backend import (
     BatchedLM,
@@ -53,7 +53,7 @@ class AsyncLM(ABC):
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
-        self._token_vocab = read_vocab(tokenizer)
+        self._token_vocab = _read_vocab(tokenizer)
         self.byte_vocab, self.str_vocab = vocab_lists(self._token_vocab, tokenizer)
 
     @property

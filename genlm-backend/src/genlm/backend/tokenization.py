@@ -137,10 +137,10 @@ def decode_vocab(
             "byte2str_fallback must be 'tokenizer', 'latin1' or 'replace', "
             f"got {byte2str_fallback!r}"
         )
-    return vocab_lists(read_vocab(tokenizer), tokenizer, byte2str_fallback)
+    return vocab_lists(_read_vocab(tokenizer), tokenizer, byte2str_fallback)
 
 
-def read_vocab(tokenizer: Any) -> Vocabulary:
+def _read_vocab(tokenizer: Any) -> Vocabulary:
     """The tokenizer's :class:`~genlm.core.Vocabulary`, checked exact as :func:`decode_vocab`
     checks it (same errors)."""
     try:

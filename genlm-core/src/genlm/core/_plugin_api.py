@@ -56,8 +56,12 @@ def mismatch_hint(exc: BaseException, distribution: str | None) -> str:
     )
     if not (from_core or unknown_field):
         return ""
-    upgrade = f"genlm-core {distribution}" if distribution else "genlm-core and the plugin"
+    fix = (
+        f"pip install --upgrade genlm-core {distribution}"
+        if distribution
+        else "pip install --upgrade genlm-core, and upgrade the plugin"
+    )
     return (
         f"; the plugin may be built for another genlm-core (this one serves plugin API "
-        f"{PLUGIN_API}): pip install --upgrade {upgrade}"
+        f"{PLUGIN_API}): {fix}"
     )

@@ -544,16 +544,16 @@ class Vocabulary:
         """The bytes of ``ids`` joined (maybe not UTF-8), specials only if ``keep_special``.
 
         Raises:
-            TypeError: ``ids`` is a string (its characters are no ids), or holds an id that
-                is not an integer (a float, a bool).
+            TypeError: ``ids`` is text or bytes (its characters are no ids), or holds an id
+                that is not an integer (a float, a bool).
             ValueError: an id is outside the vocabulary.
         """
-        if isinstance(ids, (str, bytes)):  # its characters would be read as ids
+        if isinstance(ids, (str, bytes, bytearray, memoryview)):  # no ids in characters
             raise TypeError(f"decode takes token ids, not {type(ids).__name__} {ids!r:.60}")
-        if isinstance(ids, np.ndarray):  # one check of its dtype, then Python ints
-            if ids.dtype.kind not in "iu":
-                raise TypeError(f"decode: token ids of dtype {ids.dtype} are not integers")
-            ids = ids.tolist()
+        if isinstance(ids, np.ndarray):
+            # An integer array as Python ints at once; any other (an empty float array,
+            # objects) is read id by id below, each checked.
+            ids = ids.tolist() if ids.dtype.kind in "iu" else list(ids)
         tokens, special, n = self.tokens, self.special_ids, len(self.tokens)
         out = []
         for i in ids:
