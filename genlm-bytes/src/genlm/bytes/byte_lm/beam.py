@@ -55,7 +55,9 @@ class BeamParams:
         eos_byte_strings: the same as ``eos_tokens`` (genlm-bytes 0.2.0's released name, used
             by genlm-control 0.4.1); give one of the two, or both equal. Both attributes
             then hold the same set (empty for none); a value read back from a
-            ``BeamParams`` yields to one given under the other name (``replace``).
+            ``BeamParams`` yields to one given under the other name (``replace``). None
+            means "not given", so ``replace(params, eos_tokens=None)`` keeps the EOS
+            strings; ``replace(params, eos_tokens=set())`` clears them.
 
     Bad values raise when the parameters are built, as ``ByteLM`` would: ``ValueError``
     (also for ``eos_tokens`` and ``eos_byte_strings`` that differ), ``TypeError`` for an
