@@ -404,7 +404,8 @@ def _token_id(value: object, what: str) -> int:
     Raises:
         TypeError: it is not an integer; the message starts with ``what``.
     """
-    if value is True or value is False:  # numpy bools have no __index__
+    # numpy 2's bools have no __index__; numpy 1's do (deprecated), so both are refused here.
+    if value is True or value is False or isinstance(value, np.bool_):
         raise TypeError(f"{what}: {value!r} is a bool, not an integer token id")
     try:
         return operator.index(value)
