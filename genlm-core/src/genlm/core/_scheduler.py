@@ -134,6 +134,27 @@ class _LoopState(_Queues):
     timer: asyncio.TimerHandle | None = None
 
 
+def _on_each_loop(states: Sequence[_LoopState], callback: Callable[..., Any], *args: Any) -> None:
+    """``callback(state, *args)`` for each state, on its event loop's thread: at once for
+    the calling thread's running loop, else through ``call_soon_threadsafe``. A closed
+    loop's state is skipped: nobody can await its futures."""
+    try:
+        current = asyncio.get_running_loop()
+    except RuntimeError:
+        current = None
+    for state in states:
+        loop = state.loop()
+        if loop is None:
+            continue
+        if loop is current:
+            callback(state, *args)
+            continue
+        try:
+            loop.call_soon_threadsafe(callback, state, *args)
+        except RuntimeError:  # the loop is closed
+            logger.debug("%s skipped for a closed event loop", callback.__name__)
+
+
 def _forget(queues: _Queues, entry: _Entry) -> None:
     """Remove ``entry`` from the dedup map, unless a newer entry took its key (after the
     worker dropped it)."""
@@ -253,23 +274,9 @@ class AutoBatcher(Generic[I, R]):
         the options just set (on that loop's thread; at once for the calling thread's
         running loop), so that a lowered ``max_wait_s`` or a raised ``max_in_flight``
         takes effect for requests already waiting. Safe from any thread."""
-        try:
-            current = asyncio.get_running_loop()
-        except RuntimeError:
-            current = None
         with self._lock:
-            states = list(self._states.values())
-        for state in states:
-            loop = state.loop()
-            if loop is None or not state.queues:
-                continue
-            if loop is current:
-                self._reapply(state)
-                continue
-            try:
-                loop.call_soon_threadsafe(self._reapply, state)
-            except RuntimeError:  # the loop is closed: nobody can await its futures
-                pass
+            states = [state for state in self._states.values() if state.queues]
+        _on_each_loop(states, self._reapply)
 
     def _reapply(self, state: _LoopState) -> None:
         """Fire what the current options allow now and re-arm the timer for them."""
@@ -629,24 +636,10 @@ class AutoBatcher(Generic[I, R]):
         Batches already handed to the worker still run. Idempotent.
         """
         closed = ModelClosedError("the model was closed before this request ran")
-        try:
-            current = asyncio.get_running_loop()
-        except RuntimeError:
-            current = None
         with self._lock:  # atomic with _state's check-and-register
             self._closed = True
             states = list(self._states.values())
-        for state in states:
-            loop = state.loop()
-            if loop is None:
-                continue
-            if loop is current:
-                self._fail_queued(state, closed)
-                continue
-            try:
-                loop.call_soon_threadsafe(self._fail_queued, state, closed)
-            except RuntimeError:  # the loop is closed: nobody can await its futures
-                logger.debug("queued requests of a closed event loop dropped")
+        _on_each_loop(states, self._fail_queued, closed)
 
     async def aclose(self) -> None:
         """:meth:`reject_new`, then wait for this loop's in-flight batches. Idempotent."""
