@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import genlm.core._trie as trie_module
 from genlm.core import Vocabulary
 from genlm.core._trie import EOS_EDGE, TokenByteTrie
+from genlm.core.backend import check_real
 
 REPO = Path(__file__).resolve().parents[2]
 # <repo>/../shared in a checkout; a worktree sits one level deeper, so look upwards.
@@ -359,6 +360,19 @@ class TestWeights:
         for weights in (row[None], [row]) if batched else (row, [0.5, 0.5 + 1j]):
             with pytest.raises(TypeError, match="weights must be real numbers, got complex128"):
                 getattr(trie, method)(weights)
+
+    def test_check_real_refuses_exactly_the_complex_dtypes(self):
+        """The public check every reader of weights shares: an array is refused exactly when
+        numpy calls its dtype complex; what is not an array yet (a list) is left to the
+        check of the array made from it."""
+        for code in np.typecodes["All"]:
+            array = np.zeros(2, dtype=code)
+            if np.issubdtype(array.dtype, np.complexfloating):
+                with pytest.raises(TypeError, match=f"got {array.dtype} weights"):
+                    check_real(array)
+            else:
+                check_real(array)
+        check_real([0.5, 0.5 + 1j])
 
     def test_shape_is_checked(self):
         """Weights of the wrong shape are rejected with the expected shape in the message."""

@@ -22,7 +22,7 @@ import numpy as np
 
 from genlm.backend.tokenization import Token
 from genlm.core import AsyncTokenByteTrie, TokenByteTrie
-from genlm.core.backend import is_torch
+from genlm.core.backend import check_real, is_torch
 
 
 @attrs.frozen
@@ -150,14 +150,14 @@ class TokenCharacterTrie:
         """
         if batched and isinstance(ws, (list, tuple)) and any(map(is_torch, ws)):
             ws = _stacked(ws)
-        _check_real(ws)
+        check_real(ws)
         if is_torch(ws):
             ws = ws.detach()
             if ws.device.type == "cpu":  # core's C kernel beats its torch kernel on the CPU
                 ws = ws.double().numpy()  # widened by torch: numpy has no bfloat16
         else:
             ws = np.asarray(ws)
-            _check_real(ws)  # a list of complex rows is complex only from here
+            check_real(ws)  # a list of complex rows is complex only from here
             ws = ws.astype(np.float64, copy=False)
         if ws.ndim != (2 if batched else 1) or ws.shape[-1] != len(self.decode):
             raise ValueError(
@@ -337,13 +337,6 @@ class AsyncTokenCharacterTrie:
             core.worker.close(wait=False)
 
 
-def _check_real(ws: Any) -> None:
-    """Raise TypeError for complex weights (an array or a tensor): the cast to float64 would
-    drop their imaginary parts (a CPU tensor's silently)."""
-    if (is_torch(ws) and ws.is_complex()) or (isinstance(ws, np.ndarray) and ws.dtype.kind == "c"):
-        raise TypeError(f"weights must be real numbers, got {ws.dtype} weights")
-
-
 def _stacked(rows: Sequence[Any]) -> Any:
     """A batch given as a list of rows, some of them tensors, as one ``(B, V)`` batch.
 
@@ -362,7 +355,7 @@ def _stacked(rows: Sequence[Any]) -> Any:
         raise ValueError(f"the rows of a batch differ in shape: {sorted(shapes)}")
     tensors = [row.detach() for row in rows if is_torch(row)]
     for tensor in tensors:
-        _check_real(tensor)
+        check_real(tensor)
     if len(tensors) == len(rows) and len({t.device for t in tensors}) == 1:
         return torch.stack([t.to(torch.float64) for t in tensors])
     return np.stack(

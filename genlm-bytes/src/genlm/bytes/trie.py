@@ -26,6 +26,7 @@ from genlm.bytes._eos import split_eos
 from genlm.bytes.byte_lm.trie_state import TrieMode
 from genlm.core import AsyncTokenByteTrie as CoreAsyncTrie
 from genlm.core import TokenByteTrie as CoreTrie
+from genlm.core.backend import check_real, is_torch
 
 __all__ = [
     "AsyncEosModeTrie",
@@ -45,15 +46,13 @@ def _as_numpy(ws: Any) -> np.ndarray:
     Raises:
         TypeError: complex weights (the cast would drop their imaginary parts).
     """
-    if hasattr(ws, "detach"):  # a torch tensor: no torch import needed
-        if ws.is_complex():
-            raise TypeError(f"weights must be real, got a {ws.dtype} tensor")
+    if is_torch(ws):
+        check_real(ws)
         return ws.detach().double().cpu().numpy()
-    if isinstance(ws, (list, tuple)) and any(hasattr(w, "detach") for w in ws):
+    if isinstance(ws, (list, tuple)) and any(is_torch(w) for w in ws):
         return np.stack([_as_numpy(w) for w in ws])
     ws = np.asarray(ws)
-    if ws.dtype.kind == "c":
-        raise TypeError(f"weights must be real, got {ws.dtype}")
+    check_real(ws)
     return ws.astype(np.float64, copy=False)
 
 

@@ -54,6 +54,26 @@ def is_torch(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def check_real(weights: Any) -> None:
+    """Raise TypeError for complex weights: an array or a tensor of a complex dtype.
+
+    Casting weights to float64 (numpy's ``astype``, torch's ``.double()``) drops the
+    imaginary parts, with at most a warning, so every reader of caller-given weights
+    checks before it casts. A list of complex rows or numbers is complex only once
+    converted: check the array made from it too.
+
+    Args:
+        weights: a caller's weights, in any form; only arrays and tensors are checked.
+
+    Raises:
+        TypeError: ``weights`` is a complex numpy array or torch tensor.
+    """
+    if (isinstance(weights, np.ndarray) and weights.dtype.kind == "c") or (
+        is_torch(weights) and weights.is_complex()
+    ):
+        raise TypeError(f"weights must be real numbers, got {weights.dtype} weights")
+
+
 class BatchRows(list):
     """A batch's rows, each a view of :attr:`batch`: what ``BatchedLM._run_requests`` returns.
 

@@ -112,6 +112,7 @@ from typing import Literal
 
 import numpy as np
 
+from genlm.core._rows import check_real as _check_real
 from genlm.core._rows import is_torch as _is_torch
 from genlm.core._validation import checked_count, is_integer
 
@@ -750,15 +751,6 @@ def _not_numbers(error: TypeError | ValueError) -> TypeError | ValueError:
     """numpy's error reading weights, of its class, saying what was expected."""
     cls = TypeError if isinstance(error, TypeError) else ValueError
     return cls(f"weights must be an array of numbers: {error}")
-
-
-def _check_real(weights: object) -> None:
-    """Raise TypeError for complex weights (an array or a tensor): the cast to float64 would
-    drop their imaginary parts, with at most a warning."""
-    if (isinstance(weights, np.ndarray) and weights.dtype.kind == "c") or (
-        _is_torch(weights) and weights.is_complex()
-    ):
-        raise TypeError(f"weights must be real numbers, got {weights.dtype} weights")
 
 
 def _check_bytes(vocab: Sequence[bytes]) -> None:

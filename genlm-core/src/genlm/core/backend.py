@@ -10,11 +10,11 @@ worker thread, the scheduler, the
 caches and the byte-bounded LRU under them, the row planner for KV reuse, the plugin
 registry, ``BackendSpec``, the plugin API version it declares (``PLUGIN_API``) and
 ``backend_hook`` (a plugin's registration hook made from its specs), and small helpers
-(``is_torch``, ``compact_row``, ``resolve_model_path``, the sampler and its argument checks,
-``gather_all``, ``lazy_exports`` and ``type_checking_exports``). Command plugins use
-:mod:`genlm.core.cli` (``Command``, ``command_hook``) and :mod:`genlm.core.hookspecs`. A
-distribution other than genlm-core uses only these public modules, never a
-``genlm.core._private`` one (``tests/test_private_access.py`` checks).
+(``is_torch``, ``check_real``, ``compact_row``, ``resolve_model_path``, the sampler and its
+argument checks, ``gather_all``, ``lazy_exports`` and ``type_checking_exports``). Command
+plugins use :mod:`genlm.core.cli` (``Command``, ``command_hook``) and
+:mod:`genlm.core.hookspecs`. A distribution other than genlm-core uses only these public
+modules, never a ``genlm.core._private`` one (``tests/test_private_access.py`` checks).
 
 Names load lazily, as in :mod:`genlm.core`: a backend's plugin module imports
 ``BackendSpec`` from here without loading numpy, and nothing here imports torch.
@@ -52,6 +52,7 @@ if _TYPE_CHECKING:
     from genlm.core._row_plan import group_padded as group_padded
     from genlm.core._row_plan import plan_rows as plan_rows
     from genlm.core._rows import BatchRows as BatchRows
+    from genlm.core._rows import check_real as check_real
     from genlm.core._rows import compact_row as compact_row
     from genlm.core._rows import is_torch as is_torch
     from genlm.core._sampling import check_sampling_args as check_sampling_args
