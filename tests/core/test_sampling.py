@@ -110,3 +110,19 @@ def test_eos_ids_stop_a_draw_whatever_integers_they_are():
     with pytest.raises(TypeError, match="list of token ids"):
         asyncio.run(lm.sample([0], 6, np.int64(eos)))
     lm.close()
+
+
+def test_eos_ids_given_as_bytes_are_refused_before_any_work():
+    """Bytes are not EOS ids: iterating them gives ints, so ``b"\\x03"`` stopped draws at
+    token 3 (the byte read as an id). sample, batch_sample and smc refuse them, in every
+    bytes-like form, naming the argument, before any request."""
+    lm = MockLM(VOCAB)
+    for eos in (b"\x03", bytearray(b"\x03"), memoryview(b"\x03")):
+        with pytest.raises(TypeError, match="eos_token_ids must be token ids, got"):
+            asyncio.run(lm.sample([0], 6, eos))
+        with pytest.raises(TypeError, match="eos_token_ids"):
+            asyncio.run(lm.batch_sample([[0], [1]], 6, eos))
+        with pytest.raises(TypeError, match="eos_token_ids"):
+            asyncio.run(smc(lm, [0], eos_token_ids=eos))
+    assert lm.batches == []
+    lm.close()

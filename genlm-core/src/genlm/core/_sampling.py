@@ -68,13 +68,20 @@ def eos_id_set(eos_token_ids: Iterable[int] | None, default: Iterable[int]) -> f
     hash by identity, so kept as they are they would never match a drawn token.
 
     Raises:
-        TypeError: a bare int (``eos_token_ids=2``): a list of ids is meant; or an id that
-            is not an integer (a float).
+        TypeError: a bare int (``eos_token_ids=2``): a list of ids is meant; bytes (each
+            byte would be read as a token id: EOS strings are genlm-bytes' ``eos=``); or an
+            id that is not an integer (a float).
     """
     if eos_token_ids is None:
         return frozenset(default)
     if isinstance(eos_token_ids, (int, np.integer)) or getattr(eos_token_ids, "ndim", 1) == 0:
         raise TypeError(f"eos_token_ids must be a list of token ids, got {eos_token_ids!r}")
+    if isinstance(eos_token_ids, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"eos_token_ids must be token ids, got {type(eos_token_ids).__name__} "
+            f"{bytes(eos_token_ids)[:40]!r} (its bytes would be read as ids); "
+            "for the id of a token's bytes see lm.vocab"
+        )
     try:
         return frozenset(map(operator.index, eos_token_ids))
     except TypeError:
@@ -84,8 +91,10 @@ def eos_id_set(eos_token_ids: Iterable[int] | None, default: Iterable[int]) -> f
 def sample_token(logprobs: np.ndarray, rng: np.random.Generator, temperature: float = 1.0) -> int:
     """Draw a token id from ``softmax(logprobs / temperature)``; ``temperature=0`` is argmax.
 
-    Uses the Gumbel-max trick in float64, so tiny probabilities keep their exact
-    chance and no renormalization is needed. The row is shifted so its maximum is 0
+    Uses the Gumbel-max trick in float64, so no renormalization is needed and a token's
+    chance is exact down to about ``e**-40`` of the most likely token's: float64 uniforms
+    bound the Gumbel noise to about [-3.6, 36.7], so a token more than 40.3 nats below the
+    best is never drawn (a chance under ``3e-18`` per draw). The row is shifted so its maximum is 0
     before dividing, so a tiny temperature (``1e-308``) cannot overflow every score to
     ``-inf``: it draws among the most likely tokens, as its limit does. ``temperature``
     must satisfy :func:`check_sampling_args`. A row holding NaN or ``+inf``, or only
