@@ -126,3 +126,20 @@ def test_eos_ids_given_as_bytes_are_refused_before_any_work():
             asyncio.run(smc(lm, [0], eos_token_ids=eos))
     assert lm.batches == []
     lm.close()
+
+
+def test_bad_seeds_are_refused_naming_the_seed_before_any_work():
+    """A negative or fractional seed is numpy's ValueError or TypeError, now saying it is
+    the seed (numpy's own message named no argument), from sample, batch_sample and smc;
+    a valid seed still reproduces its draw."""
+    lm = MockLM(VOCAB)
+    for seed, error in ((-1, ValueError), (1.5, TypeError), ("7", TypeError)):
+        with pytest.raises(error, match="seed must be None or a non-negative integer"):
+            asyncio.run(lm.sample([0], 4, seed=seed))
+        with pytest.raises(error, match="seed must be None"):
+            asyncio.run(lm.batch_sample([[0], [1]], 4, seed=seed))
+        with pytest.raises(error, match="seed must be None"):
+            asyncio.run(smc(lm, [0], seed=seed))
+    assert lm.batches == []
+    assert asyncio.run(lm.sample([0], 4, seed=3)) == asyncio.run(lm.sample([0], 4, seed=3))
+    lm.close()

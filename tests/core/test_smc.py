@@ -277,8 +277,9 @@ def test_a_nan_row_is_an_error_not_a_dead_particle():
 
 
 def test_arguments_of_the_wrong_type_are_rejected(lm):
-    """A fractional or boolean particle count, a boolean ESS threshold, a bare EOS id, a mask
-    of ids or floats and a bad prompt fail before any request, naming the argument."""
+    """A fractional or boolean particle count, a boolean ESS threshold, a bare EOS id, an
+    ``on_step`` that is not callable, a mask of ids or floats and a bad prompt fail before
+    any request, naming the argument."""
     for n_particles in (2.5, True, np.float64(3.0)):
         with pytest.raises(TypeError, match="n_particles"):
             asyncio.run(smc(lm, [0], n_particles=n_particles))
@@ -286,6 +287,8 @@ def test_arguments_of_the_wrong_type_are_rejected(lm):
         asyncio.run(smc(lm, [0], ess_threshold=True))
     with pytest.raises(TypeError, match="eos_token_ids"):
         asyncio.run(smc(lm, [0], eos_token_ids=2))
+    with pytest.raises(TypeError, match="on_step must be a function"):
+        asyncio.run(smc(lm, [0], on_step=5))
     for mask in ([0, 1, 2, 3, 4], [1, 1, 1, 1, 0.5]):
         with pytest.raises(TypeError, match="token_mask must be booleans"):
             asyncio.run(smc(lm, [0], token_mask=mask))

@@ -43,7 +43,13 @@ from genlm.core._rows import (
     split_torch,
     stack_output,
 )
-from genlm.core._sampling import check_sampling_args, eos_id_set, sample_token
+from genlm.core._sampling import (
+    check_sampling_args,
+    eos_id_set,
+    sample_token,
+    seed_streams,
+    seeded_rng,
+)
 from genlm.core._scheduler import AutoBatcher
 from genlm.core._validation import checked_count, is_integer, is_unordered, validate_context
 from genlm.core._vocab import Vocabulary
@@ -490,7 +496,7 @@ class BatchedLM(abc.ABC):
         """
         check_sampling_args(max_tokens, temperature)
         request = self.validate_request(prompt_token_ids, variant)
-        eos, rng = eos_id_set(eos_token_ids, self._vocab.eos_token_ids), np.random.default_rng(seed)
+        eos, rng = eos_id_set(eos_token_ids, self._vocab.eos_token_ids), seeded_rng(seed)
         return await self._sample(request, max_tokens, eos, temperature, rng)
 
     async def _sample(
@@ -532,7 +538,7 @@ class BatchedLM(abc.ABC):
         check_sampling_args(max_tokens, temperature)
         requests = self.validate_requests(prompts, variant)
         eos = eos_id_set(eos_token_ids, self._vocab.eos_token_ids)
-        rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(len(requests))]
+        rngs = seed_streams(seed, len(requests))
         return await gather_all(
             self._sample(r, max_tokens, eos, temperature, rng) for r, rng in zip(requests, rngs)
         )

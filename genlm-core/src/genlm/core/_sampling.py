@@ -61,6 +61,37 @@ def check_temperature(temperature: object) -> None:
         )
 
 
+def seeded_rng(seed: object) -> np.random.Generator:
+    """numpy's generator for a sampler's ``seed`` (None: fresh entropy).
+
+    Raises:
+        TypeError, ValueError: ``seed`` is not None or a non-negative integer (numpy's
+            class; its message did not say which argument it was).
+    """
+    return _seeded(np.random.default_rng, seed)
+
+
+def seed_streams(seed: object, n: int) -> list[np.random.Generator]:
+    """``n`` independent generators from one ``seed``: stream ``i`` of
+    ``numpy.random.SeedSequence(seed).spawn(n)``.
+
+    Raises:
+        TypeError, ValueError: as :func:`seeded_rng`.
+    """
+    root = _seeded(np.random.SeedSequence, seed)
+    return [np.random.default_rng(s) for s in root.spawn(n)]
+
+
+def _seeded(make, seed: object):
+    """``make(seed)``; numpy's error about ``seed`` re-raised naming the argument."""
+    try:
+        return make(seed)
+    except (TypeError, ValueError) as error:
+        raise type(error)(
+            f"seed must be None or a non-negative integer, got {seed!r} ({error})"
+        ) from None
+
+
 def eos_id_set(eos_token_ids: Iterable[int] | None, default: Iterable[int]) -> frozenset[int]:
     """The ids a sampler stops at, read once (an iterator is consumed here, not per prompt):
     ``default`` (the vocabulary's EOS ids) for None. Each id becomes a Python int

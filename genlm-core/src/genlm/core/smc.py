@@ -34,7 +34,7 @@ from scipy.special import logsumexp
 
 from genlm.core._gather import gather_all
 from genlm.core._protocol import AsyncLM
-from genlm.core._sampling import check_sampling_args, eos_id_set
+from genlm.core._sampling import check_sampling_args, eos_id_set, seeded_rng
 from genlm.core._validation import is_integer, is_real, validate_context
 from genlm.core._vocab import Vocabulary
 
@@ -177,7 +177,8 @@ async def smc(
         on_step: called after each step with the step number (progress bars).
 
     Bad arguments raise before any request: ``TypeError`` for one of the wrong type (a
-    non-integer ``n_particles``, a mask that is not booleans, a bare int of EOS), else
+    non-integer ``n_particles``, a mask that is not booleans, a bare int of EOS, an
+    ``on_step`` that is not callable), else
     ``ValueError`` (``temperature`` must be > 0 and pass
     :func:`genlm.core.backend.check_temperature`; a mask must allow some token), and the
     prompt's own :class:`~genlm.core.InvalidContextError`. A row holding NaN or ``+inf``
@@ -205,9 +206,11 @@ async def smc(
             raise ValueError(f"token_mask needs {len(lm.vocab)} entries, got shape {mask.shape}")
         if not mask.any():
             raise ValueError("token_mask allows no token")
+    if on_step is not None and not callable(on_step):
+        raise TypeError(f"on_step must be a function of the step number, got {on_step!r}")
     eos = eos_id_set(eos_token_ids, lm.vocab.eos_token_ids)
     prompt = list(validate_context(prompt, len(lm.vocab)))
-    rng = np.random.default_rng(seed)
+    rng = seeded_rng(seed)
     limit = getattr(lm, "max_context_length", None)
     if limit is not None and len(prompt) <= limit:  # a longer prompt raises at step 1
         # Like sample: stop once the contexts would pass the model's limit (the last
