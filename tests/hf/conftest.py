@@ -53,21 +53,21 @@ def loaded():
     return load
 
 
-def full_forward(model, context, width: int | None = None) -> np.ndarray:
-    """The independent expectation: log_softmax of a plain, uncached full forward.
+def full_forward(model, context) -> np.ndarray:
+    """The independent expectation: log_softmax of a plain, uncached full forward, over all
+    of the model's logits (padding beyond the tokenizer's tokens included).
 
-    ``width``: keep only the first logits (the tokenizer's) before normalizing. The
-    input goes to the model's device, so this also runs where the model is on a GPU.
+    The input goes to the model's device, so this also runs where the model is on a GPU.
     """
     device = next(model.parameters()).device
     with torch.inference_mode():
-        logits = model(torch.tensor([list(context)], device=device)).logits[0, -1, :width]
+        logits = model(torch.tensor([list(context)], device=device)).logits[0, -1]
     return torch.log_softmax(logits, -1).double().cpu().numpy()
 
 
 def assert_matches(model, context, row) -> None:
-    # Logit rows beyond the tokenizer's (model padding) are dropped before normalizing.
-    expected = full_forward(model, context, len(row))
+    # Rows are as wide as the model's logits (a row of another width fails the shape check).
+    expected = full_forward(model, context)
     atol, rtol = _TOLERANCE.get(id(model), (1e-5, 0.0))
     np.testing.assert_allclose(np.asarray(row, dtype=np.float64), expected, atol=atol, rtol=rtol)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import importlib.util
 
@@ -14,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 from support.imports import modules_loaded_by  # noqa: E402
 
 from genlm.backends.hf import HFLM  # noqa: E402
-from genlm.core import load_model_by_name  # noqa: E402
+from genlm.core import Vocabulary, load_model_by_name  # noqa: E402
 from genlm.core.backend import get_registry, resolve_model_path  # noqa: E402
 
 STORIES = resolve_model_path("stories260K")
@@ -51,22 +52,73 @@ def test_load_model_by_name_runs_offline(check):
         lm.close()
 
 
-def test_logit_rows_beyond_the_tokenizer_are_dropped_before_normalizing(check):
-    """A model padded to 600 logits still returns 512 normalized entries (the tokenizer's)."""
+def padded_stories():
+    """fp64 stories260K with its logit rows padded from the tokenizer's 512 to 600, the
+    padding rows given weights (a real checkpoint's padding rows are near zero, not absent),
+    and its tokenizer (the padding holds ~2% of the mass after [1, 403, 407])."""
     tok = transformers.AutoTokenizer.from_pretrained(STORIES)
     model = transformers.AutoModelForCausalLM.from_pretrained(STORIES).double().eval()
     model.resize_token_embeddings(600)
     with torch.no_grad():
-        model.get_output_embeddings().weight[512:] = 5.0  # padded rows would carry real mass
-    lm = HFLM(model, tok, cache_bytes=0)
+        model.get_output_embeddings().weight[512:] = 0.5
+    return model, tok
+
+
+@pytest.mark.parametrize("device_rows", [False, True])
+def test_rows_are_as_wide_as_the_models_logits(check, reference, device_rows):
+    """A model padded to 600 logits for a 512-token tokenizer gives rows of 600 entries,
+    normalized over all of them (as mlx, vllm and genlm-backend 0.3.1 do); ids 512..599 are
+    unused and have no bytes. Single rows, KV-reusing batches, torch rows and sampling
+    all see the full width."""
+    model, tok = padded_stories()
+    lm = HFLM(model, tok, cache_bytes=0, device_rows=device_rows)
     try:
+        assert len(lm.vocab) == 600
+        assert lm.vocab.tokens[:512] == Vocabulary.from_tokenizer(tok).tokens
+        assert lm.vocab.tokens[512:] == (b"",) * 88
+        assert lm.vocab.unused_ids >= set(range(512, 600))
+        assert lm.vocab.text_ids.max() < 512
         context = [1, 403, 407]
         row = lm.next_token_logprobs_sync(context)
-        assert row.shape == (512,)
-        check(model, context, row)  # the expectation slices to 512 before log_softmax
+        assert row.shape == (600,)
+        check(model, context, row)  # log_softmax over all 600 logits
         assert abs(np.logaddexp.reduce(row.astype(np.float64))) < 1e-6
+        assert np.exp(np.logaddexp.reduce(row[512:].astype(np.float64))) > 0.01  # padding counts
+        contexts = [[*context, 261], [*context, 261, 378], [1, 20]]
+        rows = lm.batch_next_token_logprobs_sync(contexts, output="torch")
+        assert lm.kv_stats["reused_tokens"] > 0 and tuple(rows.shape) == (3, 600)
+        for c, r in zip(contexts, rows):
+            check(model, c, r.cpu().numpy())
+        greedy = asyncio.run(lm.sample(context, 1, temperature=0))
+        assert greedy == [int(np.argmax(reference(model, context)))]
     finally:
         lm.close()
+
+
+def test_padded_rows_under_a_lora_adapter_are_full_width(reference):
+    """An adapter on a padded model gives full-width rows equal to the adapted model's."""
+    peft = pytest.importorskip("peft")
+    model, tok = padded_stories()
+    torch.manual_seed(0)
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    adapted = peft.get_peft_model(model, config).eval()
+    context = [1, 403, 407, 261]
+    expected = reference(adapted, context)
+    lm = HFLM(adapted, tok, cache_bytes=0)
+    try:
+        assert lm.active_lora == "default" and len(lm.vocab) == 600
+        np.testing.assert_allclose(lm.next_token_logprobs_sync(context), expected, atol=1e-6)
+    finally:
+        lm.close()
+
+
+def test_a_model_without_an_output_head_must_compute_the_tokenizers_width():
+    """Without output embeddings to tell the logit width, rows are the tokenizer's size: a
+    model whose forward computes more logits is refused at construction, naming both."""
+    model, tok = padded_stories()
+    model.get_output_embeddings = lambda: None
+    with pytest.raises(ValueError, match="computes 600 logits but its vocabulary has 512 ids"):
+        HFLM(model, tok)
 
 
 def test_wrong_tokenizer_is_rejected():

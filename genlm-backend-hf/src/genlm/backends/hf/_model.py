@@ -55,8 +55,11 @@ class HFLM(BatchedLM):
 
     Args:
         model: a loaded ``PreTrainedModel`` for causal LM (or a peft ``PeftModel``).
-        tokenizer: its tokenizer; the vocabulary (and so the width of every row) is the
-            tokenizer's, logit rows the model pads beyond it are dropped.
+        tokenizer: its tokenizer, read into the vocabulary. Rows are as wide as the model's
+            logits (its output embeddings); logit rows a checkpoint pads beyond the tokenizer
+            (Qwen2: 151936 for 151665 tokens) are unused ids with no bytes, and rows are
+            normalized over the full width, as the other backends and genlm-backend 0.3.1
+            do. A tokenizer with more tokens than the model has logits is a ``ValueError``.
         kv_cache_bytes: byte budget of the KV cache (LRU-evicted; pinned prompts stay).
         max_forward_tokens: most padded new tokens (rows times the widest row's new tokens)
             in one forward pass; it bounds the activations and logits of a pass, not the KV.
@@ -113,13 +116,7 @@ class HFLM(BatchedLM):
         if kv_length_multiple is not None:
             kv_length_multiple = checked_count("kv_length_multiple", kv_length_multiple, 1)
         backends = None if sdpa_backends is None else _sdpa_backends(sdpa_backends)
-        vocab = Vocabulary.from_tokenizer(tokenizer)
-        width = _logit_width(model)
-        if width is not None and width < len(vocab):
-            raise ValueError(
-                f"the model has {width} output logits but its tokenizer has {len(vocab)} tokens; "
-                "pass the tokenizer that belongs to this model"
-            )
+        vocab = _vocabulary(model, tokenizer)
         _check_full_attention(model.config)
         #: Whether the model's attention depends on how far apart two columns of the KV
         #: buffer are (see :func:`_attends_by_column`): then only rows that add the same
@@ -238,11 +235,18 @@ class HFLM(BatchedLM):
         return cls(model, tokenizer, kv_cache_bytes=kv_cache_bytes, **kwargs)
 
     def _probe(self) -> KVShape:
-        """Run one token to learn the KV geometry (and fail early on unsupported caches)."""
+        """Run one token to learn the KV geometry (and fail early on unsupported caches, or
+        logits of another width than the vocabulary's)."""
         device = _model_device(self.model)
         ids = torch.tensor([[self._pad_id]], device=device)
         with torch.inference_mode():
             out = self.model(input_ids=ids, use_cache=True)
+        if out.logits.shape[-1] != len(self.vocab):  # a model without an output head
+            raise ValueError(
+                f"the model computes {out.logits.shape[-1]} logits but its vocabulary has "
+                f"{len(self.vocab)} ids (the width of its output embeddings, or the "
+                "tokenizer's size for a model without them)"
+            )
         layers = layer_tensors(getattr(out, self._cache_argument))
         shapes = {tuple(k.shape[1:2]) + tuple(k.shape[3:]) for k, _ in layers}
         shapes |= {tuple(v.shape[1:2]) + tuple(v.shape[3:]) for _, v in layers}
@@ -497,7 +501,7 @@ class HFLM(BatchedLM):
                     **kwargs,
                 )
             self.kv_stats["forwards"] += 1
-        logits = output.logits[:, -1, : len(self.vocab)]
+        logits = output.logits[:, -1]
         # Normalize in at least float32 (bf16 logits would lose small probabilities).
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         logprobs = torch.log_softmax(logits, dim=-1).float()
@@ -632,6 +636,27 @@ def _base_model(model: Any) -> Any:
 def _logit_width(model: Any) -> int | None:
     head = _base_model(model).get_output_embeddings()
     return None if head is None else int(head.weight.shape[0])
+
+
+def _vocabulary(model: Any, tokenizer: Any) -> Vocabulary:
+    """The tokenizer's vocabulary, as wide as the model's logit rows.
+
+    Checkpoints pad their output head beyond the tokenizer (Qwen2: 151936 logits for 151665
+    tokens): the padding ids are unused (no bytes) and rows are normalized over the full
+    width, as the other backends and genlm-backend 0.3.1 do, so one checkpoint gives the
+    same rows everywhere. A model without an output-embedding head keeps the tokenizer's
+    size (the probe checks that its logits are that wide).
+    """
+    vocab = Vocabulary.from_tokenizer(tokenizer)
+    width = _logit_width(model)
+    if width is None or width == len(vocab):
+        return vocab
+    if width < len(vocab):
+        raise ValueError(
+            f"the model has {width} output logits but its tokenizer has {len(vocab)} tokens; "
+            "pass the tokenizer that belongs to this model"
+        )
+    return Vocabulary.from_tokenizer(tokenizer, size=width)
 
 
 def _check_full_attention(config: Any) -> None:
