@@ -7,6 +7,7 @@ import pytest
 from support.bytes_lms import brute_force_prefix_logprob, run
 
 from genlm.bytes import EOS, ByteLM
+from genlm.core.backend import resolve_model_path
 
 STRINGS = [
     b" Once",
@@ -68,6 +69,44 @@ def test_first_byte_distribution_is_the_token_mass_by_first_byte(stories64):
         )
 
     run(scenario())
+
+
+def test_an_hf_model_padded_beyond_its_tokenizer_spells_only_its_text_tokens():
+    """hf rows of a model padded to 600 logits for its 512 tokens: the padding ids are unused
+    and spell no bytes, so the chain rule equals brute force over the text tokens of the
+    full-width rows, and the first byte's total leaves out the padding's mass as it leaves
+    out <unk>'s and <s>'s."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    HFLM = pytest.importorskip("genlm.backends.hf").HFLM
+    path = resolve_model_path("stories260K")
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
+    model.resize_token_embeddings(600)
+    with torch.no_grad():
+        model.get_output_embeddings().weight[512:] = 0.5
+    lm = HFLM(model, transformers.AutoTokenizer.from_pretrained(path), cache_bytes=0)
+    context = (1, 403, 407)
+
+    def row(context):
+        return lm.next_token_logprobs_sync(context).astype(np.float64)
+
+    async def scenario():
+        padding = np.exp(row(context)[512:]).sum()  # about 2% there
+        assert padding > 0.01 and lm.vocab.unused_ids >= set(range(512, 600))
+        first = await (await ByteLM(lm, K=None).initial(context)).logp_next()
+        unspelled = np.exp(row(context)[[0, 1]]).sum() + padding
+        assert np.exp(first.log_total) == pytest.approx(1 - unspelled, abs=1e-6)
+        for data in (b" Once", b" caf\xc3\xa9"):
+            state = await ByteLM(lm, K=None).initial(context)
+            chained, _ = await _chain(state, data)
+            text_ids = _text_ids(lm.vocab)
+            expected = brute_force_prefix_logprob(row, lm.vocab, context, data, text_ids)
+            assert chained == pytest.approx(expected, abs=1e-9)
+
+    try:
+        run(scenario())
+    finally:
+        lm.close()
 
 
 @pytest.mark.parametrize("data", STRINGS, ids=repr)
