@@ -16,7 +16,8 @@ from genlm.backend.llm import (
     MockAsyncLM,
     load_model_by_name,
 )
-from genlm.backend.tokenization import Token
+from genlm.backend.tokenization import Token, decode_vocab
+from genlm.backend.trie import TokenCharacterTrie
 from genlm.core.backend import sample_token
 from genlm.core.mock import MockLM, mock_logprobs
 
@@ -71,6 +72,40 @@ def test_byte_vocab_holds_tokens_of_the_core_vocabulary(hf_llm):
         assert isinstance(token, Token) and token.token_id == i and token.byte_string == tokens[i]
     space = hf_llm.tokenizer.convert_tokens_to_ids("▁the")
     assert hf_llm.byte_vocab[space] == b" the" and hf_llm.str_vocab[space] == " the"
+
+
+def test_a_model_padded_beyond_its_tokenizer_lists_the_tokenizers_tokens():
+    """A model with 600 logits for its 512 tokens (Qwen2 and Phi-3 checkpoints are padded so):
+    ``byte_vocab``/``str_vocab`` are ``decode_vocab(tokenizer)``'s 512 entries, as 0.3.1's
+    are (genlm-control slices rows to their length); rows keep the model's 600 logits,
+    normalized over all of them; ``vocab`` (core's, as wide as the rows) holds the padding
+    as unused ids. A trie of ``byte_vocab`` refuses the wider rows, naming both widths."""
+    import transformers
+
+    from genlm.core.backend import resolve_model_path
+
+    path = resolve_model_path("stories260K")
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path).double().eval()
+    model.resize_token_embeddings(600)
+    with torch.no_grad():
+        model.get_output_embeddings().weight[512:] = 0.5
+    llm = AsyncTransformer(model, tok)
+    try:
+        byte_vocab, str_vocab = decode_vocab(tok)
+        assert len(byte_vocab) == 512
+        assert llm.byte_vocab == byte_vocab and llm.str_vocab == str_vocab
+        assert [t.token_id for t in llm.byte_vocab] == list(range(512))
+        assert len(llm.vocab) == 600 and llm.vocab.unused_ids >= set(range(512, 600))
+        context = CONTEXTS[2]
+        row = llm.next_token_logprobs_sync(context)
+        with torch.inference_mode():
+            logits = model(torch.tensor([context])).logits[0, -1]
+        torch.testing.assert_close(row.double(), torch.log_softmax(logits, -1), atol=1e-6, rtol=0)
+        with pytest.raises(ValueError, match=r"\(600,\) do not match a vocabulary of 512"):
+            TokenCharacterTrie(decode=llm.byte_vocab).weight_sum(row.exp())
+    finally:
+        llm.close()
 
 
 def test_cache_management_keeps_results(hf_llm, reference):

@@ -8,6 +8,9 @@ finite values within float32 round-off of the model's logits.
 
 Why this test: that client test fails on the random-weight stand-in for GPT-2 (see
 genlm-backend/README.md). Equal rows show the failure is the stand-in model's, not GenLM's.
+
+``padded_vocab.py`` runs the same way: a model whose logit rows are wider than its tokenizer
+must show genlm-backend's API and genlm-control's ``PromptedLLM`` what the reference shows.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import pytest
 
 REFERENCE = os.environ.get("GENLM_REFERENCE_PATH")
 SCRIPT = Path(__file__).with_name("bytellm_path.py")
+PADDED_SCRIPT = Path(__file__).with_name("padded_vocab.py")
 #: Both sides run the same float32 model; their byte masses are float64 sums of its rows.
 ATOL = 1e-4
 
@@ -31,14 +35,14 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def run(reference: str | None) -> dict:
-    """``bytellm_path.py``'s JSON, with ``reference`` first on ``PYTHONPATH`` when given."""
+def run(reference: str | None, script: Path = SCRIPT) -> dict:
+    """``script``'s JSON, with ``reference`` alone on ``PYTHONPATH`` when given (GenLM's side
+    keeps the caller's ``PYTHONPATH``: the installed distributions, or a checkout's sources)."""
     env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
     if reference:
         env["PYTHONPATH"] = reference
     done = subprocess.run(
-        [sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
@@ -62,3 +66,22 @@ def test_bytellm_rows_equal_the_reference():
         worst = max(abs(a[s] - b[s]) for s in a if a[s] is not None)
         assert worst <= ATOL, f"{where}: largest difference {worst:.3g}"
         assert math.isfinite(a["EOS"]), where  # EOS is never lost: the client test needs it
+
+
+def test_a_model_padded_beyond_its_tokenizer_looks_as_on_the_reference():
+    """A model with 600 logits for 512 tokens: ``byte_vocab``/``str_vocab`` list the
+    tokenizer's 512 tokens, rows are 600 wide and normalized over all of them, and
+    genlm-control's ``PromptedLLM`` has the same vocabulary and ``logw_next`` rows (it drops
+    the padding and renormalizes), as with genlm-backend 0.3.1."""
+    ref_root = Path(REFERENCE).resolve()
+    ours, ref = run(None, PADDED_SCRIPT), run(str(ref_root), PADDED_SCRIPT)
+    assert not Path(ours["backend_module"]).resolve().is_relative_to(ref_root)
+    assert Path(ref["backend_module"]).resolve().is_relative_to(ref_root)
+    for key in ("byte_vocab", "token_ids", "str_vocab", "decode_vocab"):
+        assert ours[key] == ref[key], key
+    assert len(ours["byte_vocab"]) == 512 and ours["control"]["vocab"] == ref["control"]["vocab"]
+    pairs = [*zip(ours["rows"], ref["rows"]), *zip(ours["control"]["logw"], ref["control"]["logw"])]
+    for mine, theirs in pairs:
+        assert len(mine) == len(theirs) and [v is None for v in mine] == [v is None for v in theirs]
+        assert max(abs(a - b) for a, b in zip(mine, theirs) if a is not None) <= ATOL
+    assert {len(row) for row in ours["rows"]} == {600}

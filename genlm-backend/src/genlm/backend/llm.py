@@ -47,8 +47,13 @@ class AsyncLM(ABC):
 
     Attributes:
         tokenizer: the tokenizer.
-        byte_vocab (list[Token]): the exact bytes of every token id.
-        str_vocab (list[str]): a readable string for every token id.
+        byte_vocab (list[Token]): the exact bytes of every token id of the tokenizer.
+        str_vocab (list[str]): a readable string for every token id of the tokenizer.
+
+    Rows are as wide as the model's logits, which a checkpoint may pad beyond its tokenizer
+    (Qwen2: 151936 logits for 151665 tokens): then rows are wider than ``byte_vocab``, as in
+    genlm-backend 0.3.1, and :attr:`vocab` (as wide as the rows) holds the padding ids as
+    unused ids with no bytes.
     """
 
     def __init__(self, tokenizer: Any):
@@ -376,7 +381,8 @@ class _CoreBacked(AsyncLM):
 
     @property
     def vocab(self) -> Vocabulary:
-        """The core model's :class:`~genlm.core.Vocabulary`."""
+        """The core model's :class:`~genlm.core.Vocabulary`, as wide as its rows (logit rows
+        padded beyond the tokenizer are unused ids here, absent from ``byte_vocab``)."""
         return self.core_lm.vocab
 
     def close(self) -> None:

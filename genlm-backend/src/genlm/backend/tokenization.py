@@ -154,9 +154,25 @@ def _read_vocab(tokenizer: Any) -> Vocabulary:
 def vocab_lists(
     vocab: Vocabulary, tokenizer: Any, byte2str_fallback: str = "tokenizer"
 ) -> tuple[list[Token], list[str]]:
-    """``(byte_vocab, str_vocab)`` of a core :class:`~genlm.core.Vocabulary` (see decode_vocab)."""
-    byte_vocab = [Token(i, b) for i, b in enumerate(vocab.tokens)]
+    """``(byte_vocab, str_vocab)`` of a core :class:`~genlm.core.Vocabulary` (see decode_vocab).
+
+    They list the tokenizer's ids, as 0.3's ``decode_vocab(tokenizer)`` does: a model whose
+    logit rows are wider than its tokenizer (Qwen2, Phi-3) has a vocabulary as wide as its
+    rows, whose ids after the tokenizer's last are unused padding; those are left out here,
+    while the rows keep the model's width, as in genlm-backend 0.3.1 (genlm-control slices
+    such rows to ``len(byte_vocab)`` and renormalizes them).
+    """
+    byte_vocab = [Token(i, b) for i, b in enumerate(vocab.tokens[: _tokenizer_size(vocab)])]
     return byte_vocab, [_to_str(t, tokenizer, byte2str_fallback) for t in byte_vocab]
+
+
+def _tokenizer_size(vocab: Vocabulary) -> int:
+    """The number of ids up to the tokenizer's last token: the unused ids after it are a
+    model's padding rows (a tokenizer's own last id is always one of its tokens)."""
+    size = len(vocab)
+    while size and size - 1 in vocab.unused_ids:
+        size -= 1
+    return size
 
 
 def _to_str(token: Token, tokenizer: Any, fallback: str) -> str:
