@@ -132,3 +132,46 @@ def test_sample_draws_under_its_variant(vllm_lm, registered, merged_model, expec
     for seed in (None, 1):
         with pytest.raises(KeyError, match="'nope'"):
             asyncio.run(vllm_lm.sample(prompt, 2, [], seed=seed, variant="nope"))
+
+
+def test_adapters_added_from_several_threads_get_distinct_ids(vllm_lm, adapter, monkeypatch):
+    """``add_lora`` from threads at once: every adapter gets its own vLLM id and a name is
+    registered once (the id was the count read without a lock, so two adapters could share
+    an id, and vLLM would serve one's weights for the other). The window between reading
+    the count and storing the adapter is widened by a slow ``LoRARequest``."""
+    import threading
+    import time
+
+    import vllm.lora.request
+
+    made = vllm.lora.request.LoRARequest
+
+    def slow(*args, **kwargs):
+        time.sleep(0.005)
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(vllm.lora.request, "LoRARequest", slow)
+    before = len(vllm_lm._served_variants())
+    threads, per_thread = 4, 3
+    barrier = threading.Barrier(threads)
+    outcomes = []
+
+    def add(t: int) -> None:
+        barrier.wait()
+        for k in range(per_thread):
+            vllm_lm.add_lora(adapter[0], f"thread{t}-{k}")
+        try:
+            vllm_lm.add_lora(adapter[0], "everyone")
+            outcomes.append("added")
+        except ValueError:
+            outcomes.append("refused")
+
+    workers = [threading.Thread(target=add, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+    assert sorted(outcomes) == ["added"] + ["refused"] * (threads - 1)
+    ids = [vllm_lm._lora_request(name).lora_int_id for name in vllm_lm._served_variants()]
+    assert len(ids) == before + threads * per_thread + 1
+    assert len(set(ids)) == len(ids)

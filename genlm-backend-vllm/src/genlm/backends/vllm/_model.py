@@ -219,6 +219,9 @@ class VLLMLM(BatchedLM):
             _check_logprobs_options(opts)
         self._keys = itertools.count()
         self._loras: dict[str, Any] = {}
+        #: Held while an adapter is registered: its int id is the count before it, so two
+        #: threads adding at once would give two adapters one id (vLLM serves one id's weights).
+        self._lora_lock = threading.Lock()
         self._active_lora: str | None = None
         self._sink = None
         self.llm = None
@@ -606,6 +609,9 @@ class VLLMLM(BatchedLM):
             path: the adapter's directory.
             name: the name :meth:`set_lora` selects it by.
 
+        Safe to call from several threads at once: each adapter gets its own id, and a
+        name is registered once.
+
         Raises:
             ValueError: the engine was started without ``enable_lora=True``, or ``name`` is
                 already registered.
@@ -619,9 +625,10 @@ class VLLMLM(BatchedLM):
                 "this engine was started without LoRA support; "
                 "load with engine_opts={'enable_lora': True, 'max_lora_rank': ...}"
             )
-        if name in self._loras:
-            raise ValueError(f"a LoRA adapter named {name!r} is already registered")
-        self._loras[name] = LoRARequest(name, len(self._loras) + 1, str(path))
+        with self._lora_lock:
+            if name in self._loras:
+                raise ValueError(f"a LoRA adapter named {name!r} is already registered")
+            self._loras[name] = LoRARequest(name, len(self._loras) + 1, str(path))
 
     def set_lora(self, name: str) -> None:
         """Make ``name`` the adapter for requests made from now on.
