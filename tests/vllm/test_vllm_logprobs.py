@@ -150,6 +150,28 @@ def test_native_sampling_leaves_tiny_temperatures_and_bad_eos_to_core(vllm_lm, m
         asyncio.run(vllm_lm.sample([1, 2, 3], 2, 5))
 
 
+def test_native_sampling_leaves_temperatures_above_two_to_core(vllm_lm, monkeypatch):
+    """Unseeded, a temperature above 2 (vLLM's SamplingParams refuses it, with an error
+    that is no ValueError) is drawn by core's sampler, as seeded and on every other
+    backend; 2 itself, the top of vLLM's range, stays with vLLM's sampler."""
+    calls = []
+    native = vllm_lm._native_sample
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return native(*args, **kwargs)
+
+    monkeypatch.setattr(vllm_lm, "_native_sample", counted)
+    assert len(asyncio.run(vllm_lm.sample([1, 2, 3], 3, [], temperature=2.0))) == 3
+    assert len(asyncio.run(vllm_lm.batch_sample([[1, 2, 3]], 3, [], temperature=2.0))[0]) == 3
+    assert len(calls) == 2
+    for temperature in (2.0000001, 2.5, 1e6):
+        assert len(asyncio.run(vllm_lm.sample([1, 2, 3], 3, [], temperature=temperature))) == 3
+        drawn = asyncio.run(vllm_lm.batch_sample([[1, 2], [3]], 3, [], temperature=temperature))
+        assert [len(tokens) for tokens in drawn] == [3, 3]
+    assert len(calls) == 2
+
+
 def test_native_sampling_stops_at_the_models_context_limit(vllm_lm, monkeypatch):
     """Unseeded, as seeded, a sample stops where the context would pass max_context_length
     (a user's limit below the engine's): it drew past it, and scoring the result failed."""

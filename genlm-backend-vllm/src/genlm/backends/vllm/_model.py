@@ -63,6 +63,11 @@ MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 #: vLLM's smallest sampling temperature: it raises any positive one below it to it.
 VLLM_MIN_TEMPERATURE = 0.01
 
+#: vLLM's largest sampling temperature: ``SamplingParams`` refuses a higher one (with its
+#: own ``VLLMValidationError``, not a ``ValueError``), where core's sampler takes any. A
+#: literal in vLLM's check from 0.27 to 0.32, which exposes no constant for it.
+VLLM_MAX_TEMPERATURE = 2.0
+
 #: Models whose vLLM engine core runs in this process, and the lock of their check. vLLM
 #: keeps such an engine's state process-wide (the forward context, the model-parallel
 #: groups, the CPU kernels' handles): two stepping at once corrupt the heap, and closing
@@ -465,16 +470,18 @@ class VLLMLM(BatchedLM):
     ) -> list[int]:
         """Sample a continuation of one prompt.
 
-        Unseeded, vLLM's own sampler runs the whole generation in the engine. Seeded, core's
-        exact sampler draws from this backend's rows: the same seed
-        gives the same tokens on every platform. ``temperature=0`` is greedy.
+        Unseeded, vLLM's own sampler runs the whole generation in the engine, at a
+        temperature of 0 or from 0.01 to 2 (what vLLM samples at as asked); core's exact
+        sampler draws at any other. Seeded, core's exact sampler draws from this backend's
+        rows: the same seed gives the same tokens on every platform. ``temperature=0`` is
+        greedy.
 
         Args:
             prompt_token_ids: the prompt's token ids (non-empty).
             max_tokens: most new tokens to generate (0: none).
             eos_token_ids: ids that end the generation (None: ``vocab.eos_token_ids``);
                 vLLM's own notion of EOS is not used.
-            temperature: sampling temperature, >= 0 (0: greedy).
+            temperature: sampling temperature, finite and >= 0 (0: greedy).
             seed: None for vLLM's unseeded sampler, else the seed of core's sampler.
             variant: the LoRA adapter of every step (a name registered with
                 :meth:`add_lora`, None for the base model); by default the current one.
@@ -516,7 +523,7 @@ class VLLMLM(BatchedLM):
             prompts: the prompts' token ids.
             max_tokens: most new tokens per prompt.
             eos_token_ids: ids that end a generation (None: ``vocab.eos_token_ids``).
-            temperature: sampling temperature, >= 0 (0: greedy).
+            temperature: sampling temperature, finite and >= 0 (0: greedy).
             seed: None for vLLM's unseeded sampler, else the root of the prompts' seed
                 streams for core's sampler.
             variant: the LoRA adapter of every prompt's steps (as in :meth:`sample`).
@@ -540,14 +547,17 @@ class VLLMLM(BatchedLM):
 
     @staticmethod
     def _core_samples(max_tokens: int, temperature: float, seed: int | None) -> bool:
-        """Whether core's sampler draws: seeded, or at a temperature vLLM would raise
-        (it samples any 0 < T < 0.01 at 0.01, far flatter than asked).
+        """Whether core's sampler draws: seeded, or at a temperature vLLM would not sample
+        at as asked (it samples any 0 < T < 0.01 at 0.01, far flatter than asked, and
+        refuses any T > 2).
 
         Raises:
             TypeError, ValueError: a bad ``max_tokens`` or ``temperature`` (core's checks).
         """
         check_sampling_args(max_tokens, temperature)
-        return seed is not None or 0 < temperature < VLLM_MIN_TEMPERATURE
+        return seed is not None or not (
+            temperature == 0 or VLLM_MIN_TEMPERATURE <= temperature <= VLLM_MAX_TEMPERATURE
+        )
 
     async def _native_sample(
         self,
