@@ -122,3 +122,65 @@ def test_a_second_engine_starts_in_the_same_process_after_close(tiny_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report == {"same_rows": True, "parallel_state_left": [False, False]}
+
+
+CLOSE_WHILE_SAMPLING = textwrap.dedent(
+    """
+    import asyncio, json, sys, threading
+    from genlm.backends.vllm import VLLMLM
+
+    path, opts = sys.argv[1], json.loads(sys.argv[2])
+    lm = VLLMLM.from_name(path, engine_opts=opts)
+    engine = lm.llm.llm_engine
+    step, started, proceed, steps = engine.step, threading.Event(), threading.Event(), []
+
+    def gated_step():  # a slow engine step: the first one holds until close is under way
+        steps.append(1)
+        outputs = step()
+        started.set()
+        proceed.wait(timeout=60)
+        return outputs
+
+    engine.step = gated_step
+
+    async def close_midway():
+        sampling = asyncio.create_task(
+            lm.sample([1, 2, 3], 100, eos_token_ids=[], temperature=1.0)
+        )
+        await asyncio.to_thread(started.wait, 60)
+        closing = asyncio.create_task(lm.aclose())
+        await asyncio.sleep(0)  # aclose has begun closing, and now waits
+        proceed.set()
+        await closing
+        try:
+            return f"{len(await sampling)} tokens"
+        except Exception as exc:
+            return type(exc).__name__
+
+    outcome = asyncio.run(close_midway())
+    lm.close()  # returns at once, closed; joins the worker thread, which aclose need not
+    left = [t.name for t in threading.enumerate() if t.name == lm.worker.name]
+    print(json.dumps({"steps": len(steps), "sample": outcome, "threads_left": left}))
+    """
+)
+
+
+def test_close_stops_an_unseeded_generation_at_the_next_engine_step(tiny_path):
+    """aclose() during vLLM's native generation (100 tokens, one per engine step) stops it
+    after the step running when close began, aborting its requests: the sample raises
+    ModelClosedError and the worker thread is gone. close() waited for the whole
+    generation, and the sample returned all its tokens after the close."""
+    from .conftest import ENGINE_OPTS
+
+    opts = {k: v for k, v in ENGINE_OPTS.items() if k not in ("enable_lora", "max_lora_rank")}
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run(
+        [sys.executable, "-c", CLOSE_WHILE_SAMPLING, str(tiny_path), json.dumps(opts)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report == {"steps": 1, "sample": "ModelClosedError", "threads_left": []}

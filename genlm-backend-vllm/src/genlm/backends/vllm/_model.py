@@ -429,9 +429,15 @@ class VLLMLM(BatchedLM):
     ) -> dict[str, Any]:
         """Add every request, step until all have finished; outputs by request key.
 
-        Once ``abandoned`` is set (its caller was cancelled), it stops between engine
-        steps and aborts the unfinished requests, so the worker is free again; what it
-        returns then is incomplete, and nobody reads it.
+        A generation (a run with ``abandoned``) may take many steps, so it stops between
+        engine steps, aborting its unfinished requests so that the worker is free again:
+        once ``abandoned`` is set (its caller was cancelled; what it returns then is
+        incomplete, and nobody reads it), and once the model is closing, which it raises.
+        A row batch finishes, as core lets every running batch finish.
+
+        Raises:
+            ModelClosedError: a generation was stopped by the model's close.
+            RuntimeError: the engine finished without answering every request.
         """
         engine = self.llm.llm_engine
         pending = set()
@@ -443,6 +449,11 @@ class VLLMLM(BatchedLM):
             while pending:
                 if abandoned is not None and abandoned.is_set():
                     return done
+                # Closing marks the worker closed at once (core's close queues the release
+                # on it): the release then runs right after this run instead of waiting for
+                # the whole generation.
+                if abandoned is not None and self.worker.closed:
+                    raise ModelClosedError(f"{self.name} is closed")
                 for output in engine.step():
                     if output.finished and output.request_id in pending:
                         pending.discard(output.request_id)
@@ -492,7 +503,8 @@ class VLLMLM(BatchedLM):
         Raises:
             InvalidContextError: the prompt is empty, holds ids outside the vocabulary, or
                 is longer than ``max_context_length``.
-            ModelClosedError: the model was closed.
+            ModelClosedError: the model was closed, before or during the sampling (an
+                unseeded generation stops at the engine's next step).
             ValueError: ``max_tokens`` or ``temperature`` is negative.
             RuntimeError: unseeded, the engine stopped without finishing a request.
             UnknownVariantError: no adapter is registered under ``variant``.
@@ -534,7 +546,8 @@ class VLLMLM(BatchedLM):
         Raises:
             InvalidContextError: a prompt is empty, holds ids outside the vocabulary, or is
                 longer than ``max_context_length``.
-            ModelClosedError: the model was closed.
+            ModelClosedError: the model was closed, before or during the sampling (an
+                unseeded generation stops at the engine's next step).
             ValueError: ``max_tokens`` or ``temperature`` is negative.
             RuntimeError: unseeded, the engine stopped without finishing a request.
             UnknownVariantError: no adapter is registered under ``variant``.
@@ -573,8 +586,8 @@ class VLLMLM(BatchedLM):
         Seeds stay with core's sampler: vLLM's seeded draws differ between its CPU and
         GPU samplers, and vLLM 0.32's CPU build fails a seeded request whose prompt is
         prefilled in chunks ("CPU Generator does not use offset").
-        If the caller is cancelled, the run stops at the next engine step and aborts its
-        requests (see :meth:`_run`).
+        If the caller is cancelled, or the model is closed, the run stops at the next engine
+        step and aborts its requests (see :meth:`_run`).
         """
         requests = self.validate_requests(prompts, variant)
         # Ids outside the vocabulary are never drawn, so they stop nothing, as in core's
