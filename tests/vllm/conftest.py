@@ -76,3 +76,28 @@ def expected(hf_model):
         return torch.log_softmax(logits, -1).numpy()
 
     return logprobs
+
+
+@pytest.fixture
+def runs(vllm_lm, monkeypatch):
+    """Every engine run from now on, as the ids of its requests: the requests added to the
+    engine between two of its steps (read from the engine, whatever the backend's code)."""
+    engine = vllm_lm.llm.llm_engine
+    add, step = engine.add_request, engine.step
+    recorded: list[list[str]] = []
+    stepped = [True]
+
+    def recording_add(request_id, *args, **kwargs):
+        if stepped[0]:
+            recorded.append([])
+            stepped[0] = False
+        recorded[-1].append(request_id)
+        return add(request_id, *args, **kwargs)
+
+    def recording_step():
+        stepped[0] = True
+        return step()
+
+    monkeypatch.setattr(engine, "add_request", recording_add)
+    monkeypatch.setattr(engine, "step", recording_step)
+    return recorded

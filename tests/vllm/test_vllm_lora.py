@@ -134,6 +134,37 @@ def test_sample_draws_under_its_variant(vllm_lm, registered, merged_model, expec
             asyncio.run(vllm_lm.sample(prompt, 2, [], seed=seed, variant="nope"))
 
 
+def test_gathered_samples_of_different_variants_run_one_engine_run_each(
+    vllm_lm, registered, hf_model, merged_model, expected, runs
+):
+    """Unseeded samples gathered with different adapters run one engine run per adapter,
+    the oldest first, and each draws under its own: greedy, each follows its model's argmax
+    (the merged weights', the base's). One run would be wrong on CPU: vLLM's CPU LoRA
+    kernels apply the loaded adapter to a base-model request stepped beside an adapter's
+    (vllm-project/vllm#48421)."""
+
+    def argmax_run(prompt, model):
+        context, greedy = list(prompt), []
+        for _ in range(3):
+            greedy.append(int(np.argmax(expected(context, model=model))))
+            context.append(greedy[-1])
+        return greedy
+
+    prompt = [50256, 464, 3292]
+
+    async def together():
+        return await asyncio.gather(
+            vllm_lm.sample(prompt, 3, [], temperature=0, variant="random"),
+            vllm_lm.sample(prompt, 3, [], temperature=0, variant=None),
+            vllm_lm.batch_sample([prompt], 3, [], temperature=0, variant="random"),
+        )
+
+    adapted, base, batch = asyncio.run(together())
+    assert [len(keys) for keys in runs] == [2, 1]
+    assert adapted == argmax_run(prompt, merged_model) == batch[0]
+    assert base == argmax_run(prompt, hf_model)
+
+
 def test_adapters_added_from_several_threads_get_distinct_ids(vllm_lm, adapter, monkeypatch):
     """``add_lora`` from threads at once: every adapter gets its own vLLM id and a name is
     registered once (the id was the count read without a lock, so two adapters could share

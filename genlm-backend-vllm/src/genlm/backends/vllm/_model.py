@@ -23,9 +23,11 @@ logs which route it took and why (a warning when only vLLM's default multiproces
 stands in the way of the fast route). We never change the user's environment
 variables; we read them.
 
-Sampling: unseeded requests run vLLM's own sampler; seeded ones run core's exact
-sampler over this backend's rows, on every platform, so a seed gives the same tokens on
-CPU and GPU (and the same as the other backends given equal rows).
+Sampling: unseeded requests run vLLM's own sampler, the calls made together (an
+``asyncio.gather`` of ``sample`` calls) in one engine run per variant, each with its own
+parameters and cancellation; seeded ones run core's exact sampler over this backend's rows, on
+every platform, so a seed gives the same tokens on CPU and GPU (and the same as the other
+backends given equal rows).
 """
 
 from __future__ import annotations
@@ -33,17 +35,20 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import operator
+import sys
 import threading
 import weakref
 from collections.abc import Collection, Hashable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
 from genlm.core import ModelClosedError, UnknownVariantError, Vocabulary
 from genlm.core.backend import (
     CURRENT_VARIANT,
+    AutoBatcher,
     BatchedLM,
     check_sampling_args,
     eos_id_set,
@@ -74,6 +79,29 @@ VLLM_MAX_TEMPERATURE = 2.0
 #: one tears down the other's groups. So one is open at a time.
 _IN_PROCESS: weakref.WeakSet[VLLMLM] = weakref.WeakSet()
 _IN_PROCESS_LOCK = threading.Lock()
+
+
+class _EngineRequest(NamedTuple):
+    """One vLLM request of an engine run (:meth:`VLLMLM._run`)."""
+
+    #: vLLM's request id, the key of its output.
+    key: str
+    prompt: list[int]
+    #: Its ``vllm.SamplingParams``.
+    params: Any
+    #: Its adapter's ``LoRARequest``; None for the base model.
+    lora: Any
+    #: Set once nobody waits for this request's output (its caller was cancelled): a
+    #: generation then aborts it at the next engine step. None for a row request.
+    abandoned: threading.Event | None = None
+
+
+class _Generation(NamedTuple):
+    """One unseeded sample call, an item of :attr:`VLLMLM._generations`."""
+
+    #: The adapter of all its requests (None: the base model); a run holds one.
+    variant: Hashable
+    requests: list[_EngineRequest]
 
 
 def _hub_options(opts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -230,6 +258,22 @@ class VLLMLM(BatchedLM):
         self._active_lora: str | None = None
         self._sink = None
         self.llm = None
+        #: Unseeded sample calls, batched by core's scheduler as row requests are: the calls
+        #: that arrived before the event loop ran its flush go into one engine run, each
+        #: with its own parameters and cancellation, and those arriving while a run goes
+        #: form the next (one run in flight per event loop). As a row batch, a run holds one
+        #: variant: vLLM's CPU LoRA kernels apply the last loaded adapter to base-model
+        #: requests stepped beside adapter ones (they index the adapters with the base's
+        #: -1; vllm-project/vllm#48421), so calls of other variants form runs of their own,
+        #: the oldest first. No cap on the calls of a run: vLLM schedules the requests
+        #: itself, ``max_num_seqs`` at a time. Never deduplicated: equal calls draw apart.
+        self._generations: AutoBatcher[_Generation, list[list[int]] | None] = AutoBatcher(
+            self._generate,
+            self.worker,
+            max_batch_size=sys.maxsize,
+            group=operator.attrgetter("variant"),
+            max_in_flight=1,
+        )
         self._claim_in_process_engine()
         try:
             self.llm = self.worker.call(self._start_engine, model_path, opts)
@@ -382,6 +426,7 @@ class VLLMLM(BatchedLM):
         from genlm.backends.vllm._capture import ROW_KEY
 
         keys = [f"genlm-row-{next(self._keys)}" for _ in contexts]
+        lora = self._lora_request(variant)
         requests = []
         for key, context in zip(keys, contexts):
             params = SamplingParams(
@@ -393,9 +438,9 @@ class VLLMLM(BatchedLM):
                     {"logprobs": -1, "flat_logprobs": True} if self.row_source == "logprobs" else {}
                 ),
             )
-            requests.append((key, list(context), params))
+            requests.append(_EngineRequest(key, list(context), params, lora))
         try:
-            outputs = self._run(requests, self._lora_request(variant))
+            outputs = self._run(requests)
         except BaseException:
             if self._sink is not None:  # drop rows captured before the failure
                 for key in keys:
@@ -421,42 +466,50 @@ class VLLMLM(BatchedLM):
         row[np.asarray(flat.token_ids[start:end])] = flat.logprobs[start:end]
         return row
 
-    def _run(
-        self,
-        requests: list[tuple[str, list[int], Any]],
-        lora: Any,
-        abandoned: threading.Event | None = None,
-    ) -> dict[str, Any]:
-        """Add every request, step until all have finished; outputs by request key.
+    def _run(self, requests: list[_EngineRequest], *, generation: bool = False) -> dict[str, Any]:
+        """Add every request, each under its own adapter, and step until all have finished;
+        outputs by request key.
 
-        A generation (a run with ``abandoned``) may take many steps, so it stops between
-        engine steps, aborting its unfinished requests so that the worker is free again:
-        once ``abandoned`` is set (its caller was cancelled; what it returns then is
-        incomplete, and nobody reads it), and once the model is closing, which it raises.
-        A row batch finishes, as core lets every running batch finish.
+        A generation (``generation=True``: unseeded samples, many steps each) stops between
+        engine steps rather than run to its end, so that the worker is free again: it aborts
+        a request once its ``abandoned`` is set (its caller was cancelled; its output is
+        missing then, and nobody reads it), the others running on, and every unfinished
+        request once the model is closing, which it raises. A row batch finishes, as core
+        lets every running batch finish.
 
         Raises:
             ModelClosedError: a generation was stopped by the model's close.
             RuntimeError: the engine finished without answering every request.
         """
         engine = self.llm.llm_engine
-        pending = set()
+        pending: dict[str, _EngineRequest] = {}
         done: dict[str, Any] = {}
         try:
-            for key, prompt, params in requests:
-                engine.add_request(key, {"prompt_token_ids": prompt}, params, lora_request=lora)
-                pending.add(key)
+            for request in requests:
+                engine.add_request(
+                    request.key,
+                    {"prompt_token_ids": request.prompt},
+                    request.params,
+                    lora_request=request.lora,
+                )
+                pending[request.key] = request
             while pending:
-                if abandoned is not None and abandoned.is_set():
-                    return done
-                # Closing marks the worker closed at once (core's close queues the release
-                # on it): the release then runs right after this run instead of waiting for
-                # the whole generation.
-                if abandoned is not None and self.worker.closed:
-                    raise ModelClosedError(f"{self.name} is closed")
+                if generation:
+                    # Closing marks the worker closed at once (core's close queues the
+                    # release on it): the release then runs right after this step instead
+                    # of after the whole generation.
+                    if self.worker.closed:
+                        raise ModelClosedError(f"{self.name} is closed")
+                    abandoned = [k for k, r in pending.items() if r.abandoned.is_set()]
+                    if abandoned:
+                        engine.abort_request(abandoned)
+                        for key in abandoned:
+                            del pending[key]
+                        if not pending:
+                            break
                 for output in engine.step():
                     if output.finished and output.request_id in pending:
-                        pending.discard(output.request_id)
+                        del pending[output.request_id]
                         done[output.request_id] = output
                 if pending and not engine.has_unfinished_requests():
                     raise RuntimeError(
@@ -466,6 +519,19 @@ class VLLMLM(BatchedLM):
         finally:
             if pending:
                 engine.abort_request(sorted(pending))
+
+    def _generate(self, calls: list[_Generation]) -> list[list[list[int]] | None]:
+        """Worker side of :attr:`_generations`: the requests of every call in one engine
+        run; each call's new tokens per prompt, or None for a call abandoned before all its
+        requests finished (nobody reads it)."""
+        requests = [request for call in calls for request in call.requests]
+        outputs = self._run(requests, generation=True)
+        return [
+            [list(outputs[r.key].outputs[0].token_ids) for r in call.requests]
+            if all(r.key in outputs for r in call.requests)
+            else None
+            for call in calls
+        ]
 
     # ---- sampling ------------------------------------------------------------------
 
@@ -483,9 +549,11 @@ class VLLMLM(BatchedLM):
 
         Unseeded, vLLM's own sampler runs the whole generation in the engine, at a
         temperature of 0 or from 0.01 to 2 (what vLLM samples at as asked); core's exact
-        sampler draws at any other. Seeded, core's exact sampler draws from this backend's
-        rows: the same seed gives the same tokens on every platform. ``temperature=0`` is
-        greedy.
+        sampler draws at any other. Unseeded calls made together (``asyncio.gather``, the
+        facade's ``batch_sample``) run as one engine run per ``variant``, as ``batch_sample``
+        does, each with its own arguments; calls made while a run goes form the next.
+        Seeded, core's exact sampler draws from this backend's rows: the same seed gives the
+        same tokens on every platform. ``temperature=0`` is greedy.
 
         Args:
             prompt_token_ids: the prompt's token ids (non-empty).
@@ -528,8 +596,9 @@ class VLLMLM(BatchedLM):
         *,
         variant: Hashable = CURRENT_VARIANT,
     ) -> list[list[int]]:
-        """:meth:`sample` for each prompt; unseeded, in one engine run; seeded, prompt ``i``
-        gets its own seed stream (as core's ``batch_sample``).
+        """:meth:`sample` for each prompt; unseeded, in one engine run (with the other
+        unseeded calls made together); seeded, prompt ``i`` gets its own seed stream (as
+        core's ``batch_sample``).
 
         Args:
             prompts: the prompts' token ids.
@@ -580,14 +649,17 @@ class VLLMLM(BatchedLM):
         temperature: float,
         variant: Hashable,
     ) -> list[list[int]]:
-        """Unseeded generation by vLLM's sampler, in one engine run on the worker, under
-        ``variant``'s adapter.
+        """Unseeded generation by vLLM's sampler under ``variant``'s adapter, in one engine
+        run on the worker with every other call of that variant that arrived in the same
+        turn of the event loop (see :attr:`_generations`). The arguments are checked here,
+        on the caller's side, so a bad call fails alone, before its run.
 
         Seeds stay with core's sampler: vLLM's seeded draws differ between its CPU and
         GPU samplers, and vLLM 0.32's CPU build fails a seeded request whose prompt is
         prefilled in chunks ("CPU Generator does not use offset").
-        If the caller is cancelled, or the model is closed, the run stops at the next engine
-        step and aborts its requests (see :meth:`_run`).
+        If the caller is cancelled, its requests are aborted at the run's next engine step
+        while the other calls' run on; if the model is closed, the run stops there (see
+        :meth:`_run`).
         """
         requests = self.validate_requests(prompts, variant)
         # Ids outside the vocabulary are never drawn, so they stop nothing, as in core's
@@ -600,7 +672,10 @@ class VLLMLM(BatchedLM):
             return [[] for _ in requests]
         from vllm import SamplingParams
 
-        jobs = []
+        chosen = requests[0].variant  # CURRENT_VARIANT resolved
+        lora = self._lora_request(chosen)
+        abandoned = threading.Event()
+        call = _Generation(chosen, [])
         for _, context in requests:
             # Like core's sampler, stop where the context would pass max_context_length
             # (the last token drawn from a context of exactly the limit).
@@ -613,15 +688,12 @@ class VLLMLM(BatchedLM):
                 stop_token_ids=eos,
                 detokenize=False,
             )
-            jobs.append((f"genlm-sample-{next(self._keys)}", list(context), params))
-        abandoned = threading.Event()
+            key = f"genlm-sample-{next(self._keys)}"
+            call.requests.append(_EngineRequest(key, list(context), params, lora, abandoned))
         try:
-            outputs = await self.worker.run_async(
-                self._run, jobs, self._lora_request(requests[0][0]), abandoned
-            )
+            return await self._generations.submit(call)
         finally:
-            abandoned.set()  # a no-op once the run is over; stops it if we were cancelled
-        return [list(outputs[key].outputs[0].token_ids) for key, _, _ in jobs]
+            abandoned.set()  # a no-op once the run is over; stops ours if we were cancelled
 
     # ---- LoRA ----------------------------------------------------------------------
 

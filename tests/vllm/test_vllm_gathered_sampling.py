@@ -1,0 +1,156 @@
+"""Unseeded sample calls made together run as one engine run, each with its own arguments
+and cancellation, on the session's in-process engine (``max_num_seqs=2``: vLLM schedules
+a run's requests two at a time)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+
+from .test_vllm_logprobs import distinct_contexts
+
+
+def greedy_alone(lm, prompt: list[int], max_tokens: int, eos: list[int]) -> list[int]:
+    return asyncio.run(lm.sample(prompt, max_tokens, eos, temperature=0))
+
+
+def test_gathered_samples_of_different_arguments_are_one_engine_run(vllm_lm, runs):
+    """Five sample calls and a batch_sample of two prompts, gathered, with their own
+    max_tokens, EOS ids and temperatures, are one engine run of six requests (max_tokens=0
+    needs none); each greedy call gets what it gets alone (EOS stops included), the tempered
+    one its length. They were five runs, one after another."""
+    prompts = distinct_contexts(6, seed=11)
+    full = [greedy_alone(vllm_lm, p, 6, []) for p in prompts[:3]]
+    runs.clear()
+
+    async def together():
+        return await asyncio.gather(
+            vllm_lm.sample(prompts[0], 6, [], temperature=0),
+            vllm_lm.sample(prompts[1], 3, [], temperature=0),
+            vllm_lm.sample(prompts[2], 6, [full[2][2]], temperature=0),
+            vllm_lm.sample(prompts[3], 5, [], temperature=1.5),
+            vllm_lm.sample(prompts[4], 0, [], temperature=0),
+            vllm_lm.batch_sample([prompts[0], prompts[5]], 4, [], temperature=0),
+        )
+
+    first, short, stopped, tempered, none, batch = asyncio.run(together())
+    assert [len(keys) for keys in runs] == [6]
+    assert first == full[0]
+    assert short == full[1][:3]
+    assert stopped == full[2][: full[2].index(full[2][2]) + 1]
+    assert len(tempered) == 5 and none == []
+    assert batch == [full[0][:4], greedy_alone(vllm_lm, prompts[5], 4, [])]
+
+
+def test_calls_made_while_a_run_goes_form_the_next_run(vllm_lm, runs, monkeypatch):
+    """Calls made while a run is on the engine do not start runs of their own, one after
+    another: they all wait, and then go together in one run."""
+    engine = vllm_lm.llm.llm_engine
+    step, started, proceed = engine.step, threading.Event(), threading.Event()
+
+    def gated_step():
+        outputs = step()
+        started.set()
+        proceed.wait(timeout=60)  # hold the first run until the later calls are made
+        return outputs
+
+    monkeypatch.setattr(engine, "step", gated_step)
+    prompts = distinct_contexts(4, seed=12)
+
+    async def during_a_run():
+        first = asyncio.create_task(vllm_lm.sample(prompts[0], 2, [], temperature=0))
+        await asyncio.to_thread(started.wait, 60)
+        later = []
+        for prompt in prompts[1:]:  # one per turn of the event loop
+            later.append(asyncio.create_task(vllm_lm.sample(prompt, 2, [], temperature=0)))
+            await asyncio.sleep(0)
+        proceed.set()
+        return await first, await asyncio.gather(*later)
+
+    first, later = asyncio.run(during_a_run())
+    assert [len(keys) for keys in runs] == [1, 3]
+    assert [len(tokens) for tokens in [first, *later]] == [2, 2, 2, 2]
+
+
+def test_a_cancelled_call_is_aborted_and_the_others_of_its_run_finish(vllm_lm, runs, monkeypatch):
+    """Cancelling one of three calls in a run aborts its request at the next engine step
+    (one abort, of one request, after the first step), while the other two run to their
+    ends with what they get alone."""
+    prompts = distinct_contexts(3, seed=13)
+    full = [greedy_alone(vllm_lm, p, 6, []) for p in prompts[1:]]
+    engine = vllm_lm.llm.llm_engine
+    step, started, proceed, steps = engine.step, threading.Event(), threading.Event(), []
+    abort, aborts = engine.abort_request, []
+
+    def gated_step():
+        steps.append(1)
+        outputs = step()
+        started.set()
+        proceed.wait(timeout=60)  # hold the run until the caller is cancelled
+        return outputs
+
+    def recorded_abort(request_ids, *args, **kwargs):
+        aborts.append((len(steps), list(request_ids)))
+        return abort(request_ids, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "step", gated_step)
+    monkeypatch.setattr(engine, "abort_request", recorded_abort)
+    runs.clear()
+
+    async def cancel_one():
+        cancelled = asyncio.create_task(vllm_lm.sample(prompts[0], 300, [], temperature=1.0))
+        others = [
+            asyncio.create_task(vllm_lm.sample(prompts[1], 6, [], temperature=0)),
+            asyncio.create_task(vllm_lm.sample(prompts[2], 6, [full[1][3]], temperature=0)),
+        ]
+        await asyncio.to_thread(started.wait, 60)
+        cancelled.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await cancelled
+        proceed.set()
+        return await asyncio.gather(*others)
+
+    finished = asyncio.run(cancel_one())
+    assert [len(keys) for keys in runs] == [3]
+    assert aborts == [(1, runs[0][:1])]
+    assert finished == [full[0], full[1][: full[1].index(full[1][3]) + 1]]
+    assert not engine.has_unfinished_requests()
+
+
+def test_a_bad_call_fails_alone_before_its_run(vllm_lm, runs):
+    """A call with a bad argument fails on its own, when it is made; the calls gathered
+    with it still run, together."""
+    prompts = distinct_contexts(2, seed=14)
+
+    async def with_a_bad_one():
+        return await asyncio.gather(
+            vllm_lm.sample(prompts[0], 2, [], temperature=0),
+            vllm_lm.sample(prompts[1], 2, [], temperature=-1.0),
+            vllm_lm.sample([len(vllm_lm.vocab)], 2, [], temperature=0),
+            vllm_lm.sample(prompts[1], 2, [], temperature=0),
+            return_exceptions=True,
+        )
+
+    good, negative, out_of_vocabulary, other = asyncio.run(with_a_bad_one())
+    assert isinstance(negative, ValueError) and "temperature" in str(negative)
+    assert type(out_of_vocabulary).__name__ == "InvalidContextError"
+    assert len(good) == len(other) == 2
+    assert [len(keys) for keys in runs] == [2]
+
+
+def test_the_facades_batch_sample_is_one_engine_run(vllm_lm, runs):
+    """genlm.backend's AsyncVirtualLM.batch_sample (a gather of its sample, as in
+    genlm-backend 0.3) is one engine run, as vLLM's engine batched 0.3's generate calls; its
+    samples leave the EOS out, as documented."""
+    from genlm.backend.llm import AsyncVirtualLM
+
+    facade = AsyncVirtualLM(vllm_lm)
+    prompts = distinct_contexts(4, seed=15)
+    full = [greedy_alone(vllm_lm, p, 5, []) for p in prompts]
+    runs.clear()
+    drawn = asyncio.run(facade.batch_sample(prompts, 5, [full[0][1]], temperature=0))
+    assert [len(keys) for keys in runs] == [4]
+    for tokens, alone in zip(drawn, full):
+        stop = alone.index(full[0][1]) if full[0][1] in alone else len(alone)
+        assert tokens == alone[:stop]
