@@ -8,6 +8,8 @@ the environment), and nox sets it too.
 from __future__ import annotations
 
 import os
+import threading
+from typing import NamedTuple
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -101,3 +103,31 @@ def runs(vllm_lm, monkeypatch):
     monkeypatch.setattr(engine, "add_request", recording_add)
     monkeypatch.setattr(engine, "step", recording_step)
     return recorded
+
+
+class GatedSteps(NamedTuple):
+    """What :func:`hold_steps` hands a test."""
+
+    #: Set once the first held step has run.
+    started: threading.Event
+    #: Set by the test to let every step go on.
+    proceed: threading.Event
+    #: One entry per engine step begun.
+    steps: list[int]
+
+
+def hold_steps(engine, monkeypatch) -> GatedSteps:
+    """``engine``'s steps held from now on: each runs, then waits until ``proceed`` is set
+    (60 s at most), so a test can cancel or close while a run is between two steps."""
+    step = engine.step
+    gate = GatedSteps(threading.Event(), threading.Event(), [])
+
+    def gated_step():
+        gate.steps.append(1)
+        outputs = step()
+        gate.started.set()
+        gate.proceed.wait(timeout=60)
+        return outputs
+
+    monkeypatch.setattr(engine, "step", gated_step)
+    return gate

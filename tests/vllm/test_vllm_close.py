@@ -108,20 +108,27 @@ SCRIPT = textwrap.dedent(
 def test_a_second_engine_starts_in_the_same_process_after_close(tiny_path):
     """In-process engine: close leaves no model-parallel state, and a new engine then
     starts and gives the same row."""
+    report = _in_a_process(SCRIPT, tiny_path)
+    assert report == {"same_rows": True, "parallel_state_left": [False, False]}
+
+
+def _in_a_process(script: str, tiny_path) -> dict:
+    """The JSON report ``script`` prints last, run in a fresh process with an in-process
+    engine of the tiny model (the tests' engine options, without LoRA): only one such
+    engine may run in a process, and the session's own is alive."""
     from .conftest import ENGINE_OPTS
 
     opts = {k: v for k, v in ENGINE_OPTS.items() if k not in ("enable_lora", "max_lora_rank")}
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tiny_path), json.dumps(opts)],
+        [sys.executable, "-c", script, str(tiny_path), json.dumps(opts)],
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report == {"same_rows": True, "parallel_state_left": [False, False]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 CLOSE_WHILE_SAMPLING = textwrap.dedent(
@@ -170,17 +177,5 @@ def test_close_stops_an_unseeded_generation_at_the_next_engine_step(tiny_path):
     after the step running when close began, aborting its requests: the sample raises
     ModelClosedError and the worker thread is gone. close() waited for the whole
     generation, and the sample returned all its tokens after the close."""
-    from .conftest import ENGINE_OPTS
-
-    opts = {k: v for k, v in ENGINE_OPTS.items() if k not in ("enable_lora", "max_lora_rank")}
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    proc = subprocess.run(
-        [sys.executable, "-c", CLOSE_WHILE_SAMPLING, str(tiny_path), json.dumps(opts)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = _in_a_process(CLOSE_WHILE_SAMPLING, tiny_path)
     assert report == {"steps": 1, "sample": "ModelClosedError", "threads_left": []}

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 
+from .conftest import hold_steps
 from .test_vllm_logprobs import distinct_contexts
 
 
@@ -46,16 +46,8 @@ def test_gathered_samples_of_different_arguments_are_one_engine_run(vllm_lm, run
 def test_calls_made_while_a_run_goes_form_the_next_run(vllm_lm, runs, monkeypatch):
     """Calls made while a run is on the engine do not start runs of their own, one after
     another: they all wait, and then go together in one run."""
-    engine = vllm_lm.llm.llm_engine
-    step, started, proceed = engine.step, threading.Event(), threading.Event()
-
-    def gated_step():
-        outputs = step()
-        started.set()
-        proceed.wait(timeout=60)  # hold the first run until the later calls are made
-        return outputs
-
-    monkeypatch.setattr(engine, "step", gated_step)
+    # The first run is held until the later calls are made.
+    started, proceed, _ = hold_steps(vllm_lm.llm.llm_engine, monkeypatch)
     prompts = distinct_contexts(4, seed=12)
 
     async def during_a_run():
@@ -80,21 +72,13 @@ def test_a_cancelled_call_is_aborted_and_the_others_of_its_run_finish(vllm_lm, r
     prompts = distinct_contexts(3, seed=13)
     full = [greedy_alone(vllm_lm, p, 6, []) for p in prompts[1:]]
     engine = vllm_lm.llm.llm_engine
-    step, started, proceed, steps = engine.step, threading.Event(), threading.Event(), []
+    started, proceed, steps = hold_steps(engine, monkeypatch)
     abort, aborts = engine.abort_request, []
-
-    def gated_step():
-        steps.append(1)
-        outputs = step()
-        started.set()
-        proceed.wait(timeout=60)  # hold the run until the caller is cancelled
-        return outputs
 
     def recorded_abort(request_ids, *args, **kwargs):
         aborts.append((len(steps), list(request_ids)))
         return abort(request_ids, *args, **kwargs)
 
-    monkeypatch.setattr(engine, "step", gated_step)
     monkeypatch.setattr(engine, "abort_request", recorded_abort)
     runs.clear()
 

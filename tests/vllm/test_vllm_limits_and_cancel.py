@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from genlm.core import InvalidContextError
 from genlm.core._sampling import sample_token
 
+from .conftest import hold_steps
 from .test_vllm_logprobs import ATOL, distinct_contexts
 
 
@@ -45,16 +45,7 @@ def test_cancelled_native_sampling_frees_the_worker(vllm_lm, monkeypatch):
     """Cancelling an unseeded generation stops it at the next engine step and aborts its
     requests: one step runs instead of the 300 the generation needed."""
     engine = vllm_lm.llm.llm_engine
-    step, started, proceed, steps = engine.step, threading.Event(), threading.Event(), []
-
-    def gated_step():
-        steps.append(1)
-        outputs = step()
-        started.set()
-        proceed.wait(timeout=60)  # hold the worker until the caller is cancelled
-        return outputs
-
-    monkeypatch.setattr(engine, "step", gated_step)
+    started, proceed, steps = hold_steps(engine, monkeypatch)
 
     async def cancel_midway():
         prompts = distinct_contexts(2, seed=7)
