@@ -386,8 +386,16 @@ def test_with_mode_and_lazy_trie_states():
             assert {s.mode for s in back} == {TrieMode.WITH_EOS}
             for s in state:
                 assert isinstance(s, LazyTrieState) and s.mode is TrieMode.WITH_EOS
-                lp = s.logp_next
+                probs = s.logp_next  # 0.2's LazyByteProbs: ps, [] and materialize
+                lp = probs.ps
                 assert lp.shape == (258,)
+                chart = probs.materialize()
+                assert chart[None] == probs[None] == lp[256]  # end of token
+                assert chart[257] == probs[257] == lp[257]  # EOS
+                assert all(chart[b] == probs[b] == lp[b] for b in range(256))
+                assert probs.pretty()[b"a"] == lp[ord("a")]
+                with pytest.raises(KeyError, match="None .end of token."):
+                    probs[256]
                 assert np.exp(lp).sum() == pytest.approx(1.0, abs=1e-12)
                 for byte, child in s.actions().items():
                     assert lp[byte] == pytest.approx(s.mass[child] - s.mass[s.node], abs=1e-9)

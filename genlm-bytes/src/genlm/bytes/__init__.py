@@ -24,6 +24,7 @@ if _TYPE_CHECKING:
     from genlm.bytes._chart import Chart as Chart
     from genlm.bytes._dist import EOS as EOS
     from genlm.bytes._dist import EOT as EOT
+    from genlm.bytes._dist import LazyByteProbs as LazyByteProbs
     from genlm.bytes._dist import NextByteLogprobs as NextByteLogprobs
     from genlm.bytes._model import ByteLMClosedError as ByteLMClosedError
     from genlm.bytes._types import Candidate as Candidate

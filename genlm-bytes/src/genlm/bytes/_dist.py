@@ -85,17 +85,14 @@ class NextByteLogprobs:
         return out
 
     def materialize(self) -> Chart:
-        """:attr:`ps` as genlm-bytes 0.2's ``LazyByteProbs.materialize`` gives it: a
-        :class:`Chart` of log-probabilities (``zero`` -inf) keyed by byte value 0..255,
-        ``None`` for end of token and 257 for EOS (0.2's indices; ``dist[EOS]`` here is
-        ``materialize()[257]``)."""
-        return Chart(-np.inf, zip(_PS_KEYS, self.ps.tolist()))
+        """:attr:`ps` as genlm-bytes 0.2's ``LazyByteProbs.materialize`` gives it (see
+        :meth:`LazyByteProbs.materialize`; ``dist[EOS]`` here is ``materialize()[257]``)."""
+        return LazyByteProbs(self.ps).materialize()
 
     def pretty(self) -> Chart:
-        """:meth:`materialize` with readable keys, as 0.2's ``pretty``: each byte as
-        ``bytes`` (``b"a"``), ``"EOT"`` and ``"EOS"``; ``print`` it to list the possible
-        symbols, most likely first."""
-        return Chart(-np.inf, zip(_PRETTY_KEYS, self.ps.tolist()))
+        """:meth:`materialize` with readable keys, as 0.2's ``pretty`` (see
+        :meth:`LazyByteProbs.pretty`)."""
+        return LazyByteProbs(self.ps).pretty()
 
     def normalized(self) -> np.ndarray:
         """The distribution to sample from: ``logprobs - log_total`` (an all -inf row gives NaN)."""
@@ -155,9 +152,54 @@ class NextByteLogprobs:
         return f"NextByteLogprobs({shown}, EOT: {self.log_eot:.3f})"
 
 
-#: The keys of :meth:`NextByteLogprobs.materialize` and ``pretty``, one per entry of ``ps``.
+#: The keys of :meth:`LazyByteProbs.materialize` and ``pretty``, one per entry of ``ps``.
 _PS_KEYS: list[int | None] = [*range(256), None, 257]
 _PRETTY_KEYS: list[bytes | str] = [*(bytes([b]) for b in range(256)), "EOT", "EOS"]
+
+
+@attrs.frozen
+class LazyByteProbs:
+    """Next-symbol log-probabilities in genlm-bytes 0.2's layout, as its ``LazyByteProbs``:
+    what :attr:`LazyTrieState.logp_next <genlm.bytes.LazyTrieState.logp_next>` returns, so
+    0.2 programs reading ``state.logp_next.ps`` (as 0.2's own beam summed them) run.
+
+    ``ps`` has shape (258,): bytes 0..255, then end of token (index 256), then EOS (257).
+    ``probs[b]`` reads a byte, ``probs[None]`` the end of token, ``probs[257]`` EOS.
+    """
+
+    #: float64 log-probabilities, 0.2's layout.
+    ps: np.ndarray = attrs.field(converter=lambda ps: np.asarray(ps, dtype=np.float64))
+
+    def __attrs_post_init__(self) -> None:
+        if self.ps.shape != (258,):
+            raise ValueError(
+                f"expected 258 log-probabilities (bytes, EOT, EOS), got {self.ps.shape}"
+            )
+
+    def __getitem__(self, key: int | None) -> float:
+        """The log-probability of byte ``key`` (0..255), of the end of token (None) or of
+        EOS (257).
+
+        Raises:
+            KeyError: any other key (256 included: the end of token is None, as in 0.2).
+        """
+        if key is None:
+            return float(self.ps[256])
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            if 0 <= key <= 255 or key == 257:
+                return float(self.ps[key])
+        raise KeyError(f"expected a byte 0..255, None (end of token) or 257 (EOS), got {key!r}")
+
+    def materialize(self) -> Chart:
+        """A :class:`Chart` of the log-probabilities (``zero`` -inf) keyed by byte value
+        0..255, ``None`` for end of token and 257 for EOS (0.2's keys)."""
+        return Chart(-np.inf, zip(_PS_KEYS, self.ps.tolist()))
+
+    def pretty(self) -> Chart:
+        """:meth:`materialize` with readable keys, as 0.2's ``pretty``: each byte as
+        ``bytes`` (``b"a"``), ``"EOT"`` and ``"EOS"``; ``print`` it to list the possible
+        symbols, most likely first."""
+        return Chart(-np.inf, zip(_PRETTY_KEYS, self.ps.tolist()))
 
 
 def _label(symbol: int) -> str:

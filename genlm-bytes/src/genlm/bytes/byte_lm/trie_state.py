@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import attrs
 import numpy as np
 
-from genlm.bytes._dist import logsumexp
+from genlm.bytes._dist import LazyByteProbs, logsumexp
 from genlm.bytes._types import Candidate
 from genlm.bytes.byte_lm.lm_state import StatefulTokenizedLM
 
@@ -112,10 +112,11 @@ class LazyTrieState:
         return {int(e): lo + i for i, e in enumerate(trie.edge[lo:hi].tolist()) if e < 256}
 
     @property
-    def logp_next(self) -> np.ndarray:
-        """This candidate's next-symbol log-probabilities, shape (258,): bytes, then
-        :data:`EOT_INDEX` (the partial token is a whole token), then :data:`EOS_INDEX`
-        (at a boundary). Normalized over these outcomes; -inf where impossible."""
+    def logp_next(self) -> LazyByteProbs:
+        """This candidate's next-symbol log-probabilities, as 0.2's ``LazyByteProbs``: its
+        ``ps`` has shape (258,), bytes, then :data:`EOT_INDEX` (the partial token is a whole
+        token), then :data:`EOS_INDEX` (at a boundary). Normalized over these outcomes;
+        -inf where impossible."""
         nxt = self.candidate.next
         if nxt is None:
             raise ValueError("State is not yet materialized.")
@@ -129,7 +130,7 @@ class LazyTrieState:
             if len(ids):
                 out[EOT_INDEX] = logsumexp(nxt.logp[ids])
         total = logsumexp(out)
-        return out - total if np.isfinite(total) else out
+        return LazyByteProbs(out - total if np.isfinite(total) else out)
 
     def __lshift__(self, byte: int) -> LazyTrieState | None:
         """The candidate after ``byte`` inside its partial token, or None if none continues."""
