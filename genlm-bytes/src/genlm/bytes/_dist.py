@@ -35,8 +35,9 @@ class NextByteLogprobs:
     ``log P(x, then EOS) - log P(x)``, where ``P(x)`` is the probability that the byte
     stream starts with ``x``. These are the exact conditionals of the token LM when the
     beam is not pruned, so chaining them gives the prefix probability. They sum to at
-    most 1: the rest is the mass of special tokens that are not EOS (``<unk>``, ``<s>``,
-    ...), which spell no bytes. :meth:`normalized` renormalizes for sampling.
+    most 1: the rest is the mass of the tokens that spell no bytes and are not EOS
+    (special tokens such as ``<unk>`` and ``<s>``, a model's padding ids, any empty token).
+    :meth:`normalized` renormalizes for sampling.
 
     ``log_eot`` (also ``dist[EOT]``) is ``log P(a token ends exactly at the end of x | x)``:
     the probability that the next byte starts a new token. It overlaps the byte outcomes
