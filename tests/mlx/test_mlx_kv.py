@@ -58,6 +58,34 @@ def test_extension_runs_only_new_tokens(stories):
     lm.close()
 
 
+def test_clear_kv_cache_drops_the_kv_and_mlx_buffers_and_keeps_the_rows(stories):
+    """``clear_kv_cache`` drops every prefix KV and the live batch (an extension then runs
+    its whole context) and hands MLX's freed buffers back (its buffer cache empty, as 0.3's
+    ``clear_cache`` leaves it); computed rows stay cached. ``clear_cache`` frees the
+    buffers too; after close both do nothing."""
+    model, tokenizer = stories
+    spy = Spy(model)
+    lm = MLXLM(spy, tokenizer)
+    prompt = [1, 403, 407, 261, 378, 432]
+    row = lm.next_token_logprobs_sync(prompt)
+    assert mx.get_cache_memory() > 0  # the forward's temporaries, kept by MLX for reuse
+    lm.clear_kv_cache()
+    assert mx.get_cache_memory() == 0
+    assert lm.kv_cache.nbytes == 0 and lm.kv_cache.live is None
+    spy._shapes.clear()
+    np.testing.assert_array_equal(lm.next_token_logprobs_sync(prompt), row)
+    assert spy._shapes == []  # the row came from the output cache
+    extended = lm.next_token_logprobs_sync(prompt + [383])
+    assert sum(b * n for b, n in spy._shapes) == 7  # no KV left to resume from
+    np.testing.assert_allclose(extended, plain_logprobs(model, prompt + [383]), atol=1e-5)
+    lm.next_token_logprobs_sync(prompt + [322])
+    lm.clear_cache()
+    assert mx.get_cache_memory() == 0
+    lm.close()
+    lm.clear_kv_cache()
+    lm.clear_cache()
+
+
 def test_chunked_prefill_matches_plain_forward(stories):
     """Prefilling in chunks of 4 tokens, cold and resumed, gives the plain forward's answer."""
     model, tokenizer = stories

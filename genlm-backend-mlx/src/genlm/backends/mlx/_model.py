@@ -24,7 +24,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
 from genlm.backends.mlx import _kv
-from genlm.core import Vocabulary
+from genlm.core import ModelClosedError, Vocabulary
 from genlm.core.backend import (
     BatchedLM,
     checked_count,
@@ -220,8 +220,20 @@ class MLXLM(BatchedLM):
                 mx.eval([c.state for c in cache])
         return self.model(tokens[:, -1:], cache=cache)[:, -1, :]
 
+    def clear_kv_cache(self) -> None:
+        """Drop every cached prefix KV and the live batch, and hand MLX's freed buffers
+        back (output rows stay cached); after close, nothing to do (the release dropped
+        it)."""
+        try:
+            self.worker.call(self._clear_backend_cache)
+        except ModelClosedError:
+            pass
+
     def _clear_backend_cache(self) -> None:
+        """The KV, then MLX's buffer cache: the freed arrays' memory would otherwise stay
+        with MLX for reuse (genlm-backend 0.3's ``clear_cache`` frees it too)."""
         self.kv_cache.clear()
+        mx.clear_cache()
 
     def _close_backend(self) -> None:
         """Drop the KV and the model, then MLX's buffer cache: a closed model's weights are
