@@ -272,15 +272,18 @@ def docs(session: nox.Session) -> None:
 
 @session()
 def backend(session: nox.Session) -> None:
-    """genlm.backend, the documented genlm-backend 0.3 API as a facade over core and hf
-    (genlm-bytes too: a facade model is an AsyncLM that genlm-bytes' 0.2 API takes)."""
+    """genlm.backend, the documented genlm-backend 0.3 API as a facade over core, hf and mlx
+    (the newest mlx on CPU; genlm-bytes too: a facade model is an AsyncLM that genlm-bytes'
+    0.2 API takes)."""
     install_torch(session)
     install_core(
         session,
         TRANSFORMERS,
         PEFT,
         "graphviz",
+        *MLX_ENDS[-1],
         "./genlm-backend-hf",
+        "./genlm-backend-mlx",
         "./genlm-bytes",
         "./genlm-backend",
     )

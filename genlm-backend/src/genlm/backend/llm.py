@@ -331,7 +331,9 @@ class _CoreBacked(AsyncLM):
         self.core_lm.clear_cache()
 
     def clear_kv_cache(self) -> None:
-        """Drop the backend's KV cache, pinned prompts included (output rows stay cached)."""
+        """Drop the backend's KV cache, pinned prompts included (output rows stay cached):
+        hf's and mlx's; vLLM's engine keeps its own prefix cache, which :meth:`clear_cache`
+        resets."""
         clear = getattr(self.core_lm, "clear_kv_cache", None)
         if clear is not None:
             clear()
@@ -578,6 +580,7 @@ class AsyncMlxLM(_CoreBacked):
         prefill_step_size: tokens per prefill chunk (core's ``prefill_chunk_size``).
         cache_size: accepted for compatibility: GenLM bounds the KV cache in bytes
             (``kv_cache_bytes=``), not in entries.
+        cache_opts: accepted and ignored, as the release takes it (its cache's options).
         **opts: further ``genlm.backends.mlx.MLXLM`` options.
     """
 
@@ -589,18 +592,36 @@ class AsyncMlxLM(_CoreBacked):
         timeout: float = 0.001,
         prefill_step_size: int = 2048,
         cache_size: int = 400,
+        cache_opts: dict | None = None,
         **opts: Any,
     ):
-        opts = _core_opts(batch_size, timeout, prefill_chunk_size=prefill_step_size, **opts)
+        opts = _mlx_opts(batch_size, timeout, prefill_step_size, opts)
         self._attach(_plugin("mlx").MLXLM(mlx_lm_model, tokenizer, **opts))
 
     @classmethod
-    def from_name(cls, model_name: str, **kwargs: Any) -> AsyncMlxLM:
-        """Load an mlx-lm model by name or path; options as for the constructor."""
-        kwargs.pop("cache_size", None)
-        if "prefill_step_size" in kwargs:
-            kwargs["prefill_chunk_size"] = kwargs.pop("prefill_step_size")
-        return cls._wrap(_plugin("mlx").MLXLM.from_name(model_name, **_core_opts(**kwargs)))
+    def from_name(
+        cls,
+        model_name: str,
+        batch_size: int = 5,
+        timeout: float = 0.001,
+        prefill_step_size: int = 2048,
+        cache_size: int = 400,
+        cache_opts: dict | None = None,
+        **opts: Any,
+    ) -> AsyncMlxLM:
+        """Load an mlx-lm model by name or path; options (and their defaults) as for the
+        constructor."""
+        opts = _mlx_opts(batch_size, timeout, prefill_step_size, opts)
+        return cls._wrap(_plugin("mlx").MLXLM.from_name(model_name, **opts))
+
+
+def _mlx_opts(
+    batch_size: int, timeout: float, prefill_step_size: int, opts: dict[str, Any]
+) -> dict[str, Any]:
+    """``genlm.backends.mlx.MLXLM`` options from the arguments :class:`AsyncMlxLM`'s
+    constructor and ``from_name`` share (with their defaults); ``cache_size`` and
+    ``cache_opts`` have no counterpart."""
+    return _core_opts(batch_size, timeout, prefill_chunk_size=prefill_step_size, **opts)
 
 
 class MockAsyncLM(_CoreBacked):

@@ -1,0 +1,69 @@
+"""The facade's ``AsyncMlxLM`` (genlm-backend 0.3's MLX class) over genlm-backend-mlx: its
+documented arguments, ``from_name``'s defaults, and its caches' clearing."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("genlm.backends.mlx", reason="genlm-backend-mlx (and mlx) not installed")
+
+import mlx.core as mx  # noqa: E402
+import mlx_lm  # noqa: E402
+import numpy as np  # noqa: E402
+
+from genlm.backend import load_model_by_name  # noqa: E402
+from genlm.backend.llm import AsyncMlxLM  # noqa: E402
+from genlm.core.backend import resolve_model_path  # noqa: E402
+
+#: The documented constructor's defaults (genlm-backend-api-mlx: batch_size=5, timeout=0.001).
+DOCUMENTED = {"max_batch_size": 5, "max_wait_s": 0.001}
+
+
+def options(llm: AsyncMlxLM) -> dict[str, float]:
+    batcher = llm.core_lm.batcher
+    return {"max_batch_size": batcher.max_batch_size, "max_wait_s": batcher.max_wait_s}
+
+
+def test_constructor_and_from_name_take_the_documented_arguments_and_defaults(reference):
+    """``cache_size`` and ``cache_opts`` are accepted by the constructor, ``from_name`` and
+    ``load_model_by_name`` (0.3.1 takes both; ``cache_opts`` was a TypeError); ``from_name``
+    applies the constructor's defaults (it gave core's, batches of 32 with no wait, where
+    genlm-control and llamppl load through it); rows are those of a plain forward."""
+    path = resolve_model_path("stories260K")
+    model, tokenizer = mlx_lm.load(path)
+    built = AsyncMlxLM(model, tokenizer, cache_size=0, cache_opts={})
+    named = AsyncMlxLM.from_name(path, cache_size=4, cache_opts={})
+    loaded = load_model_by_name(path, backend="mlx", llm_opts={"cache_size": 4, "cache_opts": {}})
+    try:
+        for llm in (built, named, loaded):
+            assert options(llm) == DOCUMENTED
+        chosen = AsyncMlxLM.from_name(path, batch_size=7, timeout=0.0)
+        assert options(chosen) == {"max_batch_size": 7, "max_wait_s": 0.0}
+        chosen.close()
+        context = [1, 403, 407]
+        expected = reference(context).numpy()
+        for llm in (built, named, loaded):
+            row = llm.next_token_logprobs_sync(context).numpy()
+            np.testing.assert_allclose(row, expected, atol=1e-4)
+    finally:
+        for llm in (built, named, loaded):
+            llm.close()
+
+
+def test_clear_kv_cache_and_clear_cache_free_the_kv_and_mlx_buffers():
+    """``clear_kv_cache`` drops the MLX backend's KV (it did nothing on mlx) and keeps the
+    rows; ``clear_cache`` also empties MLX's buffer cache, as 0.3's documents."""
+    llm = AsyncMlxLM.from_name(resolve_model_path("stories260K"))
+    try:
+        context = [1, 403, 407, 261]
+        row = llm.next_token_logprobs_sync(context)
+        assert llm.core_lm.kv_cache.nbytes > 0
+        llm.clear_kv_cache()
+        assert llm.core_lm.kv_cache.nbytes == 0 and mx.get_cache_memory() == 0
+        assert llm.next_token_logprobs_sync(context).equal(row)  # the cached row
+        llm.next_token_logprobs_sync(context + [378])
+        assert mx.get_cache_memory() > 0
+        llm.clear_cache()
+        assert llm.core_lm.kv_cache.nbytes == 0 and mx.get_cache_memory() == 0
+    finally:
+        llm.close()
