@@ -536,3 +536,24 @@ def test_clearing_a_closed_model_is_a_no_op():
     llm.clear_cache()
     llm.clear_kv_cache()
     assert len(llm.core_lm.output_cache) == 0 and llm.core_lm.kv.nbytes == 0
+
+
+def test_the_documented_modules_hold_the_classes():
+    """0.3's API pages document each class in its own module (``genlm.backend.llm.hf``...);
+    importing from there gives the facade's classes (``genlm.backend.llm`` was one module,
+    so ``from genlm.backend.llm.mlx import AsyncMlxLM`` was a ModuleNotFoundError)."""
+    import importlib
+
+    import genlm.backend.llm as llm
+
+    documented = {
+        "base": ["AsyncLM", "MockAsyncLM"],
+        "hf": ["AsyncTransformer"],
+        "vllm": ["AsyncVirtualLM"],
+        "mlx": ["AsyncMlxLM"],
+    }
+    for module, names in documented.items():
+        loaded = importlib.import_module(f"genlm.backend.llm.{module}")
+        assert loaded.__all__ == names
+        for name in names:
+            assert getattr(loaded, name) is getattr(llm, name)

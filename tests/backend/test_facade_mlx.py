@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("genlm.backends.mlx", reason="genlm-backend-mlx (and mlx) not installed")
+mx = pytest.importorskip("mlx.core", reason="mlx is not installed")
+mlx_lm = pytest.importorskip("mlx_lm", reason="mlx-lm is not installed")
+pytest.importorskip("genlm.backends.mlx", reason="genlm-backend-mlx is not installed")
 
-import mlx.core as mx  # noqa: E402
-import mlx_lm  # noqa: E402
 import numpy as np  # noqa: E402
 
 from genlm.backend import load_model_by_name  # noqa: E402

@@ -7,6 +7,9 @@ arguments (``lora_name`` becomes core's per-request ``variant``, ``batch_size``/
 become ``max_batch_size``/``max_wait_s``) and asks core for torch rows (``output="torch"``:
 float32 tensors on the device the backend computed them on) unless the caller names another
 ``output``: a facade model is itself a :class:`genlm.core.AsyncLM`.
+
+0.3's documented modules ``genlm.backend.llm.base``, ``.hf``, ``.vllm`` and ``.mlx`` hold
+the same classes.
 """
 
 from __future__ import annotations

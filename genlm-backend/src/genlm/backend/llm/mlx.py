@@ -1,0 +1,9 @@
+"""``genlm.backend.llm.mlx``, genlm-backend 0.3's documented module of the MLX class.
+
+The class lives in :mod:`genlm.backend.llm`; this module is where 0.3's API pages (and
+programs written against them) import it from.
+"""
+
+from genlm.backend.llm import AsyncMlxLM
+
+__all__ = ["AsyncMlxLM"]
