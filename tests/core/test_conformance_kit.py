@@ -192,6 +192,8 @@ BACKENDS = textwrap.dedent(
     TestCorrect = kit(Correct)
     TestCorrectUncached = kit(Correct, cache_bytes=0)
     TestShortLimit = kit(Correct, max_context_length=6)
+    TestLimitOne = kit(Correct, max_context_length=1)
+    TestLimitOneThreeTokens = kit(MockLM, vocab=[b"a", b"b", b"c"], max_context_length=1)
     TestNoisyUncached = kit(Noisy, atol=1e-3, cache_bytes=0)
     TestNoisyTinyCache = kit(Noisy, atol=1e-3, cache_bytes=1000)  # a row is 2 KiB
     TestSortsByLength = kit(SortsByLength)
@@ -234,14 +236,15 @@ def failed_checks(tmp_path_factory) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize(
     "cls",
-    ["TestCorrect", "TestCorrectUncached", "TestShortLimit", "TestNoisyUncached"]
-    + ["TestNoisyTinyCache", "TestEosLikely"],
+    ["TestCorrect", "TestCorrectUncached", "TestShortLimit", "TestLimitOne"]
+    + ["TestLimitOneThreeTokens", "TestNoisyUncached", "TestNoisyTinyCache", "TestEosLikely"],
 )
 def test_correct_backends_pass(failed_checks, cls):
     """A correct backend passes: with or without the output cache, with a context limit
-    of 6 tokens, with kernels that vary within ``atol`` and no cache or a cache too
-    small for a row (whose repeated request is a recomputation, not a hit), and with an
-    EOS token drawn a third of the time."""
+    of 6 tokens or of 1 (no room for a token after BOS; over three tokens, too few
+    distinct contexts for some checks, which skip), with kernels that vary within ``atol``
+    and no cache or a cache too small for a row (whose repeated request is a recomputation,
+    not a hit), and with an EOS token drawn a third of the time."""
     assert cls not in failed_checks
 
 

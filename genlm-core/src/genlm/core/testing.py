@@ -66,12 +66,10 @@ class AsyncLMConformance:
         """A few distinct valid contexts (override to choose them; see the module): random
         bodies of 5, 2 and 8 tokens, the 2-token one extended by a token, one more of that
         length, and the 8-token one's first 4 tokens, after the BOS token if the model has
-        one; lengths are capped at ``max_context_length`` (duplicates the cap makes are
-        dropped)."""
+        one and its ``max_context_length`` leaves room for a token after it; lengths are
+        capped at ``max_context_length`` (duplicates the cap makes are dropped)."""
         rng = np.random.default_rng(1234)
-        start = [] if lm.vocab.bos_token_id is None else [lm.vocab.bos_token_id]
-        limit = getattr(lm, "max_context_length", None)
-        room = 8 if limit is None else max(1, min(8, limit - len(start)))
+        start, room = _start_and_room(lm, 8)
         text_ids = np.asarray(lm.vocab.text_ids)
 
         def body(length: int) -> list[int]:
@@ -153,6 +151,7 @@ class AsyncLMConformance:
         """A repeated request returns what the first one computed: exactly where the model's
         output cache served it (a hit), within ``atol`` where it was recomputed (no cache,
         or a budget too small for the row)."""
+        _need(contexts, 3)
         cache = getattr(lm, "output_cache", None)
         lm.clear_cache()
         first = np.array(asyncio.run(lm.next_token_logprobs(contexts[2])))
@@ -182,6 +181,7 @@ class AsyncLMConformance:
     def test_held_rows_do_not_change(self, lm, contexts):
         """A row the caller holds stays what it was while later rows are computed (a backend
         that reuses an output buffer must say so: see ``BatchedLM.stable_batches``)."""
+        _need(contexts, 2)
         lm.clear_cache()
         held = asyncio.run(lm.next_token_logprobs(contexts[0]))
         copy = np.array(held)
@@ -204,13 +204,16 @@ class AsyncLMConformance:
             lm.next_token_logprobs_sync(bad)
 
     def test_out_of_range_id_names_the_id(self, lm):
-        """An id past the vocabulary raises an error that names it."""
+        """An id past the vocabulary raises an error that names it (after a valid id, where
+        ``max_context_length`` allows two tokens)."""
         bad = len(lm.vocab)
+        context = [0, bad] if _limit(lm) != 1 else [bad]
         with pytest.raises(InvalidContextError, match=str(bad)):
-            asyncio.run(lm.next_token_logprobs([0, bad]))
+            asyncio.run(lm.next_token_logprobs(context))
 
     def test_bad_request_does_not_poison_others(self, lm, contexts):
         """A failing request among concurrent good ones fails alone."""
+        _need(contexts, 2)
         lm.clear_cache()
 
         async def mixed():
@@ -233,7 +236,7 @@ class AsyncLMConformance:
     def _room(lm: AsyncLM, prompt: list[int], wanted: int) -> int:
         """``wanted`` tokens, or fewer where the model's context limit stops a sample
         (the last token is drawn from a context of exactly the limit)."""
-        limit = getattr(lm, "max_context_length", None)
+        limit = _limit(lm)
         return wanted if limit is None else max(0, min(wanted, limit + 1 - len(prompt)))
 
     def test_sample_honours_max_tokens(self, lm, prompt):
@@ -341,7 +344,8 @@ class AsyncLMConformance:
         async def runs(eos_ids):
             samples = [lm.sample(prompt, n, eos_ids, temperature=1.5, seed=s) for s in range(20)]
             batch = lm.batch_sample([prompt] * 20, n, eos_ids, temperature=1.5, seed=5)
-            return [*await asyncio.gather(*samples), *await batch]
+            *singles, together = await asyncio.gather(*samples, batch)  # each one awaited
+            return [*singles, *together]
 
         default, named = asyncio.run(runs(None)), asyncio.run(runs(eos))
         assert default == named
@@ -381,6 +385,32 @@ class AsyncLMConformance:
         lm.clear_cache()
         for context, row in zip(contexts[1:] + [contexts[0]], results):
             np.testing.assert_allclose(row, lm.next_token_logprobs_sync(context), atol=self.atol)
+
+
+def _limit(lm: AsyncLM) -> int | None:
+    """The model's ``max_context_length``, or None where it has none."""
+    return getattr(lm, "max_context_length", None)
+
+
+def _need(contexts: list[list[int]], count: int) -> None:
+    """Skip a check that needs ``count`` distinct contexts where the model's context limit
+    and vocabulary leave fewer."""
+    if len(contexts) < count:
+        pytest.skip(
+            f"needs {count} distinct contexts; the model's max_context_length and "
+            f"vocabulary leave {len(contexts)}"
+        )
+
+
+def _start_and_room(lm: AsyncLM, longest: int) -> tuple[list[int], int]:
+    """How the kit's contexts begin and how many tokens may follow (at most ``longest``):
+    the BOS token if the model has one and its context limit leaves room for a token after
+    it, else nothing (a limit of 1 token)."""
+    start = [] if lm.vocab.bos_token_id is None else [lm.vocab.bos_token_id]
+    limit = _limit(lm)
+    if limit is not None and limit <= len(start):
+        start = []
+    return start, longest if limit is None else min(longest, limit - len(start))
 
 
 #: The smallest tail probability a sampled count may have: a correct sampler's count falls
