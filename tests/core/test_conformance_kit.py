@@ -96,6 +96,17 @@ BACKENDS = textwrap.dedent(
             return self.buffer[: len(contexts)]
 
 
+    class WrapsPastEightSlots(Correct):
+        """Keeps a batch's contexts in 8 slots: past 8 contexts a slot is overwritten, and
+        the rows of the contexts that first held it are the later ones'."""
+
+        def _logprobs_batch(self, contexts, variant):
+            slots = {}
+            for i, c in enumerate(contexts):
+                slots[i % 8] = c
+            return super()._logprobs_batch([slots[i % 8] for i in range(len(contexts))], variant)
+
+
     class Noisy(Correct):
         """Correct, with kernels that differ by about 1e-6 from call to call."""
 
@@ -194,6 +205,7 @@ BACKENDS = textwrap.dedent(
     TestShortLimit = kit(Correct, max_context_length=6)
     TestLimitOne = kit(Correct, max_context_length=1)
     TestLimitOneThreeTokens = kit(MockLM, vocab=[b"a", b"b", b"c"], max_context_length=1)
+    TestSmallBatches = kit(Correct, max_batch_size=5)
     TestNoisyUncached = kit(Noisy, atol=1e-3, cache_bytes=0)
     TestNoisyTinyCache = kit(Noisy, atol=1e-3, cache_bytes=1000)  # a row is 2 KiB
     TestSortsByLength = kit(SortsByLength)
@@ -201,6 +213,7 @@ BACKENDS = textwrap.dedent(
     TestStalePrefixStateUncached = kit(StalePrefixState, cache_bytes=0)
     TestCacheKeyedByLength = kit(CacheKeyedByLength, cache_bytes=0)
     TestReusesItsBuffer = kit(ReusesItsBuffer, cache_bytes=0)
+    TestWrapsPastEightSlots = kit(WrapsPastEightSlots)
     TestEosLikely = kit(EosLikely)
     TestUnseededAlwaysGreedy = kit(UnseededAlwaysGreedy)
     TestSeedIgnored = kit(SeedIgnored)
@@ -237,12 +250,14 @@ def failed_checks(tmp_path_factory) -> dict[str, set[str]]:
 @pytest.mark.parametrize(
     "cls",
     ["TestCorrect", "TestCorrectUncached", "TestShortLimit", "TestLimitOne"]
-    + ["TestLimitOneThreeTokens", "TestNoisyUncached", "TestNoisyTinyCache", "TestEosLikely"],
+    + ["TestLimitOneThreeTokens", "TestSmallBatches", "TestNoisyUncached", "TestNoisyTinyCache"]
+    + ["TestEosLikely"],
 )
 def test_correct_backends_pass(failed_checks, cls):
     """A correct backend passes: with or without the output cache, with a context limit
     of 6 tokens or of 1 (no room for a token after BOS; over three tokens, too few
-    distinct contexts for some checks, which skip), with kernels that vary within ``atol``
+    distinct contexts for some checks, which skip), with batches of at most 5 contexts
+    (the large batch is a full one and a partial one), with kernels that vary within ``atol``
     and no cache or a cache too small for a row (whose repeated request is a recomputation,
     not a hit), and with an EOS token drawn a third of the time."""
     assert cls not in failed_checks
@@ -256,6 +271,7 @@ def test_correct_backends_pass(failed_checks, cls):
         ("TestStalePrefixStateUncached", "test_reused_state_equals_fresh"),
         ("TestCacheKeyedByLength", "test_reused_state_equals_fresh"),
         ("TestReusesItsBuffer", "test_held_rows_do_not_change"),
+        ("TestWrapsPastEightSlots", "test_large_batch_equals_single"),
         ("TestUnseededAlwaysGreedy", "test_draws_follow_the_tempered_row"),
         ("TestSeedIgnored", "test_draws_follow_the_tempered_row"),
         ("TestSeedIgnored", "test_seeds_change_the_draws"),

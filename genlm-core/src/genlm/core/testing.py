@@ -22,9 +22,11 @@ attributes, so a backend with batch-dependent kernels can loosen ``atol`` explic
 The contexts are made to catch what state reuse and padding get wrong: their lengths are
 out of order, two are of equal length, one extends an earlier context and one is a prefix
 of an earlier context (a KV cache resumes or crops them), all within the model's
-``max_context_length``. Rows computed one after the other, each after whatever state the
-previous ones left, must equal rows computed from a cleared model, and a row the caller
-holds must not change when later rows are computed.
+``max_context_length``; one check also batches more distinct contexts than an engine's
+small per-batch buffers hold (:attr:`AsyncLMConformance.large_batch`). Rows computed one
+after the other, each after whatever state the previous ones left, must equal rows computed
+from a cleared model, and a row the caller holds must not change when later rows are
+computed.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ class AsyncLMConformance:
     normalization_tol: float = 1e-4
     #: First tokens drawn per way of sampling by the checks of the sampled distribution.
     sample_draws: int = 200
+    #: Distinct contexts in the large batch of :meth:`test_large_batch_equals_single`
+    #: (fewer where the model's ``max_batch_size`` is smaller), more than an engine's
+    #: small per-batch buffers (often 8 slots) hold.
+    large_batch: int = 32
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -82,6 +88,30 @@ class AsyncLMConformance:
             if start + b not in out:
                 out.append(start + b)
         return out
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def many_contexts(cls, lm: AsyncLM) -> list[list[int]]:
+        """:attr:`large_batch` plus 3 distinct valid contexts, or ``max_batch_size`` plus 3
+        where the model batches fewer (a full batch and a partial one): random bodies of 1
+        to 8 tokens, after the BOS token as in ``contexts``. Skips the checks that use it
+        where ``max_context_length`` leaves fewer distinct contexts."""
+        batcher = getattr(lm, "batcher", None)  # a BatchedLM's scheduler
+        size = min(cls.large_batch, getattr(batcher, "max_batch_size", cls.large_batch))
+        wanted = size + 3
+        rng = np.random.default_rng(4321)
+        start, room = _start_and_room(lm, 8)
+        text_ids = np.asarray(lm.vocab.text_ids)
+        out: dict[tuple[int, ...], None] = {}  # distinct, in the order drawn
+        for _ in range(20 * wanted):  # a model with room for enough contexts has them drawn
+            length = int(rng.integers(1, room + 1))
+            out[tuple(start + [int(t) for t in rng.choice(text_ids, size=length)])] = None
+            if len(out) == wanted:
+                return [list(c) for c in out]
+        pytest.skip(
+            f"found {len(out)} distinct contexts within the model's max_context_length, "
+            f"not the {wanted} a large batch needs"
+        )
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -119,6 +149,19 @@ class AsyncLMConformance:
             lm.clear_cache()
             single = asyncio.run(lm.next_token_logprobs(context))
             np.testing.assert_allclose(row, single, atol=self.atol)
+
+    def test_large_batch_equals_single(self, lm, many_contexts):
+        """A batch of more distinct contexts than small buffers hold (see
+        :attr:`large_batch`), a full batch and a partial one where the model batches fewer,
+        returns the rows each context gets alone (by the sync twin: one event loop per
+        context would cost more than the batch)."""
+        lm.clear_cache()
+        batch = asyncio.run(lm.batch_next_token_logprobs(many_contexts))
+        assert batch.shape == (len(many_contexts), len(lm.vocab))
+        for i, (context, row) in enumerate(zip(many_contexts, batch)):
+            lm.clear_cache()
+            single = lm.next_token_logprobs_sync(context)
+            np.testing.assert_allclose(row, single, atol=self.atol, err_msg=f"row {i}: {context}")
 
     def test_async_equals_sync(self, lm, contexts):
         """The sync twins return what the async methods return."""
