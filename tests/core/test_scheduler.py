@@ -2,6 +2,7 @@
 
 import asyncio
 import gc
+import re
 import threading
 import time
 import warnings
@@ -10,7 +11,7 @@ import weakref
 import numpy as np
 import pytest
 
-from genlm.core import ModelClosedError
+from genlm.core import BackendError, ModelClosedError
 from genlm.core.backend import AutoBatcher, ModelWorker
 from genlm.core.mock import MockLM, mock_logprobs
 
@@ -173,6 +174,45 @@ class TestFailures:
             lm.next_token_logprobs_sync([1])
         lm.close()
 
+    @pytest.mark.parametrize(
+        ("change", "returned"),
+        [("pop", "(1, 32)"), ("pad", "(4, 32)")],
+    )
+    def test_a_batch_is_checked_as_handed_over(self, change, returned):
+        """The backend may change the list of contexts it gets; its rows are still checked
+        against the batch core handed over: a context popped (one row short) or padded in
+        place (a row per padding) is a BackendError naming the backend and both shapes,
+        where the changed list's length was taken as the batch's."""
+
+        class Changes(MockLM):
+            def _logprobs_batch(self, contexts, variant):
+                if change == "pop":
+                    contexts.pop()
+                while len(contexts) < 4 and change == "pad":
+                    contexts.append(contexts[-1])
+                return super()._logprobs_batch(contexts, variant)
+
+        lm = Changes(VOCAB, cache_bytes=0, name="changer")
+        with pytest.raises(BackendError, match=rf"Changes 'changer'.*{re.escape(returned)}"):
+            lm.batch_next_token_logprobs_sync([[1], [2]])
+        lm.close()
+
+    def test_a_backend_may_pad_its_list_in_place(self):
+        """Padding the list core passes, then returning the real contexts' rows, is
+        allowed: each context gets its own row."""
+
+        class Pads(MockLM):
+            def _logprobs_batch(self, contexts, variant):
+                real = len(contexts)
+                contexts.extend([contexts[-1]] * (4 - real))
+                return super()._logprobs_batch(contexts, variant)[:real]
+
+        lm = Pads(VOCAB, cache_bytes=0)
+        rows = lm.batch_next_token_logprobs_sync([[1], [2, 3]])
+        np.testing.assert_allclose(rows[0], mock_logprobs((1,), 32), atol=1e-6)
+        np.testing.assert_allclose(rows[1], mock_logprobs((2, 3), 32), atol=1e-6)
+        lm.close()
+
     def test_items_whose_waiters_all_cancelled_are_dropped(self):
         """A queued request nobody waits for any more is not computed."""
         lm = MockLM(VOCAB, cache_bytes=0, max_wait_s=0.05)
@@ -295,6 +335,23 @@ class TestAutoBatcherDirectly:
 
         assert run(main()) == [2, 2, 4, 6]
         assert seen == [[1, 1, 2, 3]]
+        worker.close()
+
+    def test_a_wrong_number_of_results_is_a_backend_error_naming_run_batch(self):
+        """run_batch returning another count than it got items fails the batch's waiters
+        with a BackendError naming it (it was a bare RuntimeError)."""
+        worker = ModelWorker("test")
+
+        def drops_one(items):
+            return items[:-1]
+
+        batcher = AutoBatcher(drops_one, worker)
+
+        async def main():
+            return await asyncio.gather(*(batcher.submit(x) for x in [1, 2]))
+
+        with pytest.raises(BackendError, match=r"drops_one returned 1 results for a batch of 2"):
+            run(main())
         worker.close()
 
     def test_aclose_waits_for_every_running_batch_and_a_cancelled_one_leaves_the_rest(self, gated):

@@ -184,8 +184,11 @@ class BatchedLM(abc.ABC):
         """Next-token log-probabilities for each context, shape ``(len(contexts), V)``.
 
         Runs on the model's worker thread, never on the event loop. Contexts are
-        validated, distinct and non-empty; ``variant`` is what :meth:`_variant` returned
-        when the requests were made (all requests of a batch share it). Rows must be
+        validated, distinct and non-empty; ``contexts`` is a new list for this call, the
+        backend's to change (pad, sort, pop): core keeps the batch as it handed it over and
+        checks the result against that, one row per context, in the given order.
+        ``variant`` is what :meth:`_variant` returned when the requests were made (all
+        requests of a batch share it). Rows must be
         normalized log-probabilities over ``len(self.vocab)`` tokens (``-inf`` for an
         impossible token; no NaN or ``+inf``): core rejects a batch that visibly breaks
         this (see :func:`check_rows`) with :class:`BackendError`, failing its waiters.
@@ -438,13 +441,13 @@ class BatchedLM(abc.ABC):
                 nothing of it is cached: a backend that produced one bad row is suspect.
         """
         variant = requests[0].variant
-        contexts = [r.ids for r in requests]
+        contexts = tuple(r.ids for r in requests)  # the batch as handed over, checked against
         generation = self.output_cache.generation  # read first: a clear from now on wins
-        rows = self._check_batch(self._logprobs_batch(contexts, variant), contexts)
+        rows = self._check_batch(self._logprobs_batch(list(contexts), variant), contexts)
         rows.generation = generation
         return rows
 
-    def _check_batch(self, out: Any, contexts: list[tuple[int, ...]]) -> BatchRows:
+    def _check_batch(self, out: Any, contexts: tuple[tuple[int, ...], ...]) -> BatchRows:
         """The backend's batch ``out`` as :class:`BatchRows`, checked (see
         :meth:`_run_requests`)."""
         expected = (len(contexts), self._vocab_size)

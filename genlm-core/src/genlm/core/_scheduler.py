@@ -61,7 +61,7 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
-from genlm.core._errors import ModelClosedError
+from genlm.core._errors import BackendError, ModelClosedError
 from genlm.core._validation import checked_count, checked_seconds
 from genlm.core._worker import ModelWorker
 
@@ -178,7 +178,8 @@ class AutoBatcher(Generic[I, R]):
 
     Args:
         run_batch: called on the worker thread with a list of items of one group;
-            returns one result per item, in order.
+            returns one result per item, in order (another count fails the batch's
+            waiters with :class:`~genlm.core.BackendError` naming it).
         worker: the model's worker thread.
         max_batch_size: most distinct items in one batch.
         max_wait_s: how long a partial batch waits for company after its oldest request
@@ -509,8 +510,10 @@ class AutoBatcher(Generic[I, R]):
             return live, []
         results = self.run_batch([e.item for e in live])
         if len(results) != len(live):
-            raise RuntimeError(
-                f"backend returned {len(results)} results for a batch of {len(live)}"
+            name = getattr(self.run_batch, "__qualname__", repr(self.run_batch))
+            raise BackendError(
+                f"{name} returned {len(results)} results for a batch of {len(live)}; "
+                "run_batch must return one result per item"
             )
         return live, results
 
