@@ -144,6 +144,58 @@ class TestPrecedence:
         with pytest.raises(BackendNotFoundError, match="broken plugins: a, b"):
             reg.select("foo")
 
+    @pytest.mark.parametrize("distribution", ["genlm-backend-bar", "acme-bar"])
+    def test_a_plugin_registering_a_name_twice_is_told_so(self, distribution):
+        """One plugin registering `bar` twice with different specs (say cpu and gpu), as
+        its owner or not, gets one line saying so, not advice to uninstall all but one of
+        its own claims; the name goes to nobody."""
+
+        def spec(description):
+            return BackendSpec(
+                name="bar",
+                loader=MOCK_LOADER,
+                distribution=distribution,
+                plugin_api=1,
+                description=description,
+            )
+
+        reg = Registry()
+        reg.register_plugins(
+            [("bar", distribution, plugin_module("bar", spec("cpu"), spec("gpu")))]
+        )
+        assert "bar" not in reg.backends
+        [error] = reg.errors
+        assert (error.plugin, error.distribution) == ("bar", distribution)
+        assert "registered backend name 'bar' 2 times" in str(error)
+        assert "must register each name once" in str(error) and "uninstall" not in str(error)
+
+    def test_an_intruder_is_told_the_name_is_the_owners_when_the_owner_registers_it_twice(self):
+        """The owner's double registration voids its claims, and a third party claiming the
+        name is still told the name belongs to the owner."""
+
+        def spec(distribution, description):
+            return BackendSpec(
+                name="bar",
+                loader=MOCK_LOADER,
+                distribution=distribution,
+                plugin_api=1,
+                description=description,
+            )
+
+        owner, other = "genlm-backend-bar", "acme-bar"
+        reg = Registry()
+        reg.register_plugins(
+            [
+                ("bar", owner, plugin_module("bar", spec(owner, "cpu"), spec(owner, "gpu"))),
+                ("acme", other, plugin_module("acme", spec(other, "fast"))),
+            ]
+        )
+        assert "bar" not in reg.backends
+        lines = {error.distribution: str(error) for error in reg.errors}
+        assert len(reg.errors) == 2
+        assert "registered backend name 'bar' 2 times" in lines[owner]
+        assert "belongs to genlm-backend-bar" in lines[other]
+
     def test_asking_for_a_broken_plugins_backend_says_it_failed(self, make_module, installed):
         """backend='foo' whose installed plugin fails to import names that failure, not a
         pip install of the distribution already installed."""

@@ -21,7 +21,9 @@ instead of stopping discovery. Only ``KeyboardInterrupt`` propagates: the user a
 Who gets a backend name does not depend on discovery order: the distribution a name
 belongs to (``genlm-backend-NAME`` owns ``NAME``; genlm-core owns ``mock``) wins, and any
 other claim on it is reported as an error on the intruder. A name claimed by several
-distributions none of which owns it goes to none of them: each claim is reported.
+distributions none of which owns it goes to none of them: each claim is reported. So does a
+name one plugin registers more than once with different specs: the plugin is told to
+register each name once.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import os
 import re
 import reprlib
 import warnings
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
@@ -88,11 +91,24 @@ class _Claim:
     incompatible: PluginLoadError | None = attrs.field(default=None, eq=False)
 
     @property
+    def source(self) -> tuple[str, str | None]:
+        """The plugin that made the claim: its entry point name and distribution."""
+        return self.plugin, self.distribution and _normalize(self.distribution)
+
+    @property
     def owns(self) -> bool:
         """Whether the claiming distribution is the one the name belongs to."""
         return self.distribution is not None and _normalize(self.distribution) == owner_of(
             self.spec.name
         )
+
+
+def _intrudes(name: str, claim: _Claim) -> str:
+    """The reason reported on a claim on ``name`` by a plugin that does not own it."""
+    return (
+        f"backend name {name!r} belongs to {owner_of(name)}; this claim on it is ignored "
+        f"(rename the backend, or uninstall {claim.distribution or 'this plugin'})"
+    )
 
 
 def _arbitrate(name: str, claims: list[_Claim]) -> tuple[_Claim | None, list[tuple[_Claim, str]]]:
@@ -111,23 +127,27 @@ def _arbitrate(name: str, claims: list[_Claim]) -> tuple[_Claim | None, list[tup
     owners = [c for c in unique if c.owns]
     if len(owners) == 1:
         winner = owners[0]
-        return winner, [
-            (
-                c,
-                f"backend name {name!r} belongs to {owner}; this claim on it is ignored "
-                f"(rename the backend, or uninstall {c.distribution or 'this plugin'})",
-            )
-            for c in unique
-            if c is not winner
-        ]
+        return winner, [(c, _intrudes(name, c)) for c in unique if c is not winner]
     if len(unique) == 1:
         return unique[0], []
     claimants = ", ".join(sorted({c.distribution or "unknown distribution" for c in unique}))
-    reason = (
-        f"backend name {name!r} is claimed {len(unique)} times ({claimants}) and its owner "
-        f"{owner} does not hold it alone, so none is used; uninstall all but one"
-    )
-    return None, [(c, reason) for c in unique]
+    per_plugin = Counter(c.source for c in unique)
+
+    def reason(claim: _Claim) -> str:
+        times = per_plugin[claim.source]
+        if times > 1:  # uninstalling would not help: the plugin itself is wrong
+            return (
+                f"it registered backend name {name!r} {times} times, with different "
+                "specs, so none is used; a plugin must register each name once"
+            )
+        if owners and not claim.owns:  # the owner's own claims are void, but the name is its
+            return _intrudes(name, claim)
+        return (
+            f"backend name {name!r} is claimed {len(unique)} times ({claimants}) and its "
+            f"owner {owner} does not hold it alone, so none is used; uninstall all but one"
+        )
+
+    return None, [(c, reason(c)) for c in unique]
 
 
 @attrs.define
@@ -287,6 +307,7 @@ class Registry:
 
     def _settle(self) -> None:
         """Give each claimed name to its winner; report every rejected claim once."""
+        reported: set[tuple[str, str | None, str]] = set()  # a plugin's claims, one line
         for name in sorted(self._claims):
             winner, rejected = _arbitrate(name, self._claims[name])
             if winner is None or winner.incompatible is not None:
@@ -298,8 +319,11 @@ class Registry:
                 self.backends[name] = winner.spec
                 self._winners[name] = winner
             for claim, reason in rejected:
-                if claim not in self._rejected:
-                    self._rejected.add(claim)
+                if claim in self._rejected:
+                    continue
+                self._rejected.add(claim)
+                if (*claim.source, reason) not in reported:
+                    reported.add((*claim.source, reason))
                     self._broken(claim.plugin, claim.distribution, reason)
 
     def _register_command(self, command: Any, plugin: str, dist: str | None) -> None:

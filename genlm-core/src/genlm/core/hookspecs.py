@@ -55,7 +55,8 @@ def genlm_register_backends(register: Callable[[BackendSpec], None]) -> None:
     that cannot run here anyway, with a ``probe`` saying why, and mark a hand-written hook
     with :data:`hookimpl`, without which pluggy never calls it. It must not: import heavy libraries
     or load a model (the spec's ``loader`` does that, on demand), keep or call
-    ``register`` after returning, or rely on the order plugins are called in. Core owns
+    ``register`` after returning, rely on the order plugins are called in, or register one
+    name twice with different specs (neither is used: choose the fields in one spec). Core owns
     naming and collisions: a name belongs to the distribution ``genlm-backend-NAME``
     (``mock`` to genlm-core); another distribution's claim on it is reported and ignored.
     A hook that raises is reported as a broken plugin; its other backends may be lost.
