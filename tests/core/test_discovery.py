@@ -264,6 +264,16 @@ class TestAvailability:
         )
         assert "genlm_no_pkg_9c1e" in spec.unavailable_reason()
 
+    def test_a_loader_naming_no_callable_is_an_import_error_naming_it(self, make_module):
+        """BackendSpec.import_loader: a loader path whose module lacks the callable is an
+        ImportError ("cannot import name", as importlib says) naming the loader string."""
+        module = make_module("class Model:\n    pass\n")
+        spec = BackendSpec(
+            name="g", loader=f"{module}:Model.from_nam", distribution="d", plugin_api=1
+        )
+        with pytest.raises(ImportError, match=f"cannot import name 'Model.from_nam' .*{module}"):
+            spec.import_loader()
+
     def test_availability_check_does_not_import_the_loader(self, make_module):
         """Checking availability finds the loader module without running it."""
         loader = make_module("import sys\nsys.modules['genlm_probe_ran_marker'] = True\n")
@@ -303,6 +313,35 @@ class TestAvailability:
         _serve_top_over_mock(monkeypatch, broken)
         with pytest.raises(ImportError, match="no libcuda here"):
             load_model_by_name("stories260K", backend="top")
+
+    @pytest.mark.parametrize(
+        ("source", "attribute", "original"),
+        [
+            ("raise ImportError('libfoo.so missing')\n", "load", "libfoo.so missing"),
+            ("def load(model, **opts):\n    pass\n", "Nope", "cannot import name 'Nope'"),
+        ],
+        ids=["module-raises", "no-such-callable"],
+    )
+    def test_a_named_backend_whose_loader_fails_to_import_is_named(
+        self, make_module, monkeypatch, source, attribute, original
+    ):
+        """backend='top' whose loader module raises ImportError, or lacks the callable the
+        loader names: an ImportError naming the backend, its plugin and distribution and the
+        loader string, with the original error (an AttributeError was bare)."""
+        module = make_module(source)
+        reg = _registry_of(
+            BackendSpec(name="top", loader=f"{module}:{attribute}", distribution="d", plugin_api=1)
+        )
+        monkeypatch.setattr(_registry, "_registry", reg)
+        with pytest.raises(ImportError) as raised:
+            load_model_by_name("stories260K", backend="top")
+        message = str(raised.value)
+        assert message.startswith(
+            f"backend 'top' (plugin 'top', distribution genlm-backend-top): cannot import its "
+            f"loader {module}:{attribute}: "
+        )
+        assert original in message
+        assert isinstance(raised.value.__cause__, (ImportError, AttributeError))
 
     def test_loader_errors_are_not_masked_by_fallback(self, make_module, monkeypatch):
         """A loader that imports fine but rejects the model raises; no other backend is tried."""

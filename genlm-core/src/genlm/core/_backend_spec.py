@@ -25,11 +25,22 @@ def _check_target(field: str, value: str) -> None:
 
 
 def _resolve(target: str) -> Any:
-    """Import ``"package.module:attr.path"`` and return the attribute."""
+    """Import ``"package.module:attr.path"`` and return the attribute.
+
+    Raises:
+        ImportError: the module (or one it imports) is missing, or has no such attribute:
+            then, as importlib's "cannot import name", naming both parts of ``target``.
+    """
     module_name, _, qualname = target.partition(":")
     obj: Any = importlib.import_module(module_name)
     for part in qualname.split("."):
-        obj = getattr(obj, part)
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as exc:
+            raise ImportError(
+                f"cannot import name {qualname!r} from {module_name!r} ({exc})",
+                name=module_name,
+            ) from exc
     return obj
 
 
@@ -138,8 +149,8 @@ class BackendSpec:
             The loader callable named by :attr:`loader`.
 
         Raises:
-            ImportError: the module (or one it imports) is missing.
-            AttributeError: the module has no such callable.
+            ImportError: the module (or one it imports) is missing, or it has no such
+                callable (the message names :attr:`loader`).
         """
         return _resolve(self.loader)
 

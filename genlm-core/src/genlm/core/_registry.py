@@ -414,13 +414,23 @@ class Registry:
         Raises:
             BackendNotFoundError: unknown backend, or no usable backend at all.
             BackendUnavailableError: the named backend cannot run here.
-            ImportError: the named backend's loader cannot be imported.
+            ImportError: the named backend's loader cannot be imported (its module, one
+                it imports, or the callable in it); the message names the backend, its
+                plugin and distribution, the loader and the original error (the cause).
             BackendError: the loader returned something that is not a model.
         """
         if backend is not None:
             spec = self.select(backend)
+            try:
+                loader = spec.import_loader()
+            except ImportError as exc:  # which backend, whose, and what failed to import
+                raise ImportError(
+                    f"{self._culprit(spec)}: cannot import its loader {spec.loader}: {exc}",
+                    name=exc.name,
+                    path=exc.path,
+                ) from exc
             logger.info("loading %s with backend %s", model, spec.name)
-            return self._checked(spec, spec.load(model, **opts))
+            return self._checked(spec, loader(model, **opts))
         usable, reasons = self._auto_candidates()
         for spec in usable:
             try:
@@ -450,14 +460,18 @@ class Registry:
         missing = [n for n in [*members, "__aenter__", "__aexit__"] if not hasattr(lm, n)]
         if not missing:
             return lm
+        raise BackendError(
+            f"{self._culprit(spec)}: its loader {spec.loader} returned {reprlib.repr(lm)} "
+            f"({type(lm).__qualname__}), which is not a model: it lacks {', '.join(missing)} "
+            "of genlm.core.AsyncLM"
+        )
+
+    def _culprit(self, spec: BackendSpec) -> str:
+        """Names a backend in an error: its name, plugin and distribution (installed)."""
         claim = self._winners.get(spec.name)
         plugin = repr(claim.plugin) if claim is not None else "unknown"
         dist = (claim.distribution if claim is not None else None) or spec.distribution
-        raise BackendError(
-            f"backend {spec.name!r} (plugin {plugin}, distribution {dist}): its loader "
-            f"{spec.loader} returned {reprlib.repr(lm)} ({type(lm).__qualname__}), which is "
-            f"not a model: it lacks {', '.join(missing)} of genlm.core.AsyncLM"
-        )
+        return f"backend {spec.name!r} (plugin {plugin}, distribution {dist})"
 
     def _auto_candidates(
         self, among: Collection[str] | None = None
@@ -604,7 +618,8 @@ def load_model_by_name(name: str, backend: str | None = None, **opts: Any) -> An
             installed ones and the ``pip install`` to run), or no backend can run here;
             when ``GENLM_BACKENDS`` hid plugins, the message names its value and them.
         BackendUnavailableError: it is installed but cannot run on this machine.
-        ImportError: the named backend's code cannot be imported.
+        ImportError: the named backend's code cannot be imported (the message names the
+            backend, its plugin and distribution, and its loader).
         BackendError: the loader returned something that is not an ``AsyncLM``.
     """
     return get_registry().load_model(name, backend, **opts)
