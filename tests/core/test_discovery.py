@@ -452,6 +452,34 @@ class TestIsolation:
         )
         assert "no GPU driver" in spec.unavailable_reason()
 
+    @pytest.mark.parametrize("returned", [True, False, "", "  ", 0, ["no GPU"]])
+    def test_a_probe_returning_neither_none_nor_a_reason_is_broken(self, returned):
+        """A probe returning True, False, a blank string or another non-string is broken,
+        like one that raises: the backend is unavailable, the reason naming what the probe
+        returned and what it should (True made it "unavailable: True", "" unavailable
+        with no reason)."""
+        spec = BackendSpec(
+            name="p", loader=MOCK_LOADER, distribution="d", plugin_api=1, probe=lambda: returned
+        )
+        reason = spec.unavailable_reason()
+        assert reason.startswith(f"availability probe failed: it returned {returned!r}, ")
+        assert "None" in reason and "non-empty string" in reason
+        reg = _registry_of(spec)
+        with pytest.raises(BackendUnavailableError, match="availability probe failed"):
+            reg.select("p")
+
+    def test_a_probe_reason_is_the_backends(self):
+        """A probe's reason (a string) is the reason; None means available."""
+        for returned in (None, "no CUDA GPU"):
+            spec = BackendSpec(
+                name="p",
+                loader=MOCK_LOADER,
+                distribution="d",
+                plugin_api=1,
+                probe=lambda returned=returned: returned,
+            )
+            assert spec.unavailable_reason() == returned
+
     def test_keyboard_interrupt_at_import_propagates(self, make_module, installed):
         """Ctrl-C during a slow plugin import still stops the program."""
         interrupted = make_module("raise KeyboardInterrupt\n")

@@ -54,7 +54,9 @@ class BackendSpec:
             imported only when the backend is loaded.
         distribution: the pip distribution providing it (for ``pip install`` hints).
         probe: a callable (or its ``"module:callable"`` path) returning None when the
-            backend can run here, or a short reason why not. Must be cheap: no heavy imports.
+            backend can run here, or a short reason why not (a non-empty string; anything
+            else is a broken probe, see :meth:`unavailable_reason`). Must be cheap: no
+            heavy imports.
         priority: auto-selection rank; the available backend with the highest wins.
         auto_select: whether ``backend=None`` may pick it at all (default False: a backend
             serves users who name none only when its plugin says so).
@@ -112,7 +114,9 @@ class BackendSpec:
         Checks what is cheap to check without importing the backend: that the loader's
         module exists (``importlib.util.find_spec``, which imports its parent packages
         only), then the plugin's own probe. A probe that raises (``SystemExit``
-        included) makes the backend unavailable rather than breaking the caller.
+        included), or returns anything but None or a non-empty string (``True``,
+        ``False``, ``""``), is broken: the backend is unavailable, the reason saying so,
+        rather than the caller breaking.
 
         Returns:
             None, or a short reason such as ``"missing torch: pip install ..."``.
@@ -136,11 +140,17 @@ class BackendSpec:
             return None
         try:
             probe = _resolve(self.probe) if isinstance(self.probe, str) else self.probe
-            return probe()
+            reason = probe()
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # a broken probe must not break discovery
             return f"availability probe failed: {exc!r}"
+        if reason is None or (isinstance(reason, str) and reason.strip()):
+            return reason
+        return (  # True or "" read as a reason would say "unavailable: True"
+            f"availability probe failed: it returned {reason!r}, where a probe returns None "
+            "(the backend can run here) or a non-empty string saying why not"
+        )
 
     def import_loader(self) -> Callable[..., Any]:
         """Import the loader's module (the backend's heavy imports happen here).
