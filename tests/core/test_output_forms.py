@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from genlm.core import InvalidContextError, UnknownVariantError
+from genlm.core import BackendError, InvalidContextError, UnknownVariantError
 from genlm.core.backend import sample_token
 from genlm.core.mock import MockLM, mock_logprobs
 
@@ -96,6 +96,33 @@ def test_a_request_names_a_served_variant():
     with pytest.raises(KeyError, match="'a'; loaded: none"):  # adapters, none loaded yet
         unloaded.next_token_logprobs_sync([0], variant="a")
     unloaded.close()
+
+
+def test_an_unhashable_current_variant_names_the_hook():
+    """A backend whose ``_variant()`` returns a dict fails every call, single or batch,
+    sync or async, with a BackendError naming the backend and the hook (it was a bare
+    "unhashable type: 'dict'"); a hashable one is served as before."""
+
+    class DictVariant(MockLM):
+        def _variant(self):
+            return {"adapter": "a", "scale": 1.0}
+
+    lm = DictVariant(VOCAB, name="dicts")
+    calls = [
+        lambda: lm.next_token_logprobs_sync([0]),
+        lambda: lm.batch_next_token_logprobs_sync([[0], [1]]),
+        lambda: asyncio.run(lm.next_token_logprobs([0])),
+        lambda: lm.validate_request([0]),
+    ]
+    for call in calls:
+        with pytest.raises(BackendError, match=r"DictVariant 'dicts': _variant\(\) returned"):
+            call()
+    with pytest.raises(BackendError, match="_variant must return a hashable variant"):
+        lm.next_token_logprobs_sync([0])
+    lm.close()
+    frozen = type("Frozen", (MockLM,), {"_variant": lambda self: ("adapter", "a")})(VOCAB)
+    assert frozen.validate_request([0]) == (("adapter", "a"), (0,))
+    frozen.close()
 
 
 def draws(prompt, shift, max_tokens, rng):

@@ -58,6 +58,9 @@ class BackendError(GenLMError, RuntimeError):
     Loading: ``load_model_by_name`` raises it, naming the plugin, its distribution and
     what the loader returned, when that lacks a member of :class:`~genlm.core.AsyncLM`.
 
+    A request: raised when it is made if the backend's ``_variant()`` hook returns
+    something unhashable (a dict), which cannot be part of a cache key.
+
     A batch: raised to every waiter of that batch (nothing of it is cached) when the
     backend returns rows of the wrong shape or type, rows that are not log-probabilities
     (NaN, ``+inf``, every entry ``-inf``, visibly unnormalized), or raises an exception

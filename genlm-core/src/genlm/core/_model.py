@@ -90,8 +90,9 @@ class BatchedLM(abc.ABC):
     (an adapter not loaded: ``UnknownVariantError``, also a ``KeyError``);
     ``ModelClosedError`` once closed;
     ``BackendError`` when the backend returns rows that are not normalized
-    log-probabilities of the vocabulary's width. Sampling arguments are checked by
-    ``check_sampling_args`` (``TypeError``/``ValueError``) before any work.
+    log-probabilities of the vocabulary's width (or its :meth:`_variant` is unhashable).
+    Sampling arguments are checked by ``check_sampling_args`` (``TypeError``/``ValueError``)
+    before any work.
 
     Args:
         vocab: the model's byte vocabulary; its length is the width of every
@@ -198,7 +199,9 @@ class BatchedLM(abc.ABC):
     def _variant(self) -> Hashable:
         """What besides the context changes the result (e.g. the active adapter).
 
-        It is part of every cache key and is captured when a request is made.
+        It is part of every cache key and is captured when a request is made, so it must
+        be hashable (a name, a tuple, a frozen object): an unhashable one (a dict) fails
+        every request with a ``BackendError`` naming this hook.
         """
         return None
 
@@ -315,10 +318,28 @@ class BatchedLM(abc.ABC):
             raise InvalidContextError(f"contexts[{index}]: {exc}") from None
 
     def _request_variant(self, variant: Hashable) -> Hashable:
-        """The variant a request is made for, checked first (the model must be open)."""
+        """The variant a request is made for, checked first (the model must be open).
+
+        Raises:
+            BackendError: :meth:`_variant` returned something unhashable (a dict): the
+                backend's fault, named here rather than as a bare ``TypeError`` where the
+                request is hashed.
+        """
         if self._closed:
             raise ModelClosedError(f"{self.name} is closed")
-        return self._variant() if variant is CURRENT_VARIANT else self._check_variant(variant)
+        if variant is not CURRENT_VARIANT:
+            return self._check_variant(variant)
+        current = self._variant()
+        if current is not None:  # the common case costs nothing more
+            try:
+                hash(current)
+            except TypeError:
+                raise BackendError(
+                    f"{self._label()}: _variant() returned {current!r}, which is unhashable "
+                    f"({type(current).__name__}); _variant must return a hashable variant "
+                    "(it is part of every request's cache key)"
+                ) from None
+        return current
 
     def _validate_ids(self, token_ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
         """One context's ids as a tuple, checked against the vocabulary and the length limit."""
