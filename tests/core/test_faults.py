@@ -261,6 +261,33 @@ class TestClose:
         np.testing.assert_allclose(run(main()), lm.expected((1,)), atol=1e-6)
         assert lm.batches == [[(1,)]] and lm.released.is_set()
 
+    def test_close_lets_every_batch_handed_to_the_worker_deliver(self, blocked):
+        """close() fails what is still queued in the scheduler, while every batch already
+        handed to the worker delivers: the running one and the one waiting behind it (a
+        loop hands over up to max_in_flight, two by default), then the release runs."""
+        lm, gate = blocked
+
+        async def main():
+            running = await start_blocked_batch(lm)
+            handed = asyncio.ensure_future(lm.next_token_logprobs([2]))
+            await until(lambda: lm.worker._queue.qsize() == 1)  # waits behind the running one
+            queued = asyncio.ensure_future(lm.next_token_logprobs([3]))  # no slot: stays queued
+            await asyncio.sleep(0.01)
+            closer = threading.Thread(target=lm.close)
+            closer.start()
+            await until(lambda: lm._closed)
+            gate.set()
+            rows = await asyncio.wait_for(asyncio.gather(running, handed), 5)
+            with pytest.raises(ModelClosedError):
+                await asyncio.wait_for(queued, 5)
+            closer.join(5)
+            assert not closer.is_alive()
+            return rows
+
+        for context, row in zip([(1,), (2,)], run(main())):
+            np.testing.assert_allclose(row, lm.expected(context), atol=1e-6)
+        assert lm.batches == [[(1,)], [(2,)]] and lm.released.is_set()
+
     def test_sync_close_on_the_loop_thread_fails_its_queued_requests(self, blocked):
         """close() called by a coroutine blocks its own loop until the release, then the
         loop's queued requests fail with ModelClosedError as soon as it resumes."""

@@ -599,7 +599,7 @@ class BatchedLM(abc.ABC):
         backend's release on the worker right behind the calls already there as its last
         call (one step with the worker's close, so no batch can run after the release).
         Nothing here waits, so a cancelled :meth:`aclose` still releases the backend as soon
-        as the running batch ends. Returns the release's future.
+        as the batches handed to the worker end. Returns the release's future.
         """
         with self._close_lock:
             if self._release is None:
@@ -613,7 +613,8 @@ class BatchedLM(abc.ABC):
             return self._release
 
     async def aclose(self) -> None:
-        """Fail queued requests, finish running ones, release the backend and the worker.
+        """Fail queued requests, let the batches handed to the worker (running or waiting
+        behind it) deliver, then release the backend and the worker.
 
         Idempotent, and safe to cancel: the release goes ahead anyway, and a later
         ``aclose()`` or ``close()`` returns once it is done.
@@ -631,9 +632,9 @@ class BatchedLM(abc.ABC):
         """Blocking :meth:`aclose`, for code outside an event loop (or on any thread).
 
         Requests queued on any event loop fail with :class:`ModelClosedError`; the
-        running batch finishes first. Called on the worker thread itself (a backend
-        closing its model), it starts the release, empties the output cache and returns
-        without waiting for the release.
+        batches already handed to the worker finish and deliver first. Called on the worker
+        thread itself (a backend closing its model), it starts the release, empties the
+        output cache and returns without waiting for the release.
         """
         release = self._begin_close()
         if self.worker.on_worker_thread():
