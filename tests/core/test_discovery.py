@@ -149,19 +149,15 @@ class TestPrecedence:
         """One plugin registering `bar` twice with different specs (say cpu and gpu), as
         its owner or not, gets one line saying so, not advice to uninstall all but one of
         its own claims; the name goes to nobody."""
-
-        def spec(description):
-            return BackendSpec(
-                name="bar",
-                loader=MOCK_LOADER,
-                distribution=distribution,
-                plugin_api=1,
-                description=description,
-            )
-
         reg = Registry()
         reg.register_plugins(
-            [("bar", distribution, plugin_module("bar", spec("cpu"), spec("gpu")))]
+            [
+                (
+                    "bar",
+                    distribution,
+                    plugin_module("bar", _bar(distribution, "cpu"), _bar(distribution, "gpu")),
+                )
+            ]
         )
         assert "bar" not in reg.backends
         [error] = reg.errors
@@ -172,22 +168,12 @@ class TestPrecedence:
     def test_an_intruder_is_told_the_name_is_the_owners_when_the_owner_registers_it_twice(self):
         """The owner's double registration voids its claims, and a third party claiming the
         name is still told the name belongs to the owner."""
-
-        def spec(distribution, description):
-            return BackendSpec(
-                name="bar",
-                loader=MOCK_LOADER,
-                distribution=distribution,
-                plugin_api=1,
-                description=description,
-            )
-
         owner, other = "genlm-backend-bar", "acme-bar"
         reg = Registry()
         reg.register_plugins(
             [
-                ("bar", owner, plugin_module("bar", spec(owner, "cpu"), spec(owner, "gpu"))),
-                ("acme", other, plugin_module("acme", spec(other, "fast"))),
+                ("bar", owner, plugin_module("bar", _bar(owner, "cpu"), _bar(owner, "gpu"))),
+                ("acme", other, plugin_module("acme", _bar(other, "fast"))),
             ]
         )
         assert "bar" not in reg.backends
@@ -562,3 +548,14 @@ def _registry_of(*specs: BackendSpec) -> Registry:
         [(s.name, f"genlm-backend-{s.name}", plugin_module(s.name, s)) for s in specs]
     )
     return reg
+
+
+def _bar(distribution: str, description: str) -> BackendSpec:
+    """A spec of the mock loader under the name ``bar``, from ``distribution``."""
+    return BackendSpec(
+        name="bar",
+        loader=MOCK_LOADER,
+        distribution=distribution,
+        plugin_api=1,
+        description=description,
+    )
