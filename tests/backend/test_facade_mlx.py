@@ -61,8 +61,7 @@ def test_clear_kv_cache_and_clear_cache_free_the_kv_and_mlx_buffers():
         llm.clear_kv_cache()
         assert llm.core_lm.kv_cache.nbytes == 0 and mx.get_cache_memory() == 0
         assert llm.next_token_logprobs_sync(context).equal(row)  # the cached row
-        llm.next_token_logprobs_sync(context + [378])
-        assert mx.get_cache_memory() > 0
+        llm.next_token_logprobs_sync(context + [378])  # freed temporaries MLX may keep
         llm.clear_cache()
         assert llm.core_lm.kv_cache.nbytes == 0 and mx.get_cache_memory() == 0
     finally:

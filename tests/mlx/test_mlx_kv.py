@@ -68,7 +68,8 @@ def test_clear_kv_cache_drops_the_kv_and_mlx_buffers_and_keeps_the_rows(stories)
     lm = MLXLM(spy, tokenizer)
     prompt = [1, 403, 407, 261, 378, 432]
     row = lm.next_token_logprobs_sync(prompt)
-    assert mx.get_cache_memory() > 0  # the forward's temporaries, kept by MLX for reuse
+    # MLX keeps the forward's freed temporaries for reuse (newer releases do on the CPU
+    # too; 0.29's CPU allocator keeps none, and then there is nothing to free).
     lm.clear_kv_cache()
     assert mx.get_cache_memory() == 0
     assert lm.kv_cache.nbytes == 0 and lm.kv_cache.live is None
