@@ -79,7 +79,8 @@ def test_a_model_padded_beyond_its_tokenizer_lists_the_tokenizers_tokens():
     ``byte_vocab``/``str_vocab`` are ``decode_vocab(tokenizer)``'s 512 entries, as 0.3.1's
     are (genlm-control slices rows to their length); rows keep the model's 600 logits,
     normalized over all of them; ``vocab`` (core's, as wide as the rows) holds the padding
-    as unused ids. A trie of ``byte_vocab`` refuses the wider rows, naming both widths."""
+    as unused ids. A trie of ``byte_vocab`` reads the wider rows up to its length, as
+    0.3.1's did (it refused them), and refuses narrower ones, naming both widths."""
     import transformers
 
     from genlm.core.backend import resolve_model_path
@@ -102,8 +103,13 @@ def test_a_model_padded_beyond_its_tokenizer_lists_the_tokenizers_tokens():
         with torch.inference_mode():
             logits = model(torch.tensor([context])).logits[0, -1]
         torch.testing.assert_close(row.double(), torch.log_softmax(logits, -1), atol=1e-6, rtol=0)
-        with pytest.raises(ValueError, match=r"\(600,\) do not match a vocabulary of 512"):
-            TokenCharacterTrie(decode=llm.byte_vocab).weight_sum(row.exp())
+        trie = TokenCharacterTrie(decode=llm.byte_vocab)
+        masses = trie.weight_sum(row.exp())
+        np.testing.assert_array_equal(masses, trie.weight_sum(row[:512].exp()))
+        batch = trie.batch_weight_sum(torch.stack([row, row]).exp())
+        np.testing.assert_array_equal(batch, np.stack([masses, masses]))
+        with pytest.raises(ValueError, match=r"\(500,\) do not match a vocabulary of 512"):
+            trie.weight_sum(row[:500].exp())
     finally:
         llm.close()
 

@@ -390,12 +390,13 @@ def test_with_mode_and_lazy_trie_states():
                 lp = probs.ps
                 assert lp.shape == (258,)
                 chart = probs.materialize()
-                assert chart[None] == probs[None] == lp[256]  # end of token
+                assert chart[None] == probs[None] == probs[256] == lp[256]  # end of token
                 assert chart[257] == probs[257] == lp[257]  # EOS
                 assert all(chart[b] == probs[b] == lp[b] for b in range(256))
                 assert probs.pretty()[b"a"] == lp[ord("a")]
-                with pytest.raises(KeyError, match="None .end of token."):
-                    probs[256]
+                for key in (258, -1, 1.0, True):
+                    with pytest.raises(ValueError, match="257 .EOS."):
+                        probs[key]
                 assert np.exp(lp).sum() == pytest.approx(1.0, abs=1e-12)
                 for byte, child in s.actions().items():
                     assert lp[byte] == pytest.approx(s.mass[child] - s.mass[s.node], abs=1e-9)

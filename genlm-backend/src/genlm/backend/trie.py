@@ -144,8 +144,13 @@ class TokenCharacterTrie:
         ``list[torch.Tensor | np.ndarray]``): tensor rows are stacked by torch
         (:func:`_stacked`), since numpy reads neither bfloat16 nor device tensors.
 
+        Rows wider than ``decode`` are read up to its length: a model whose logit rows are
+        padded beyond its tokenizer gives rows wider than its ``byte_vocab`` (which lists
+        the tokenizer's tokens), and 0.3.1's trie ignored the padding likewise.
+
         Raises:
-            ValueError: ``ws`` is not one weight per entry (a ``(B, V)`` batch if ``batched``).
+            ValueError: ``ws`` has fewer weights than entries, or is not a ``(B, V)`` batch
+                where ``batched``.
             TypeError: ``ws`` is complex (a cast would drop the imaginary parts).
         """
         if batched and isinstance(ws, (list, tuple)) and any(map(is_torch, ws)):
@@ -159,12 +164,12 @@ class TokenCharacterTrie:
             ws = np.asarray(ws)
             check_real(ws)  # a list of complex rows is complex only from here
             ws = ws.astype(np.float64, copy=False)
-        if ws.ndim != (2 if batched else 1) or ws.shape[-1] != len(self.decode):
+        if ws.ndim != (2 if batched else 1) or ws.shape[-1] < len(self.decode):
             raise ValueError(
                 f"weights of shape {tuple(ws.shape)} do not match a vocabulary of "
                 f"{len(self.decode)}" + (" (expected a batch of rows)" if batched else "")
             )
-        return ws
+        return ws[..., : len(self.decode)]
 
     def _with_leaves(self, prefix: Any, w: Any, use_max: bool) -> np.ndarray:
         """Core's prefix values, each entry's weight at its leaf and the words' nodes.

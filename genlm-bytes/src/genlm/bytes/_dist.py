@@ -178,18 +178,19 @@ class LazyByteProbs:
             )
 
     def __getitem__(self, key: int | None) -> float:
-        """The log-probability of byte ``key`` (0..255), of the end of token (None) or of
-        EOS (257).
+        """The log-probability of byte ``key`` (0..255), of the end of token (None, or its
+        index 256) or of EOS (257), as 0.2 reads them.
 
         Raises:
-            KeyError: any other key (256 included: the end of token is None, as in 0.2).
+            ValueError: any other key (0.2's error for an index past 257).
         """
         if key is None:
             return float(self.ps[256])
-        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-            if 0 <= key <= 255 or key == 257:
-                return float(self.ps[key])
-        raise KeyError(f"expected a byte 0..255, None (end of token) or 257 (EOS), got {key!r}")
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool) and 0 <= key <= 257:
+            return float(self.ps[key])
+        raise ValueError(
+            f"expected a byte 0..255, None or 256 (end of token) or 257 (EOS), got {key!r}"
+        )
 
     def materialize(self) -> Chart:
         """A :class:`Chart` of the log-probabilities (``zero`` -inf) keyed by byte value
