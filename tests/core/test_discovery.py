@@ -305,15 +305,17 @@ class TestAvailability:
         [
             ("raise ImportError('libfoo.so missing')\n", "load", "libfoo.so missing"),
             ("def load(model, **opts):\n    pass\n", "Nope", "cannot import name 'Nope'"),
+            ("import genlm_no_such_dependency\n", "load", "'genlm_no_such_dependency'"),
         ],
-        ids=["module-raises", "no-such-callable"],
+        ids=["module-raises", "no-such-callable", "missing-dependency"],
     )
     def test_a_named_backend_whose_loader_fails_to_import_is_named(
         self, make_module, monkeypatch, source, attribute, original
     ):
         """backend='top' whose loader module raises ImportError, or lacks the callable the
         loader names: an ImportError naming the backend, its plugin and distribution and the
-        loader string, with the original error (an AttributeError was bare)."""
+        loader string, with the original error (an AttributeError was bare), of the
+        original's class (a missing dependency stays a ModuleNotFoundError)."""
         module = make_module(source)
         reg = _registry_of(
             BackendSpec(name="top", loader=f"{module}:{attribute}", distribution="d", plugin_api=1)
@@ -327,7 +329,7 @@ class TestAvailability:
             f"loader {module}:{attribute}: "
         )
         assert original in message
-        assert isinstance(raised.value.__cause__, (ImportError, AttributeError))
+        assert type(raised.value) is type(raised.value.__cause__)
 
     def test_loader_errors_are_not_masked_by_fallback(self, make_module, monkeypatch):
         """A loader that imports fine but rejects the model raises; no other backend is tried."""

@@ -424,7 +424,7 @@ class Registry:
             try:
                 loader = spec.import_loader()
             except ImportError as exc:  # which backend, whose, and what failed to import
-                raise ImportError(
+                raise type(exc)(  # ModuleNotFoundError stays one
                     f"{self._culprit(spec)}: cannot import its loader {spec.loader}: {exc}",
                     name=exc.name,
                     path=exc.path,
