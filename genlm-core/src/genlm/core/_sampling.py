@@ -13,11 +13,14 @@ from __future__ import annotations
 import math
 import operator
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import numpy as np
 
 from genlm.core._validation import is_integer, is_real
+
+_T = TypeVar("_T")
 
 #: The smallest positive temperature, about ``5.6e-309``: below it ``1 / temperature``
 #: overflows float64.
@@ -82,7 +85,7 @@ def seed_streams(seed: object, n: int) -> list[np.random.Generator]:
     return [np.random.default_rng(s) for s in root.spawn(n)]
 
 
-def _seeded(make, seed: object):
+def _seeded(make: Callable[[Any], _T], seed: object) -> _T:
     """``make(seed)``; numpy's error about ``seed`` re-raised naming the argument."""
     try:
         return make(seed)
