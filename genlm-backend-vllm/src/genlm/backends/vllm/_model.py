@@ -475,7 +475,7 @@ class VLLMLM(BatchedLM):
         a request once its ``abandoned`` is set (its caller was cancelled; its output is
         missing then, and nobody reads it), the others running on, and every unfinished
         request once the model is closing, which it raises. A row batch finishes, as core
-        lets every running batch finish.
+        lets every batch handed to the worker finish.
 
         Raises:
             ModelClosedError: a generation was stopped by the model's close.

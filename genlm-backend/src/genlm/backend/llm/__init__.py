@@ -395,7 +395,8 @@ class _CoreBacked(AsyncLM):
         self.core_lm.close()
 
     async def aclose(self) -> None:
-        """Awaitable :meth:`close`: fails queued requests and waits for the running batch."""
+        """Awaitable :meth:`close`: fails queued requests and lets the batches already
+        handed to the worker deliver."""
         await self.core_lm.aclose()
 
     async def __aenter__(self) -> Self:
