@@ -328,6 +328,9 @@ def test_async_lm_base_class_samples_with_cores_sampler():
             assert mine == [t for t in core_draw if t != 3]
     with pytest.raises(ValueError, match="temperature"):
         asyncio.run(lm.sample([1, 2], 3, [3], temperature=-1.0))
+    for bad, error in ((-1, ValueError), (1.5, TypeError), ("7", TypeError)):
+        with pytest.raises(error, match="seed must be None or a non-negative integer"):
+            asyncio.run(lm.sample([1, 2], 3, [3], seed=bad))
     core.close()
 
 

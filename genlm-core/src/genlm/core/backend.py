@@ -59,6 +59,7 @@ if _TYPE_CHECKING:
     from genlm.core._sampling import check_temperature as check_temperature
     from genlm.core._sampling import eos_id_set as eos_id_set
     from genlm.core._sampling import sample_token as sample_token
+    from genlm.core._sampling import seeded_rng as seeded_rng
     from genlm.core._scheduler import AutoBatcher as AutoBatcher
     from genlm.core._validation import checked_count as checked_count
     from genlm.core._validation import checked_seconds as checked_seconds

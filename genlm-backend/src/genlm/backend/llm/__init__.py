@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, Self
 
-import numpy as np
 import torch
 
 from genlm.backend.tokenization import _read_vocab, vocab_lists
@@ -35,6 +34,7 @@ from genlm.core.backend import (
     get_registry,
     resolve_model_path,
     sample_token,
+    seeded_rng,
 )
 
 
@@ -147,11 +147,11 @@ class AsyncLM(ABC):
             The drawn token ids, EOS excluded.
 
         Raises:
-            TypeError, ValueError: bad ``max_tokens`` or ``temperature``, or an EOS id that
-                is not an integer, before any work.
+            TypeError, ValueError: bad ``max_tokens``, ``temperature`` or ``seed``, or an
+                EOS id that is not an integer, before any work.
         """
         check_sampling_args(max_tokens, temperature)
-        rng = np.random.default_rng(seed)
+        rng = seeded_rng(seed)
         eos = eos_id_set(eos_token_ids, ())
         lora = _lora_option(lora_name)
         out: list[int] = []
