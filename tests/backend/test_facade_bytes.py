@@ -93,3 +93,42 @@ def test_genlm_bytes_takes_a_subclass_of_the_documented_base_class(hf_llm):
     for (z1, ps1), (z2, ps2) in zip(asyncio.run(walk(user)), asyncio.run(walk(hf_llm.core_lm))):
         assert z1 == z2 and np.isfinite(z1)
         np.testing.assert_array_equal(ps1, ps2)
+
+
+def test_a_single_state_starts_from_a_facade_model_and_its_trie(hf_llm):
+    """``LazyTrieState.initial(llm, AsyncTokenByteTrie.from_vocab(llm.byte_vocab, ...))``,
+    as 0.2 programs write it, takes the facade model and its token list. Walking a text
+    (a token ends where the next byte cannot continue it), each whole partial token
+    ``extend``s to the weight its ids have in the facade's own rows."""
+    from genlm.bytes import AsyncTokenByteTrie, LazyTrieState
+
+    eos = hf_llm.byte_vocab[hf_llm.tokenizer.eos_token_id].byte_string
+    trie = AsyncTokenByteTrie.from_vocab(hf_llm.byte_vocab, eos_tokens=[eos])
+    specials = set(hf_llm.vocab.special_ids)
+
+    def logp(context):
+        """log P(context[1:] | BOS) from the facade's rows."""
+        rows = [hf_llm.next_token_logprobs_sync(list(context[:i])) for i in range(1, len(context))]
+        return sum(float(r[t]) for r, t in zip(rows, context[1:]))
+
+    async def walk():
+        state = await LazyTrieState.initial(hf_llm, trie).materialize()
+        ended = []
+        for b in b" Once upon a time":
+            if state << b is None:
+                extended = state.extend()
+                ids = [
+                    t.token_id
+                    for t in hf_llm.byte_vocab
+                    if t.byte_string == state.partial and t.token_id not in specials
+                ]
+                assert ids == [state.get_EOT()]
+                ended.append(ids[0])
+                expected = logp(extended.candidate.context)
+                assert extended.weight == pytest.approx(expected, abs=1e-9)
+                state = await extended.materialize()
+            state = state << b
+        assert len(ended) > 2
+        await state.cleanup()
+
+    asyncio.run(walk())

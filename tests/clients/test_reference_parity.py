@@ -11,6 +11,8 @@ genlm-backend/README.md). Equal rows show the failure is the stand-in model's, n
 
 ``padded_vocab.py`` runs the same way: a model whose logit rows are wider than its tokenizer
 must show genlm-backend's API and genlm-control's ``PromptedLLM`` what the reference shows.
+So does ``trie_state_path.py``: a single ``LazyTrieState`` ending tokens (``get_EOT``,
+``extend``) as the reference's does.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import pytest
 REFERENCE = os.environ.get("GENLM_REFERENCE_PATH")
 SCRIPT = Path(__file__).with_name("bytellm_path.py")
 PADDED_SCRIPT = Path(__file__).with_name("padded_vocab.py")
+TRIE_STATE_SCRIPT = Path(__file__).with_name("trie_state_path.py")
 #: Both sides run the same float32 model; their byte masses are float64 sums of its rows.
 ATOL = 1e-4
 
@@ -85,3 +88,31 @@ def test_a_model_padded_beyond_its_tokenizer_looks_as_on_the_reference():
         assert len(mine) == len(theirs) and [v is None for v in mine] == [v is None for v in theirs]
         assert max(abs(a - b) for a, b in zip(mine, theirs) if a is not None) <= ATOL
     assert {len(row) for row in ours["rows"]} == {600}
+
+
+def test_a_single_state_ends_tokens_as_on_the_reference():
+    """Along a greedy walk, ``get_EOT()`` is None where the reference finds no token end,
+    and ``extend()`` has the weight of all the reference's ``extend_all`` states (the ids
+    spelling the partial; two do on this path), whose lowest ``get_EOT()`` names, and
+    the same next-symbol row once materialized (both go on after the heaviest id). Byte
+    ``<`` is left out of the rows: 0.2.0 spells the special tokens' text (``<s>``), which
+    is atomic here."""
+    ref_root = Path(REFERENCE).resolve()
+    ours, ref = run(None, TRIE_STATE_SCRIPT), run(str(ref_root), TRIE_STATE_SCRIPT)
+    assert not Path(ours["bytes_module"]).resolve().is_relative_to(ref_root)
+    assert Path(ref["bytes_module"]).resolve().is_relative_to(ref_root)
+    duplicates = 0
+    for mine, theirs in zip(ours["steps"], ref["steps"], strict=True):
+        where = f"at partial {bytes.fromhex(mine['partial'])!r}"
+        assert (mine["partial"], mine["whole"]) == (theirs["partial"], theirs["whole"]), where
+        assert abs(mine["weight"] - theirs["weight"]) <= ATOL, where
+        assert ("ids" in mine) == ("ids" in theirs), where
+        if "ids" not in mine:
+            continue
+        assert mine["ids"] == [min(theirs["ids"])], where
+        duplicates += len(theirs["ids"]) > 1
+        assert abs(mine["ended"] - theirs["ended"]) <= ATOL, where
+        rows = [(a, b) for i, (a, b) in enumerate(zip(mine["ps"], theirs["ps"])) if i != ord("<")]
+        assert [a is None for a, _ in rows] == [b is None for _, b in rows], where
+        assert max(abs(a - b) for a, b in rows if a is not None) <= ATOL, where
+    assert duplicates

@@ -33,11 +33,11 @@ if _TYPE_CHECKING:
     from genlm.bytes.byte_lm.beam import ByteBeamState as ByteBeamState
     from genlm.bytes.byte_lm.lm_state import StatefulTokenizedLM as StatefulTokenizedLM
     from genlm.bytes.byte_lm.trie_state import LazyTrieState as LazyTrieState
-    from genlm.bytes.byte_lm.trie_state import TrieMode as TrieMode
     from genlm.bytes.trie import AsyncEosModeTrie as AsyncEosModeTrie
     from genlm.bytes.trie import AsyncTokenByteTrie as AsyncTokenByteTrie
     from genlm.bytes.trie import EosModeTrie as EosModeTrie
     from genlm.bytes.trie import TokenByteTrie as TokenByteTrie
+    from genlm.bytes.trie import TrieMode as TrieMode
 
 _EXPORTS = _type_checking_exports(__file__)
 

@@ -16,6 +16,7 @@ published docs say.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +24,6 @@ import numpy as np
 
 from genlm.bytes._aliases import either_byte_strings, either_name
 from genlm.bytes._eos import split_eos
-from genlm.bytes.byte_lm.trie_state import TrieMode
 from genlm.core import AsyncTokenByteTrie as CoreAsyncTrie
 from genlm.core import TokenByteTrie as CoreTrie
 from genlm.core.backend import check_real, is_torch
@@ -35,6 +35,23 @@ __all__ = [
     "TokenByteTrie",
     "TrieMode",
 ]
+
+
+class TrieMode(enum.Enum):
+    """How EOS tokens that are ordinary text count (the published API's trie modes; here,
+    as in genlm-bytes 0.2, and also at ``genlm.bytes.byte_lm.trie_state``).
+
+    ``WITH_EOS``: they end the sequence (a state's EOS mode). ``WITHOUT_EOS``: they count
+    as the text they spell, as while prefilling.
+    """
+
+    WITH_EOS = "with_eos"
+    WITHOUT_EOS = "without_eos"
+
+    @classmethod
+    def of(cls, eos_mode: bool) -> TrieMode:
+        """``WITH_EOS`` if ``eos_mode``, else ``WITHOUT_EOS``."""
+        return cls.WITH_EOS if eos_mode else cls.WITHOUT_EOS
 
 
 def _as_numpy(ws: Any) -> np.ndarray:

@@ -18,7 +18,7 @@ from genlm.bytes._beam import BeamState
 from genlm.bytes._dist import NextByteLogprobs
 from genlm.bytes._model import ByteModel, check_beam_options, log_threshold
 from genlm.bytes._types import Candidate
-from genlm.bytes.byte_lm.trie_state import LazyTrieState, TrieMode
+from genlm.bytes.byte_lm.trie_state import LazyTrieState, TrieMode, bos_token
 
 __all__ = ["BeamParams", "ByteBeamState"]
 
@@ -194,9 +194,7 @@ class ByteBeamState(BeamState):
         if unknown:
             raise TypeError(f"unknown trie option(s) {sorted(unknown)}")
         model = ByteModel(llm, **params.byte_lm_options())
-        bos = llm.vocab.bos_token_id
-        if bos is None:
-            raise ValueError("the vocabulary has no BOS token; use ByteLM(lm).initial(ids)")
+        bos = bos_token(llm)
         state = cls.at_context(model, (bos,))
         [start] = await model.next_tokens([(bos,)], state.eos_mode)
         return state._derive([Candidate((bos,), 0.0, model.trie.root, start, 0.0)])

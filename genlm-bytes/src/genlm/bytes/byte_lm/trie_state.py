@@ -1,5 +1,6 @@
 """``LazyTrieState`` and ``TrieMode``: one beam candidate seen through the published
-genlm-bytes 0.2 API (``genlm.bytes.byte_lm.trie_state``).
+genlm-bytes 0.2 API (``genlm.bytes.byte_lm.trie_state``; ``TrieMode`` is defined in
+``genlm.bytes.trie``, as in 0.2).
 
 A view of a :class:`Candidate` (token context, partial token = trie node, weight) and its
 model; it computes nothing of its own beyond reading the candidate's masses.
@@ -7,35 +8,16 @@ model; it computes nothing of its own beyond reading the candidate's masses.
 
 from __future__ import annotations
 
-import enum
-from typing import TYPE_CHECKING
+from typing import Any
 
 import attrs
 import numpy as np
 
 from genlm.bytes._dist import LazyByteProbs, logsumexp
+from genlm.bytes._model import ByteModel
 from genlm.bytes._types import Candidate
 from genlm.bytes.byte_lm.lm_state import StatefulTokenizedLM
-
-if TYPE_CHECKING:
-    from genlm.bytes._model import ByteModel
-
-
-class TrieMode(enum.Enum):
-    """How EOS tokens that are ordinary text count (the published API's trie modes).
-
-    ``WITH_EOS``: they end the sequence (a state's EOS mode). ``WITHOUT_EOS``: they count
-    as the text they spell, as while prefilling.
-    """
-
-    WITH_EOS = "with_eos"
-    WITHOUT_EOS = "without_eos"
-
-    @classmethod
-    def of(cls, eos_mode: bool) -> TrieMode:
-        """``WITH_EOS`` if ``eos_mode``, else ``WITHOUT_EOS``."""
-        return cls.WITH_EOS if eos_mode else cls.WITHOUT_EOS
-
+from genlm.bytes.trie import AsyncEosModeTrie, EosModeTrie, TrieMode
 
 #: Indices of the published API's next-symbol arrays: 256 bytes, then end of token
 #: (a token boundary here), then end of sequence.
@@ -65,6 +47,44 @@ class LazyTrieState:
     candidate: Candidate
     eos_mode: bool = True
     data: bytes = b""
+
+    @classmethod
+    def initial(
+        cls, lm: Any, trie: AsyncEosModeTrie | EosModeTrie, mode: TrieMode = TrieMode.WITH_EOS
+    ) -> LazyTrieState:
+        """The state right after ``lm``'s BOS token: at the trie root, weight 0, not yet
+        materialized (``await state.materialize()`` fetches the row), as 0.2's.
+
+        Args:
+            lm: the token model, a genlm-core ``AsyncLM`` (``genlm.backend``'s models are
+                ones) whose vocabulary has a BOS token.
+            trie: a ``genlm.bytes.trie.AsyncTokenByteTrie`` or ``TokenByteTrie`` of
+                ``lm``'s tokens, as 0.2 programs make it
+                (``AsyncTokenByteTrie.from_vocab(lm.byte_vocab, eos_tokens=[...])``): its
+                EOS strings end the sequence. It is only read: the masses are computed on
+                the trie of ``lm``'s vocabulary (the same tokens, special ones atomic).
+            mode: a :class:`TrieMode` or its value.
+
+        Each call makes a byte model of its own (its own mass cache) with
+        :class:`genlm.bytes.ByteLM`'s default beam options, so the states that come from
+        one call belong together, and ``ByteBeamState(states, params)`` takes those
+        options: ``BeamParams(K=16, heal_max_splits=8, eos_tokens=<the trie's>)``. To
+        choose a beam's options, start it with ``ByteBeamState.initial(lm, params)``.
+
+        Raises:
+            TypeError: ``lm`` is not a token model, or ``trie`` is not one of those tries
+                (genlm-core's ``TokenByteTrie`` has no EOS strings: wrap its vocabulary).
+            ValueError: ``trie`` spells some text token of ``lm`` otherwise (another
+                model's), an EOS string of it is no token of ``lm``, ``lm`` has no BOS
+                token, or ``mode`` is not a mode.
+        """
+        eos_mode = TrieMode(mode) is TrieMode.WITH_EOS
+        published = _published_trie(trie)
+        model = ByteModel(lm, eos=sorted(published.eos_tokens))
+        _check_same_tokens(published, model.lm.vocab)
+        root = model.trie.root
+        candidate = Candidate((bos_token(lm),), 0.0, root, None, 0.0)
+        return cls(model, candidate, eos_mode)
 
     @property
     def node(self) -> int:
@@ -132,6 +152,55 @@ class LazyTrieState:
         total = logsumexp(out)
         return LazyByteProbs(out - total if np.isfinite(total) else out)
 
+    def get_EOT(self) -> int | None:
+        """The id of the token whose bytes are exactly the partial token, or None if the
+        partial token is not a whole token (at the root too: no token is empty).
+
+        ``state.get_EOT() is not None`` means what it means in genlm-bytes 0.2: "the
+        partial token is a whole token", in either mode (a text EOS token is one, even in
+        ``WITH_EOS`` mode, where it cannot end as text: :meth:`extend` is None there). 0.2
+        returned the trie's end-of-token node; this trie has no such nodes (a token ends at
+        the node of its last byte), so the token id stands in: index the model's rows with
+        it, not :attr:`mass` (which is by node). Where several ids spell these bytes, the
+        lowest. Needs no masses.
+        """
+        ids = self.byte_lm.trie.tokens_at(self.node)
+        return int(ids[0]) if len(ids) else None
+
+    def extend(self) -> LazyTrieState | None:
+        """The state after ending the partial token as a token: that token appended to the
+        context, at the trie root, weight ``log P(context) + log P(token | context)``, not
+        yet materialized; None if the partial token is not a whole token
+        (:meth:`get_EOT`) or cannot end as text here (probability zero, such as a text EOS
+        token in ``WITH_EOS`` mode).
+
+        Where several ids spell the partial bytes, the weight holds them all (the
+        end-of-token outcome of :attr:`logp_next`, and the total weight of the states
+        ``ByteBeamState.extend`` makes of this candidate, one per id: a beam's mass is
+        kept), and the most probable id (the lowest of equals) is the one appended, so
+        what follows is predicted after it alone. ``ByteBeamState.extend`` keeps the ids
+        apart (exact).
+
+        Needs the masses only where a token ends, as 0.2's: a state at the root (where
+        unmaterialized states are) gives None.
+
+        Raises:
+            ValueError: a whole partial token without masses (a state made by hand).
+        """
+        c = self.candidate
+        ids = self.byte_lm.trie.tokens_at(c.node)
+        if not len(ids):
+            return None
+        if c.next is None:
+            raise ValueError("State is not yet materialized.")
+        logps = np.asarray(c.next.logp[ids], dtype=np.float64)  # device vectors: these only
+        weight = c.logp + logsumexp(logps)
+        if weight == -np.inf:
+            return None
+        context = (*c.context, int(ids[int(np.argmax(logps))]))
+        root = self.byte_lm.trie.root
+        return attrs.evolve(self, candidate=Candidate(context, weight, root, None, weight))
+
     def __lshift__(self, byte: int) -> LazyTrieState | None:
         """The candidate after ``byte`` inside its partial token, or None if none continues."""
         c = self.candidate
@@ -178,3 +247,47 @@ class LazyTrieState:
 
     def __repr__(self) -> str:
         return f"{self.weight:.2f}: {self.lm_state!r}|{self.partial!r}"
+
+
+def bos_token(lm: Any) -> int:
+    """The BOS token id of ``lm``, after which the published API's states start.
+
+    Raises:
+        ValueError: the vocabulary has no BOS token.
+    """
+    bos = lm.vocab.bos_token_id
+    if bos is None:
+        raise ValueError("the vocabulary has no BOS token; use ByteLM(lm).initial(ids)")
+    return bos
+
+
+def _published_trie(trie: Any) -> EosModeTrie:
+    """The :class:`EosModeTrie` that ``trie`` is or wraps (the 0.2 layer's tries).
+
+    Raises:
+        TypeError: ``trie`` is neither.
+    """
+    inner = trie.trie if isinstance(trie, AsyncEosModeTrie) else trie
+    if not isinstance(inner, EosModeTrie):
+        raise TypeError(
+            "trie must be a genlm.bytes.trie.AsyncTokenByteTrie or TokenByteTrie of the "
+            "model's tokens, e.g. AsyncTokenByteTrie.from_vocab(lm.byte_vocab, "
+            f"eos_tokens=[...]); got {type(trie).__module__}.{type(trie).__qualname__}"
+        )
+    return inner
+
+
+def _check_same_tokens(trie: EosModeTrie, vocab: Any) -> None:
+    """Refuse a trie that spells some text token of ``vocab`` (a genlm-core
+    ``Vocabulary``) otherwise: its states would mean another model's bytes. Special and
+    unused ids are not compared (they spell no bytes here; 0.2's tries may hold their text,
+    and a model's padding ids are in no tokenizer's list)."""
+    not_text = set(vocab.special_ids) | set(vocab.unused_ids)
+    decode = trie.decode
+    for i, token in enumerate(vocab.tokens):
+        if i not in not_text and (i >= len(decode) or decode[i] != token):
+            theirs = repr(decode[i]) if i < len(decode) else "missing"
+            raise ValueError(
+                f"the trie is not of this model's tokens: token {i} is {token!r}, in the "
+                f"trie {theirs}; build it from the model (from_vocab(lm.byte_vocab, ...))"
+            )
