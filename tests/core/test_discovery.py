@@ -306,16 +306,20 @@ class TestAvailability:
             ("raise ImportError('libfoo.so missing')\n", "load", "libfoo.so missing"),
             ("def load(model, **opts):\n    pass\n", "Nope", "cannot import name 'Nope'"),
             ("import genlm_no_such_dependency\n", "load", "'genlm_no_such_dependency'"),
+            ("raise OSError('libcudart.so.13: cannot open')\n", "load", "libcudart.so.13"),
+            ("raise RuntimeError('engine built for CUDA 12')\n", "load", "CUDA 12"),
         ],
-        ids=["module-raises", "no-such-callable", "missing-dependency"],
+        ids=["module-raises", "no-such-callable", "missing-dependency", "oserror", "runtime"],
     )
     def test_a_named_backend_whose_loader_fails_to_import_is_named(
         self, make_module, monkeypatch, source, attribute, original
     ):
-        """backend='top' whose loader module raises ImportError, or lacks the callable the
-        loader names: an ImportError naming the backend, its plugin and distribution and the
-        loader string, with the original error (an AttributeError was bare), of the
-        original's class (a missing dependency stays a ModuleNotFoundError)."""
+        """backend='top' whose loader module raises (ImportError, or what a broken engine
+        raises at import: OSError, RuntimeError), or lacks the callable the loader names: an
+        ImportError naming the backend, its plugin and distribution and the loader string,
+        with the original error (an AttributeError, a RuntimeError were bare), of the
+        original's class when that is an ImportError (a missing dependency stays a
+        ModuleNotFoundError)."""
         module = make_module(source)
         reg = _registry_of(
             BackendSpec(name="top", loader=f"{module}:{attribute}", distribution="d", plugin_api=1)
@@ -329,7 +333,11 @@ class TestAvailability:
             f"loader {module}:{attribute}: "
         )
         assert original in message
-        assert type(raised.value) is type(raised.value.__cause__)
+        cause = raised.value.__cause__
+        if isinstance(cause, ImportError):  # a missing dependency stays what it was
+            assert type(raised.value) is type(cause)
+        else:  # a module raising anything else at import failed to import: named, class shown
+            assert type(raised.value) is ImportError and type(cause).__name__ in message
 
     def test_loader_errors_are_not_masked_by_fallback(self, make_module, monkeypatch):
         """A loader that imports fine but rejects the model raises; no other backend is tried."""

@@ -415,19 +415,20 @@ class Registry:
             BackendNotFoundError: unknown backend, or no usable backend at all.
             BackendUnavailableError: the named backend cannot run here.
             ImportError: the named backend's loader cannot be imported (its module, one
-                it imports, or the callable in it); the message names the backend, its
-                plugin and distribution, the loader and the original error (the cause).
+                it imports, or the callable in it), whatever the module raised (a broken
+                engine install may raise ``OSError`` or ``RuntimeError`` at import); the
+                message names the backend, its plugin and distribution, the loader and the
+                original error (the cause). An ``ImportError`` keeps its class (a missing
+                dependency stays a ``ModuleNotFoundError``).
             BackendError: the loader returned something that is not a model.
         """
         if backend is not None:
             spec = self.select(backend)
             try:
                 loader = spec.import_loader()
-            except ImportError as exc:  # which backend, whose, and what failed to import
-                raise type(exc)(  # ModuleNotFoundError stays one
-                    f"{self._culprit(spec)}: cannot import its loader {spec.loader}: {exc}",
-                    name=exc.name,
-                    path=exc.path,
+            except Exception as exc:  # which backend, whose, and what failed to import
+                raise _import_error(
+                    f"{self._culprit(spec)}: cannot import its loader {spec.loader}", exc
                 ) from exc
             logger.info("loading %s with backend %s", model, spec.name)
             return self._checked(spec, loader(model, **opts))
@@ -544,6 +545,16 @@ def _from(
         register(item, plugin, dist)
 
     return register_from_plugin
+
+
+def _import_error(context: str, exc: Exception) -> ImportError:
+    """An ``ImportError`` saying ``context: <exc>``: of ``exc``'s class when it is an
+    ``ImportError`` (a missing dependency stays a ``ModuleNotFoundError``, with its
+    ``name`` and ``path``), else a plain one that shows the original's class
+    (``RuntimeError('...')``), since a module that raises at import failed to import."""
+    if isinstance(exc, ImportError):
+        return type(exc)(f"{context}: {exc}", name=exc.name, path=exc.path)
+    return ImportError(f"{context}: {exc!r}")
 
 
 def _registered_nothing(module: Any, hooks: list[str], implemented: list[str]) -> str:
