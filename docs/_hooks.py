@@ -6,12 +6,6 @@ Directives are HTML comments in ``docs/*.md`` (invisible if a page is read raw):
   starts with HEADING (the heading line itself dropped). A missing section fails the build.
 * ``<!-- architecture: HEADING -->``: the same for a level-2 section of ARCHITECTURE.md
   (the site shows users its Guarantees; the README links there, rewritten to this page).
-* ``<!-- readme-optional: HEADING | fallback text -->``: the same, or the fallback text
-  while the README has no such section (for sections other work will add).
-* ``<!-- reference-if-exists: PATH | MODULE -->`` becomes ``::: MODULE`` (mkdocstrings)
-  once PATH exists in the repository, else a note that the module is not in this tree.
-* ``<!-- snippet-if-exists: PATH | fallback text -->`` includes the file PATH (through
-  pymdownx.snippets) once it exists, else the fallback text.
 * ``<!-- benchmark-results -->`` includes every ``benchmarks/results/*.md``, in the order
   ``benchmarks/collect_results.py`` uses, through pymdownx.snippets.
 * ``<!-- cli-help: ARGS -->`` is the output of ``genlm ARGS --help``, run at build time so
@@ -92,21 +86,6 @@ def expand(kind: str, argument: str, page: str) -> str:
         if body is None:
             raise ValueError(f"{page}: ARCHITECTURE.md has no '## {argument}' section")
         return body
-    if kind == "readme-optional":
-        heading, _, fallback = (part.strip() for part in argument.partition("|"))
-        body = readme_section(heading)
-        return body if body is not None else fallback + "\n"
-    if kind == "reference-if-exists":
-        path, _, module = (part.strip() for part in argument.partition("|"))
-        if (ROOT / path).exists():
-            return f"::: {module}\n"
-        return (
-            f'!!! note "Not in this tree yet"\n'
-            f"    `{module}` (`{path}`) is not part of this checkout.\n"
-        )
-    if kind == "snippet-if-exists":
-        path, _, fallback = (part.strip() for part in argument.partition("|"))
-        return f'--8<-- "{path}"\n' if (ROOT / path).exists() else fallback + "\n"
     if kind == "benchmark-results":
         return benchmark_includes()
     if kind == "cli-help":
@@ -119,9 +98,6 @@ def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001
     known = {
         "readme",
         "architecture",
-        "readme-optional",
-        "reference-if-exists",
-        "snippet-if-exists",
         "benchmark-results",
         "cli-help",
     }
