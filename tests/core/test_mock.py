@@ -1,5 +1,6 @@
 """MockLM: its batch record stays bounded over a long run (issue #21); its loader's tokenizer."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,33 @@ def test_keep_batches_zero_records_none():
     assert lm.batches == [] and lm.batch_count == 1
     with pytest.raises(ValueError, match="keep_batches"):
         MockLM(VOCAB, keep_batches=-1)
+
+
+@pytest.mark.parametrize(
+    "vocab, entry",
+    [
+        ([1, 2, 3], "vocab[0] is int 1"),  # bytes(1) would be one NUL byte
+        (b"abc", "vocab[0] is int 97"),  # a bytes object iterates as ints
+        (["a", "b"], "vocab[0] is str 'a'"),
+        ([b"a", None], "vocab[1] is None"),
+    ],
+)
+def test_a_vocabulary_entry_that_is_not_bytes_is_refused_by_name(vocab, entry):
+    """Entries are not converted with bytes(): one that is not bytes is a TypeError naming it,
+    as Vocabulary and TokenByteTrie raise, instead of a token of NUL bytes."""
+    with pytest.raises(TypeError, match=re.escape(entry) + ".*not bytes"):
+        MockLM(vocab)
+
+
+def test_bytes_subclass_entries_are_their_bytes():
+    """A bytes subclass (genlm-backend's Token) is taken as its plain bytes."""
+
+    class Token(bytes):
+        pass
+
+    lm = MockLM([Token(b"ab"), b"c"])
+    lm.close()
+    assert lm.vocab.tokens == (b"ab", b"c") and all(type(t) is bytes for t in lm.vocab.tokens)
 
 
 def test_from_name_carries_the_tokenizer_json_tokenizer():

@@ -114,7 +114,7 @@ import numpy as np
 
 from genlm.core._rows import check_real as _check_real
 from genlm.core._rows import is_torch as _is_torch
-from genlm.core._validation import checked_count, is_integer
+from genlm.core._validation import check_token_bytes, checked_count, is_integer
 
 try:
     from genlm.core import _trie_kernel
@@ -222,7 +222,7 @@ class TokenByteTrie:
         # Checked here, not at the first batched call (where 1.5 failed inside range()).
         self.threads = _usable_cpus() if threads is None else checked_count("threads", threads, 1)
         V = len(vocab)
-        _check_bytes(vocab)
+        check_token_bytes(vocab)
         eos = sorted(
             {_check_id(i, V, "eos_token_ids") for i in _ids(eos_token_ids, "eos_token_ids")}
         )
@@ -751,21 +751,6 @@ def _not_numbers(error: TypeError | ValueError) -> TypeError | ValueError:
     """numpy's error reading weights, of its class, saying what was expected."""
     cls = TypeError if isinstance(error, TypeError) else ValueError
     return cls(f"weights must be an array of numbers: {error}")
-
-
-def _check_bytes(vocab: Sequence[bytes]) -> None:
-    """Raise TypeError naming the first entry of ``vocab`` that is not ``bytes``.
-
-    Bytes subclasses (genlm-backend's ``Token``) are bytes; a hole is ``b""``, as in
-    :class:`~genlm.core.Vocabulary`. ``bytes(3)`` would be three zero bytes, ``None`` a hole.
-    """
-    if set(map(type, vocab)) <= {bytes}:
-        return
-    for i, entry in enumerate(vocab):
-        if entry is None:
-            raise TypeError(f"vocab[{i}] is None, not bytes (a hole is b'')")
-        if not isinstance(entry, bytes):
-            raise TypeError(f"vocab[{i}] is {type(entry).__name__} {entry!r:.60}, not bytes")
 
 
 def _ids(ids: Iterable[int], what: str) -> Iterable[int]:

@@ -86,6 +86,28 @@ def checked_seconds(name: str, value: object) -> float:
     return float(value)
 
 
+def check_token_bytes(tokens: Sequence[object], what: str = "vocab") -> None:
+    """Raise ``TypeError`` naming the first entry of ``tokens`` that is not ``bytes``: the
+    check of every list of token bytes (a trie's, a mock's vocabulary, ``forbid_bytes``'),
+    where a conversion would hide the mistake (``bytes(3)`` is three NUL bytes, a ``str``
+    token matches no byte, a ``bytes`` object given whole iterates as ints).
+
+    Bytes subclasses (genlm-backend's ``Token``) are bytes; a hole is ``b""``, as in
+    :class:`~genlm.core.Vocabulary`.
+
+    Args:
+        tokens: the entries to check.
+        what: the argument's name, for the message.
+    """
+    if set(map(type, tokens)) <= {bytes}:
+        return
+    for i, entry in enumerate(tokens):
+        if entry is None:
+            raise TypeError(f"{what}[{i}] is None, not bytes (a hole is b'')")
+        if not isinstance(entry, bytes):
+            raise TypeError(f"{what}[{i}] is {type(entry).__name__} {entry!r:.60}, not bytes")
+
+
 #: Vocabularies up to this size check ids against a set of the valid ones (one C-level
 #: pass, a third of ``min`` plus ``max``; 2**18 ids cost about 16 MiB, once per size).
 _ID_SET_MAX = 2**18

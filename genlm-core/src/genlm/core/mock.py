@@ -20,7 +20,7 @@ import numpy as np
 
 from genlm.core._embedded import resolve_model_path
 from genlm.core._model import BatchedLM
-from genlm.core._validation import is_integer
+from genlm.core._validation import check_token_bytes, is_integer
 from genlm.core._vocab import Vocabulary
 
 _logger = logging.getLogger(__name__)
@@ -47,7 +47,8 @@ class MockLM(BatchedLM):
     """A deterministic, normalized, collision-free mock model.
 
     Args:
-        vocab: a :class:`Vocabulary` or a list of byte strings (one per token id).
+        vocab: a :class:`Vocabulary` or a list of byte strings (one per token id); another
+            entry (an int, a str) is a ``TypeError`` naming it.
         tokenizer: returned by ``lm.tokenizer`` (e.g. to encode prompts); None for none.
         latency_s: sleep this long per batch, to imitate a forward pass.
         seed: changes every distribution (two mocks with different seeds differ).
@@ -72,7 +73,9 @@ class MockLM(BatchedLM):
         **kwargs: Any,
     ):
         if not isinstance(vocab, Vocabulary):
-            vocab = Vocabulary(tuple(bytes(t) for t in vocab))
+            tokens = tuple(vocab)
+            check_token_bytes(tokens)  # bytes(t) would make an int t NUL bytes
+            vocab = Vocabulary(tuple(map(bytes, tokens)))  # subclasses (Token) as plain bytes
         kwargs.setdefault("name", "mock")
         super().__init__(vocab, tokenizer, **kwargs)
         if keep_batches < 0:
