@@ -133,6 +133,16 @@ def test_forbid_bytes_leaves_special_tokens_allowed_and_refuses_a_str():
         forbid_bytes(vocab, "s")
 
 
+def test_forbid_bytes_refuses_str_tokens():
+    """A str token holds no byte, so it would be allowed whatever is forbidden ("hello"
+    containing b"e" included): a list of str tokens is refused, naming the first one; the
+    same tokens encoded mask those containing b"e"."""
+    tokens = ["hello", "world", "e", "xyz"]
+    with pytest.raises(TypeError, match=r"vocab\[0\] is str 'hello', not bytes"):
+        forbid_bytes(tokens, b"e")
+    assert list(forbid_bytes([t.encode() for t in tokens], b"e")) == [False, True, False, True]
+
+
 def test_masked_weights_are_the_allowed_mass_at_temperature_one(lm):
     """At T=1 each step multiplies a weight by the allowed tokens' mass, recomputed by hand."""
     mask = forbid_bytes(VOCAB, b"e")

@@ -35,7 +35,7 @@ from scipy.special import logsumexp
 from genlm.core._gather import gather_all
 from genlm.core._protocol import AsyncLM
 from genlm.core._sampling import check_sampling_args, eos_id_set, seeded_rng
-from genlm.core._validation import is_integer, is_real, validate_context
+from genlm.core._validation import check_token_bytes, is_integer, is_real, validate_context
 from genlm.core._vocab import Vocabulary
 
 
@@ -112,14 +112,19 @@ def forbid_bytes(vocab: Vocabulary | Sequence[bytes], forbidden: bytes) -> np.nd
         forbidden: the bytes no token may contain.
 
     Raises:
-        TypeError: ``forbidden`` is not bytes (a ``str`` would match no byte at all).
+        TypeError: ``forbidden`` is not bytes, or a token of a plain list is not (a ``str``
+            would match no byte at all: encode str tokens, or pass ``lm.byte_vocab``).
     """
     if not isinstance(forbidden, (bytes, bytearray, memoryview)):
         raise TypeError(
             f"forbidden must be bytes, e.g. b'e', got {type(forbidden).__name__} {forbidden!r}"
         )
     banned = set(bytes(forbidden))
-    tokens = vocab.tokens if isinstance(vocab, Vocabulary) else vocab
+    if isinstance(vocab, Vocabulary):
+        tokens = vocab.tokens
+    else:
+        tokens = vocab
+        check_token_bytes(tokens)
     mask = np.array([banned.isdisjoint(token) for token in tokens], dtype=bool)
     if isinstance(vocab, Vocabulary) and vocab.special_ids:
         mask[sorted(vocab.special_ids)] = True
