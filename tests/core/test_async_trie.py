@@ -80,3 +80,11 @@ def test_a_row_that_is_not_numbers_fails_alone(bad):
     assert isinstance(error, (TypeError, ValueError))
     assert "weights must be an array of numbers" in str(error)
     assert stats["items"] == 2 and stats["batches"] == 1
+
+
+@pytest.mark.parametrize("not_a_trie", [[b"a", b"b"], None, "ab"])
+def test_a_trie_that_is_not_a_token_byte_trie_is_refused_at_construction(not_a_trie):
+    """The constructor names what to pass, where every later call failed with an
+    AttributeError from inside the batch ('list' object has no attribute 'vocab_size')."""
+    with pytest.raises(TypeError, match=r"trie must be a genlm\.core\.TokenByteTrie"):
+        AsyncTokenByteTrie(not_a_trie)

@@ -49,9 +49,18 @@ class AsyncTokenByteTrie:
         trie: the trie to compute over.
         max_batch_size: most rows per batched call.
         max_wait_s: longest time the first row waits for company.
+
+    Raises:
+        TypeError: ``trie`` is not a :class:`TokenByteTrie` (a vocabulary, say): checked
+            here, since every call runs the trie's own batched methods.
     """
 
     def __init__(self, trie: TokenByteTrie, *, max_batch_size: int = 64, max_wait_s: float = 0.0):
+        if not isinstance(trie, TokenByteTrie):
+            raise TypeError(
+                "trie must be a genlm.core.TokenByteTrie (build one with "
+                f"TokenByteTrie(vocab)), got {type(trie).__name__} {trie!r:.60}"
+            )
         self.trie = trie
         self.worker = ModelWorker("genlm-trie")
         # Dropped without aclose(), it stops its thread (the finalizer holds the worker
