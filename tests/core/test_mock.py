@@ -3,6 +3,7 @@
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from genlm.core.mock import MockLM
@@ -41,6 +42,34 @@ def test_keep_batches_zero_records_none():
     assert lm.batches == [] and lm.batch_count == 1
     with pytest.raises(ValueError, match="keep_batches"):
         MockLM(VOCAB, keep_batches=-1)
+
+
+@pytest.mark.parametrize(
+    "option, error, message",
+    [
+        ({"keep_batches": 2.5}, TypeError, "keep_batches must be an integer"),
+        ({"keep_batches": float("nan")}, TypeError, "keep_batches must be an integer"),
+        ({"keep_batches": None}, TypeError, "keep_batches must be an integer"),
+        ({"keep_batches": "3"}, TypeError, "keep_batches must be an integer"),
+        ({"latency_s": "4"}, TypeError, "latency_s must be a number of seconds"),
+        ({"latency_s": None}, TypeError, "latency_s must be a number of seconds"),
+        ({"latency_s": float("nan")}, ValueError, "latency_s must be finite and >= 0"),
+        ({"latency_s": 1e30}, ValueError, "latency_s must be at most 1e\\+09"),
+    ],
+)
+def test_bad_options_are_refused_by_name(option, error, message):
+    """The mock's own options are checked as BatchedLM's are: a NaN keep_batches never
+    bounded `batches`, a latency of 1e30 failed every batch (time.sleep overflows), and a
+    string or None gave a bare comparison TypeError."""
+    with pytest.raises(error, match=message):
+        MockLM(VOCAB, **option)
+
+
+def test_a_whole_keep_batches_of_numpy_type_is_an_int():
+    """A numpy integer is an integer option; the mock keeps it as a Python int."""
+    lm = MockLM(VOCAB, keep_batches=np.int64(1), latency_s=np.float32(0))
+    lm.close()
+    assert type(lm.keep_batches) is int and type(lm.latency_s) is float
 
 
 @pytest.mark.parametrize(

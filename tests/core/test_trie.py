@@ -545,8 +545,29 @@ class TestOutputPool:
         assert empty_pool.pool_stats() == (0, 0)
 
     def test_negative_limit_is_rejected(self):
-        with pytest.raises(ValueError, match="pool limit must be >= 0"):
+        with pytest.raises(ValueError, match=r"pool limit \(nbytes\) must be >= 0"):
             trie_module.set_trie_pool_limit(-1)
+
+    @pytest.mark.parametrize("bad", [2.5, True, "1", None, float("nan"), float("inf")])
+    def test_a_limit_that_is_not_a_whole_number_is_a_type_error(self, bad):
+        """2.5 and True were truncated to 2 and 1 silently, NaN and inf failed converting,
+        a string in a comparison: each is a TypeError naming the limit."""
+        with pytest.raises(TypeError, match=r"pool limit \(nbytes\) must be an integer"):
+            trie_module.set_trie_pool_limit(bad)
+
+    def test_a_limit_past_the_c_range_is_a_value_error(self):
+        """2**70 failed converting to a C ssize_t (an OverflowError)."""
+        with pytest.raises(ValueError, match=r"at most sys\.maxsize, got 1180591620717411303424"):
+            trie_module.set_trie_pool_limit(2**70)
+
+    def test_a_whole_float_limit_is_its_integer(self):
+        """1e9 bytes is 10**9 (the limit a later call returns, where the C module is built)."""
+        previous = trie_module.set_trie_pool_limit(1e9)
+        try:
+            expected = 0 if trie_module._trie_kernel is None else 10**9  # 0: no pool
+            assert trie_module.set_trie_pool_limit(previous) == expected
+        finally:
+            trie_module.set_trie_pool_limit(previous)
 
 
 class TestLogSpace:

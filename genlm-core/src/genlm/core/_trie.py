@@ -104,6 +104,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -686,12 +687,18 @@ def set_trie_pool_limit(nbytes: int) -> int:
     each output goes back to malloc when freed. Lowering the cap frees pooled
     memory at once. The default cap is 256 MiB. Without the C module there is no pool,
     and this returns 0.
+
+    Raises:
+        TypeError: ``nbytes`` is not a whole number (a bool, a string, ``2.5``; a whole
+            float such as ``1e9`` counts).
+        ValueError: it is negative, or more than ``sys.maxsize`` (the C pool's range).
     """
-    if nbytes < 0:
-        raise ValueError(f"the pool limit must be >= 0 bytes, got {nbytes}")
+    nbytes = checked_count("the pool limit (nbytes)", nbytes, 0, whole_floats=True)
+    if nbytes > sys.maxsize:
+        raise ValueError(f"the pool limit (nbytes) must be at most sys.maxsize, got {nbytes}")
     if _trie_kernel is None:
         return 0
-    return _trie_kernel.set_pool_limit(int(nbytes))
+    return _trie_kernel.set_pool_limit(nbytes)
 
 
 @functools.cache

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
-import math
 import time
 from collections.abc import Hashable, Sequence
 from pathlib import Path
@@ -20,10 +19,14 @@ import numpy as np
 
 from genlm.core._embedded import resolve_model_path
 from genlm.core._model import BatchedLM
-from genlm.core._validation import check_token_bytes, is_integer
+from genlm.core._validation import check_token_bytes, checked_count, checked_seconds, is_integer
 from genlm.core._vocab import Vocabulary
 
 _logger = logging.getLogger(__name__)
+
+#: Longest ``latency_s`` (about 31 years, forever for a test): ``time.sleep`` overflows on
+#: longer ones on some platforms (from 9.3e9 s on Linux), which failed every batch.
+_MAX_LATENCY_S = 1e9
 
 
 def context_seed(context: Sequence[int], seed: int = 0) -> int:
@@ -50,11 +53,16 @@ class MockLM(BatchedLM):
         vocab: a :class:`Vocabulary` or a list of byte strings (one per token id); another
             entry (an int, a str) is a ``TypeError`` naming it.
         tokenizer: returned by ``lm.tokenizer`` (e.g. to encode prompts); None for none.
-        latency_s: sleep this long per batch, to imitate a forward pass.
+        latency_s: sleep this long per batch, to imitate a forward pass (seconds, at most
+            1e9).
         seed: changes every distribution (two mocks with different seeds differ).
         keep_batches: how many of the latest batches :attr:`batches` holds, so that a
             long run does not grow it without limit (0: none).
         **kwargs: scheduler and cache options of :class:`BatchedLM`.
+
+    Options are checked here, as :class:`BatchedLM`'s are: one of the wrong type (a
+    string, None, a float ``keep_batches``) is a ``TypeError``, one out of range (a
+    negative, NaN or infinite one) a ``ValueError``, each naming the option.
     """
 
     #: Default of ``keep_batches``.
@@ -78,10 +86,13 @@ class MockLM(BatchedLM):
             vocab = Vocabulary(tuple(map(bytes, tokens)))  # subclasses (Token) as plain bytes
         kwargs.setdefault("name", "mock")
         super().__init__(vocab, tokenizer, **kwargs)
-        if keep_batches < 0:
-            raise ValueError(f"keep_batches must be >= 0, got {keep_batches}")
-        if not 0 <= latency_s < math.inf:
-            raise ValueError(f"latency_s must be finite and >= 0, got {latency_s}")
+        keep_batches = checked_count("keep_batches", keep_batches, 0)
+        latency_s = checked_seconds("latency_s", latency_s)
+        if latency_s > _MAX_LATENCY_S:
+            raise ValueError(
+                f"latency_s must be at most {_MAX_LATENCY_S:g} s (time.sleep's range), "
+                f"got {latency_s}"
+            )
         if not is_integer(seed):
             raise TypeError(f"seed must be an integer, got {seed!r}")
         if not -(2**63) <= seed < 2**63:  # it seeds an int64 stream per context
