@@ -9,7 +9,14 @@ from scipy.special import logsumexp
 from genlm.core import InvalidContextError, Vocabulary
 from genlm.core.backend import BatchedLM
 from genlm.core.mock import MockLM, mock_logprobs
-from genlm.core.smc import effective_sample_size, forbid_bytes, smc, systematic_resample
+from genlm.core.smc import (
+    Particle,
+    SMCResult,
+    effective_sample_size,
+    forbid_bytes,
+    smc,
+    systematic_resample,
+)
 
 VOCAB = [b"a", b"b", b"c", b"d", b"e"]
 
@@ -75,6 +82,51 @@ def test_resampling_helpers():
     assert effective_sample_size(np.zeros(10)) == pytest.approx(10)
     keep = systematic_resample(np.log(np.array([1e-9, 1.0, 1e-9])), np.random.default_rng(0))
     assert list(keep) == [1, 1, 1]
+
+
+@pytest.mark.parametrize("offset", [0.0, -1e5, -1e16, -3e30, -3.4e38])
+def test_weights_and_ess_hold_at_any_magnitude(offset):
+    """Equal weights have ESS n and normalized weights 1/n however large their log-weights
+    (normalizing with lw - logsumexp(lw) lost log n: ESS 1/4 at -3e30, 6.8 of 8 at -1e16,
+    weights summing to n); weights e^0 and e^-2 apart give the brute-force ESS
+    (1 + e^-2)^2 / (1 + e^-4) wherever both are representable."""
+    for n in (4, 8):
+        lw = np.full(n, offset)
+        assert effective_sample_size(lw) == n
+        weights = SMCResult([Particle([], x) for x in lw], 0.0).weights
+        np.testing.assert_allclose(weights, np.full(n, 1 / n), rtol=1e-15)
+    if offset >= -1e16:  # the ulp of 1e16 is 2: offset - 2 is exact
+        lw = np.array([offset, offset - 2.0])
+        expected = (1 + np.exp(-2)) ** 2 / (1 + np.exp(-4))
+        assert effective_sample_size(lw) == pytest.approx(expected, rel=1e-14)
+        np.testing.assert_allclose(
+            SMCResult([Particle([], x) for x in lw], 0.0).weights,
+            [1 / (1 + np.exp(-2)), np.exp(-2) / (1 + np.exp(-2))],
+            rtol=1e-14,
+        )
+
+
+def test_equal_weights_under_a_huge_finite_mask_never_resample():
+    """A model that puts all its mass on a token the mask forbids, masking the rest with
+    -1e30: every particle gains the same huge negative increment each step, so the weights
+    stay equal and nothing is resampled (the absorbed log n made every step resample)."""
+
+    class Peaked(MockLM):
+        def _logprobs_batch(self, contexts, variant):
+            rows = np.full((len(contexts), len(self.vocab)), -1e30, dtype=np.float32)
+            rows[:, 2] = 0.0
+            return rows
+
+    lm = Peaked([b"a", b"b", b"c", b"d"])
+    try:
+        result = run_smc(
+            lm, [0], n_particles=4, max_tokens=3, seed=0, token_mask=[True, True, False, True]
+        )
+    finally:
+        lm.close()
+    assert result.resampled_at == ()
+    assert len({p.log_weight for p in result.particles}) == 1
+    assert result.ess == 4
 
 
 def test_bad_arguments_are_rejected(lm):

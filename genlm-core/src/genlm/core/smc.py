@@ -75,7 +75,8 @@ class SMCResult:
         lw = np.array([p.log_weight for p in self.particles], dtype=np.float64)
         if np.isneginf(lw).all():
             return np.zeros_like(lw)
-        return np.exp(lw - logsumexp(lw))
+        w = _relative_weights(lw)
+        return w / w.sum()
 
     @property
     def ess(self) -> float:
@@ -83,18 +84,32 @@ class SMCResult:
         return effective_sample_size(np.array([p.log_weight for p in self.particles]))
 
 
-#: Relative slack of the resampling test: equal weights have an ESS of exactly n, which
-#: float rounding puts a few ulps either side of n (numpy 1.26 and 2.x round differently).
+#: Relative slack of the resampling test: weights equal but for rounding (their log
+#: increments added in other orders) have an ESS a few ulps below n.
 _ESS_RTOL = 1e-9
+
+
+def _relative_weights(log_weights: np.ndarray) -> np.ndarray:
+    """The weights relative to the largest (which is 1), ``exp(lw - max(lw))``; some weight
+    must be positive.
+
+    Shifting by the largest log-weight keeps the weights' ratios whatever their magnitude:
+    normalizing with ``lw - logsumexp(lw)`` lost ``log n`` to rounding once the log-weights
+    were large (a particle that drew a token masked with -1e30), so n equal weights came
+    out 1 each instead of 1/n, and their ESS 1/n instead of n.
+    """
+    lw = np.asarray(log_weights, dtype=np.float64)
+    return np.exp(lw - lw.max())
 
 
 def effective_sample_size(log_weights: np.ndarray) -> float:
     """``1 / sum(w_i^2)`` of the normalized weights, from unnormalized log-weights (0 when
-    every weight is 0)."""
+    every weight is 0): ``(sum u)^2 / sum(u^2)`` of the weights ``u`` relative to the
+    largest, so n equal weights give exactly n at any magnitude."""
     if np.isneginf(log_weights).all():
         return 0.0
-    lw = log_weights - logsumexp(log_weights)
-    return float(np.exp(-logsumexp(2 * lw)))
+    u = _relative_weights(log_weights)
+    return float(u.sum() ** 2 / np.dot(u, u))
 
 
 def forbid_bytes(vocab: Vocabulary | Sequence[bytes], forbidden: bytes) -> np.ndarray:
@@ -144,7 +159,7 @@ def systematic_resample(log_weights: np.ndarray, rng: np.random.Generator) -> np
     if np.isneginf(log_weights).all():
         raise ValueError("every weight is 0: there is nothing to resample")
     n = len(log_weights)
-    cdf = np.cumsum(np.exp(log_weights - logsumexp(log_weights)))
+    cdf = np.cumsum(_relative_weights(log_weights))
     cdf /= cdf[-1]
     positions = (rng.random() + np.arange(n)) / n
     last = int(np.flatnonzero(np.isfinite(log_weights))[-1])
