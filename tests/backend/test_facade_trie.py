@@ -232,6 +232,14 @@ def test_async_trie_batches_and_equals_the_sync_trie():
         np.testing.assert_array_equal(m, trie.weight_max(r))
 
 
+@pytest.mark.parametrize("not_a_trie", [[b"a", b"b"], None, "ab"])
+def test_async_trie_refuses_what_is_not_a_trie_at_construction(not_a_trie):
+    """A vocabulary is a TypeError naming what to pass, where every later call failed with
+    an AttributeError from inside ('list' object has no attribute '_weights')."""
+    with pytest.raises(TypeError, match="trie must be a TokenCharacterTrie"):
+        AsyncTokenCharacterTrie(not_a_trie)
+
+
 def test_visualize_draws_every_node():
     graphviz = pytest.importorskip("graphviz")
     trie = TokenCharacterTrie([b"cat", b"cats", b"dog"])

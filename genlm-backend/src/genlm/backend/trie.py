@@ -280,11 +280,21 @@ class AsyncTokenCharacterTrie:
     this adds the leaves.
 
     Args:
-        trie: a :class:`TokenCharacterTrie`.
+        trie: a :class:`TokenCharacterTrie` (or :class:`ParallelTokenCharacterTrie`), the
+            tries 0.3.1 documents for it.
         **kwargs: :class:`genlm.core.AsyncTokenByteTrie` options (``max_batch_size``, ...).
+
+    Raises:
+        TypeError: ``trie`` is not one (a vocabulary, say: :meth:`from_vocab` builds a trie
+            over one), here rather than as an ``AttributeError`` from inside each call.
     """
 
     def __init__(self, trie: TokenCharacterTrie, **kwargs: Any):
+        if not isinstance(trie, TokenCharacterTrie):
+            raise TypeError(
+                "trie must be a TokenCharacterTrie (AsyncTokenCharacterTrie.from_vocab(vocab) "
+                f"builds one over a vocabulary), got {type(trie).__name__} {trie!r:.60}"
+            )
         self.trie = trie
         self._options = kwargs
         self._core: AsyncTokenByteTrie | None = None
