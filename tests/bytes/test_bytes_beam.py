@@ -325,6 +325,33 @@ def test_prefill_refuses_what_is_not_bytes(data):
     run(scenario())
 
 
+def test_prefill_reads_byte_value_arrays_by_value():
+    """A numpy array or a memoryview of byte values is prefilled as those values, and a
+    value that is no byte is refused naming it: bytes() copied their memory, so
+    np.array([97, 98]) (int64) prefilled b"a" and seven NUL bytes and so on, 353 passed as
+    b"a\\x01..." and a float as its eight raw bytes."""
+
+    async def scenario():
+        state = await ByteLM(FixedLM(VOCAB, np.ones(len(TOKENS))), K=4).initial((0,))
+        by_list = await state.prefill([97, 98])
+        assert by_list.data == b"ab"
+        values = np.array([97, 98])
+        for data in (values, values.astype(np.uint16), memoryview(values)):
+            after = await state.prefill(data)
+            assert (after.data, after.logZ) == (b"ab", by_list.logZ)
+        for data, error, value in (
+            (np.array([97, 353]), ValueError, "353 at position 1"),
+            (np.array([97.5]), TypeError, "97.5 at position 0"),
+            (np.array([[97, 98]]), TypeError, r"\[97, 98\] at position 0"),
+            ([97, True], TypeError, "True at position 1"),
+            (np.array(97), TypeError, "ndarray"),
+        ):
+            with pytest.raises(error, match=f"prefill's data must be bytes.*{value}"):
+                await state.prefill(data)
+
+    run(scenario())
+
+
 @pytest.mark.parametrize(
     ("prompt", "says"),
     [([0, 2.5], "float"), ([0, True], "bool"), ({0, 2}, "set"), ({0: 2}, "dict")],

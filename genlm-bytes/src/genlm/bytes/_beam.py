@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Self
 import attrs
 import numpy as np
 
-from genlm.bytes._dist import EOS, NextByteLogprobs, logsumexp
+from genlm.bytes._dist import EOS, NextByteLogprobs, is_index, logsumexp
 from genlm.bytes._heal import heal
 from genlm.bytes._model import AsyncClosing, ByteModel
 from genlm.bytes._types import Candidate
@@ -243,7 +243,7 @@ class BeamState(AsyncClosing):
         sent with this step's, so those steps usually find their LM rows cached and cost
         no forward pass.
         """
-        if isinstance(byte, bool) or not isinstance(byte, (int, np.integer)) or not 0 <= byte < 256:
+        if not is_index(byte, 256):
             raise ValueError(f"expected a byte value 0..255, got {byte!r}")
         byte = int(byte)
         byte_lm = self.byte_lm
@@ -334,8 +334,10 @@ class BeamState(AsyncClosing):
 
         Raises:
             TypeError: ``data`` is not bytes (``bytes``, ``bytearray``, ``memoryview``, or
-                byte values): text (encode it first: ``ByteLM.initial`` takes text as UTF-8,
-                a step does not guess) or an int (``bytes(3)`` would be three NUL bytes).
+                byte values: a list or a numpy integer array, read by value): text (encode
+                it first: ``ByteLM.initial`` takes text as UTF-8, a step does not guess), an
+                int (``bytes(3)`` would be three NUL bytes), or a value that is no integer
+                (a float, a bool).
             ValueError: a byte value outside 0..255.
         """
         data = _checked_bytes(data)
@@ -573,9 +575,16 @@ def _likely_boundaries(
 
 
 def _checked_bytes(data: object) -> bytes:
-    """``data`` as ``bytes``, or a ``TypeError`` naming ``prefill``'s argument."""
-    if isinstance(data, bytes):
-        return data
+    """``data`` as ``bytes``, or an error naming ``prefill``'s argument (see ``prefill``).
+
+    Only ``bytes``, ``bytearray`` and a memoryview of single bytes are read as memory;
+    anything else is a sequence of byte values, checked one by one (``bytes()`` of a numpy
+    array copies its buffer: ``[97, 98]`` as int64 is 16 bytes, and a float is 8).
+    """
+    if isinstance(data, (bytes, bytearray)) or (
+        isinstance(data, memoryview) and data.format in ("B", "c")
+    ):
+        return bytes(data)
     if isinstance(data, str):
         raise TypeError(
             f"prefill's data must be bytes, got the text {data!r}: encode it, e.g. "
@@ -584,11 +593,19 @@ def _checked_bytes(data: object) -> bytes:
     if isinstance(data, (numbers.Number, np.bool_)):  # bytes(3) is three NUL bytes
         raise TypeError(f"prefill's data must be bytes, got {type(data).__name__} {data!r}")
     try:
-        return bytes(data)
-    except TypeError as e:
+        values = data.tolist() if isinstance(data, (np.ndarray, memoryview)) else list(data)
+    except (TypeError, NotImplementedError) as e:  # not iterable; a 0-d array
         raise TypeError(f"prefill's data must be bytes, got {data!r}: {e}") from e
-    except ValueError as e:  # byte values out of range
-        raise ValueError(f"prefill's data must be bytes, got {data!r}: {e}") from e
+    if not isinstance(values, list):  # a 0-d array's one value
+        raise TypeError(f"prefill's data must be bytes, got {type(data).__name__} {data!r}")
+    for i, value in enumerate(values):
+        if not is_index(value, 256):
+            integral = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            error = ValueError if integral else TypeError
+            raise error(
+                f"prefill's data must be bytes or byte values 0..255, got {value!r} at position {i}"
+            )
+    return bytes(values)
 
 
 def _tail(data: bytes, n: int = 24) -> str:

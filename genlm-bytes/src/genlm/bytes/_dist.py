@@ -19,6 +19,14 @@ EOT = 257
 outcome that competes with the bytes and EOS; see :class:`NextByteLogprobs`."""
 
 
+def is_index(value: object, stop: int) -> bool:
+    """Whether ``value`` is an integer (a Python or numpy one, not a bool) in ``range(stop)``:
+    the one test of a byte value (``stop`` 256) or a symbol key, so every entry point takes
+    the same values (numpy would read a float or a bool as an index, or fail in its words)."""
+    integer = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    return integer and 0 <= value < stop
+
+
 def logsumexp(x: np.ndarray) -> float:
     """``log(sum(exp(x)))`` in float64; -inf for an empty or all -inf ``x``."""
     m = float(np.max(x)) if len(x) else -np.inf
