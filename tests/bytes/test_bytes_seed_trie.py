@@ -162,3 +162,32 @@ def test_an_empty_vocabulary_is_refused():
         TokenByteTrie([])
     with pytest.raises(ValueError, match="vocabulary .decode. is empty"):
         AsyncTokenByteTrie.from_vocab([], eos_tokens=[])
+
+
+@pytest.mark.parametrize(
+    ("decode", "message"),
+    [
+        ([b"a", 2], r"decode\[1\] is int 2, not bytes"),
+        ([b"a", None], r"decode\[1\] is NoneType None, not bytes"),
+        ([b"a", "b"], r"decode\[1\] is str 'b', not bytes"),
+        (b"ab", r"decode must be a list of byte strings.*got one bytes b'ab'"),
+        ("ab", r"decode must be a list of byte strings.*got one str 'ab'"),
+    ],
+    ids=repr,
+)
+def test_a_decode_entry_that_is_not_bytes_is_refused(decode, message):
+    """decode's entries must be bytes, as genlm-core's trie's must: bytes(2) made token 1
+    two NUL bytes, and a bytes object given as the whole vocabulary was read as ints."""
+    with pytest.raises(TypeError, match=message):
+        TokenByteTrie(decode)
+    with pytest.raises(TypeError, match=message):
+        AsyncTokenByteTrie.from_vocab(decode)
+
+
+def test_bytes_subclass_tokens_are_plain_bytes_in_decode():
+    """genlm-backend's Token (a bytes subclass) is taken, stored as plain bytes."""
+
+    class Token(bytes):
+        pass
+
+    assert [type(t) for t in TokenByteTrie([Token(b"a"), b"b"]).decode] == [bytes, bytes]

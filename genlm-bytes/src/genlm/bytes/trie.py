@@ -73,6 +73,24 @@ def _as_numpy(ws: Any) -> np.ndarray:
     return ws.astype(np.float64, copy=False)
 
 
+def _token_bytes(decode: Sequence[bytes]) -> list[bytes]:
+    """Each token's bytes as plain ``bytes`` (genlm-backend's ``Token`` is a subclass).
+
+    Raises:
+        TypeError: ``decode`` is one byte string or text, or an entry is not bytes.
+    """
+    if isinstance(decode, (bytes, bytearray, memoryview, str)):
+        raise TypeError(
+            "decode must be a list of byte strings, one per token id, got one "
+            f"{type(decode).__name__} {decode!r:.60}"
+        )
+    tokens = list(decode)
+    for i, token in enumerate(tokens):
+        if not isinstance(token, bytes):
+            raise TypeError(f"decode[{i}] is {type(token).__name__} {token!r:.60}, not bytes")
+    return [bytes(t) for t in tokens]
+
+
 class EosModeTrie:
     """genlm-bytes 0.2's ``TokenByteTrie``: a token vocabulary's byte trie with per-node
     weight sums (in a :class:`TrieMode` chosen per call) and maxima, its EOS node last.
@@ -94,7 +112,9 @@ class EosModeTrie:
     raises ``ValueError`` (an EOS string that spells no token would silently leave the
     trie without EOS), and so does an empty ``decode``, both names of an option given
     different values, an unknown device; an EOS or atomic option that is one byte string
-    instead of a list, or holds something not bytes, raises ``TypeError``.
+    instead of a list, or holds something not bytes, raises ``TypeError``, and so does a
+    ``decode`` entry that is not bytes (``bytes(3)`` would be three NUL bytes) or a
+    ``decode`` that is one byte string (its items are ints), as genlm-core's trie does.
 
     Attributes:
         core: the :class:`genlm.core.TokenByteTrie` doing the work.
@@ -124,7 +144,7 @@ class EosModeTrie:
     ):
         if device not in (None, "cpu", "cuda"):
             raise ValueError(f"Invalid device: {device!r}. Must be 'cpu', 'cuda' or None")
-        self.decode = [bytes(t) for t in decode]
+        self.decode = _token_bytes(decode)
         if not self.decode:
             raise ValueError("the vocabulary (decode) is empty: a trie needs at least one token")
         self.device = "cpu"
