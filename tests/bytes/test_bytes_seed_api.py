@@ -25,7 +25,7 @@ from genlm.bytes import (
     StatefulTokenizedLM,
     TrieMode,
 )
-from genlm.core import Vocabulary
+from genlm.core import InvalidContextError, Vocabulary
 from genlm.core.mock import MockLM
 
 TOKENS = (b"<s>", b"</s>", b"a", b"b", b"c", b".", b"ab", b"ba", b"abc", b"bc", b".a")
@@ -473,6 +473,26 @@ def test_stateful_tokenized_lm():
                 state << 2.5
 
     run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("context", "says"),
+    [
+        ([1.7, 2], "position 0 is 1.7 .float."),
+        ([0, "2"], "position 1 is '2' .str."),
+        ([0, True], "position 1 is True .bool."),
+        ([0, 99], "token id 99 at position 1 is out of range"),
+        ([], "empty context"),
+    ],
+    ids=repr,
+)
+def test_stateful_tokenized_lm_checks_its_context_as_core_does(context, says):
+    """A context of non-integer or out-of-range ids is refused as core (and ByteLM.initial)
+    refuses it: int() read [1.7, "2", True] as [1, 2, 1] and asked the model for that."""
+    lm = FixedLM(VOCAB, np.ones(len(TOKENS)))
+    with pytest.raises(InvalidContextError, match=says):
+        StatefulTokenizedLM(lm, context)
+    assert StatefulTokenizedLM(lm, np.array([0, 2])).context == [0, 2]
 
 
 def test_published_import_paths_and_no_torch():

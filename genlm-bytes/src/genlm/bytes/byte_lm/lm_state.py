@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from genlm.core.backend import validate_context
+
 
 class StatefulTokenizedLM:
     """A token model and a token context: ``state << token`` extends it, ``await
@@ -17,7 +19,10 @@ class StatefulTokenizedLM:
     Args:
         model: the token model (``vocab`` and ``async next_token_logprobs``); its rows are
             returned as it gives them.
-        context: token ids of the context.
+        context: token ids of the context, checked as genlm-core checks every context
+            (:func:`genlm.core.backend.validate_context`): an empty one, a float, a bool, a
+            string or an id outside the model's vocabulary raises ``InvalidContextError``
+            (``int()`` would read 1.7 as 1).
         n_calls: how many times this state family has asked the model (informational).
         max_context_length: keep at most this many tokens of context (the most recent),
             None for no limit; below 1 raises ``ValueError``.
@@ -33,7 +38,7 @@ class StatefulTokenizedLM:
         if max_context_length is not None and max_context_length < 1:
             raise ValueError(f"max_context_length must be >= 1 or None, got {max_context_length}")
         self.model = model
-        self.context = [int(t) for t in context]
+        self.context = list(validate_context(context, len(model.vocab)))
         self.n_calls = n_calls
         self.max_context_length = max_context_length
 
