@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -99,6 +101,30 @@ def test_bfloat16_tensors_and_lists_of_tensors_are_read_as_their_values():
         trie.weight_sum(torch.ones(3, dtype=torch.complex64))
     with pytest.raises(TypeError, match="must be real"):
         trie.weight_sum(np.ones(3, dtype=complex))
+
+
+@pytest.mark.parametrize("shape", [(2, 3), (1, 3), (3, 1), ()], ids=repr)
+def test_single_row_methods_refuse_other_shapes(shape):
+    """weight_sum and weight_max take one row, as documented (and as 0.2.0 and genlm-core's
+    trie refuse more): given a (2, 3) batch they returned row 0's masses and dropped row 1,
+    and the async weight_sum failed with numpy's concatenation error."""
+    trie = TokenByteTrie([b"a", b"ab", b"b"], eos_tokens=[b"b"])
+    w = np.full(shape, 0.25)
+    says = rf"expected one row of weights of shape \(3,\), got {re.escape(str(w.shape))}"
+    for method in (trie.weight_sum, trie.weight_max):
+        with pytest.raises(ValueError, match=says):
+            method(w)
+
+    async def scenario():
+        async_trie = AsyncTokenByteTrie(trie)
+        try:
+            for method in (async_trie.weight_sum, async_trie.weight_max):
+                with pytest.raises(ValueError, match=says):
+                    await method(w)
+        finally:
+            await async_trie.cleanup()
+
+    run(scenario())
 
 
 def test_released_keyword_names_are_the_documented_options():

@@ -122,11 +122,13 @@ class EosModeTrie:
         eos_node: the EOS node, the last index (``num_nodes - 1``).
         num_nodes: nodes of the results, the EOS node included.
 
-    Weights are rows of ``len(decode)`` token weights (probabilities), one row or a batch
-    ``(B, len(decode))``, numpy or torch; results are float64, one entry per node
-    (``(num_nodes,)`` or ``(B, num_nodes)``). ``mode`` is ``TrieMode.WITHOUT_EOS`` (the
-    default, also for None) or ``WITH_EOS``, or its value. Rows of the wrong width, an
-    unknown mode or an unknown device raise ``ValueError``.
+    Weights are rows of ``len(decode)`` token weights (probabilities): one row
+    ``(len(decode),)`` for :meth:`weight_sum` and :meth:`weight_max`, a batch
+    ``(B, len(decode))`` for the ``batch_`` methods; numpy or torch. Results are float64,
+    one entry per node (``(num_nodes,)`` or ``(B, num_nodes)``). ``mode`` is
+    ``TrieMode.WITHOUT_EOS`` (the default, also for None) or ``WITH_EOS``, or its value.
+    Weights of the wrong shape (a batch given to ``weight_sum`` too), an unknown mode or an
+    unknown device raise ``ValueError``.
     """
 
     def __init__(
@@ -204,10 +206,27 @@ class EosModeTrie:
         out[:, self.root] += eos
         return out
 
+    def _row(self, ws: Any) -> np.ndarray:
+        """One row of token weights as float64, shape ``(len(decode),)``: what
+        :meth:`weight_sum` and :meth:`weight_max` (and the async trie's) take.
+
+        Raises:
+            ValueError: another shape; a batch ``(B, len(decode))`` among them (its rows
+                after the first were dropped silently).
+        """
+        w = _as_numpy(ws)
+        if w.shape != (len(self.decode),):
+            raise ValueError(
+                f"expected one row of weights of shape ({len(self.decode)},), got {w.shape} "
+                "(a batch of rows goes to batch_weight_sum or batch_weight_max)"
+            )
+        return w
+
     def weight_sum(self, ws: Any, mode: TrieMode | None = None) -> np.ndarray:
         """Total weight of the tokens below each node; the EOS node (last) holds the EOS
-        tokens' weight in ``WITH_EOS`` mode (0 otherwise), the root every token counted."""
-        return self.batch_weight_sum(np.atleast_2d(_as_numpy(ws)), mode)[0]
+        tokens' weight in ``WITH_EOS`` mode (0 otherwise), the root every token counted.
+        ``ws`` is one row, shape ``(len(decode),)``."""
+        return self.batch_weight_sum(self._row(ws)[None], mode)[0]
 
     def batch_weight_sum(self, ws: Any, mode: TrieMode | None = None) -> np.ndarray:
         """Row-wise :meth:`weight_sum`: ``(B, len(decode)) -> (B, num_nodes)``."""
@@ -216,8 +235,9 @@ class EosModeTrie:
 
     def weight_max(self, ws: Any) -> np.ndarray:
         """Largest weight of the tokens below each node (-inf where none), ``WITHOUT_EOS``
-        structure; the EOS node holds the largest EOS token weight."""
-        return self.batch_weight_max(np.atleast_2d(_as_numpy(ws)))[0]
+        structure; the EOS node holds the largest EOS token weight. ``ws`` is one row, shape
+        ``(len(decode),)``."""
+        return self.batch_weight_max(self._row(ws)[None])[0]
 
     def batch_weight_max(self, ws: Any) -> np.ndarray:
         """Row-wise :meth:`weight_max`: ``(B, len(decode)) -> (B, num_nodes)``."""
@@ -255,14 +275,14 @@ class AsyncEosModeTrie:
 
     async def weight_sum(self, ws: Any, mode: TrieMode | None = None) -> np.ndarray:
         """:meth:`EosModeTrie.weight_sum`, batched with concurrent calls."""
+        w, eos = self.trie.prepare(self.trie._row(ws), mode)
         self.start()
-        w, eos = self.trie.prepare(ws, mode)
         return self.trie.finish(await self._async.weight_sum(w[0]), eos)[0]
 
     async def weight_max(self, ws: Any) -> np.ndarray:
         """:meth:`EosModeTrie.weight_max`, batched with concurrent calls."""
+        w = self.trie._row(ws)
         self.start()
-        w = _as_numpy(ws)
         masses = await self._async.weight_max(w)
         return np.concatenate([masses, self.trie.eos_max(w[None, :])])
 
