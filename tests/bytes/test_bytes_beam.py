@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 
 import numpy as np
@@ -11,10 +12,12 @@ from support.bytes_lms import FixedLM, brute_force_prefix_logprob, run
 
 from genlm.bytes import (
     EOS,
+    EOT,
     BeamParams,
     ByteBeamState,
     ByteLM,
     ByteLMClosedError,
+    NextByteLogprobs,
     UnreachableByteError,
 )
 from genlm.core import InvalidContextError, Vocabulary
@@ -451,6 +454,67 @@ def test_byte_sampling_checks_max_bytes_like_core_checks_max_tokens(max_bytes, e
         assert drawn.data == (await state.sample(3, seed=0)).data and len(drawn.data) <= 3
 
     run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "says"),
+    [
+        ({"seed": -1}, ValueError, "seed must be None or a non-negative integer, got -1"),
+        ({"seed": "x"}, TypeError, "seed must be None or a non-negative integer, got 'x'"),
+        ({"seed": 1.5}, TypeError, "seed must be None or a non-negative integer, got 1.5"),
+        ({"rng": 5}, TypeError, "rng must be a numpy.random.Generator.*got 5"),
+        ({"rng": np.random.RandomState(0)}, TypeError, "rng must be a numpy.random.Generator"),
+    ],
+    ids=["seed=-1", "seed='x'", "seed=1.5", "rng=5", "rng=RandomState"],
+)
+def test_byte_sampling_names_a_bad_seed_or_rng(options, error, says):
+    """sample() refuses a bad seed as core's sample does (genlm.core.backend.seeded_rng),
+    naming it: numpy said "expected non-negative integer" or "SeedSequence expects int";
+    an rng that is no Generator failed as "'int' object has no attribute 'choice'"."""
+
+    async def scenario():
+        state = await ByteLM(FixedLM(VOCAB, np.ones(len(TOKENS)))).initial(b"a")
+        with pytest.raises(error, match=says):
+            await state.sample(3, **options)
+        rng = np.random.default_rng(0)
+        drawn = await state.sample(3, rng=rng)  # a Generator draws, as the seed's would
+        assert drawn.data == (await state.sample(3, seed=0)).data
+
+    run(scenario())
+
+
+def test_next_byte_logprobs_name_a_bad_key_k_or_rng():
+    """dist[key] takes a byte, EOS or EOT as an integer and raises KeyError naming any
+    other key (97.0 failed in numpy's words, "a" and None in a comparison's); top(k) refuses
+    a k that is no count (top(-1) returned all but the last symbol); sample() refuses an
+    rng that is no Generator by name."""
+    logprobs = np.log(np.full(EOS + 1, 1 / (EOS + 1)))
+    dist = NextByteLogprobs(logprobs, log_eot=-0.5)
+    assert dist[97] == dist[np.int64(97)] == logprobs[97] and dist[EOT] == -0.5
+    for key in (97.0, "a", None, True, -1, EOT + 1, b"a"):
+        with pytest.raises(KeyError, match=f"expected a byte 0..255.*got {re.escape(repr(key))}"):
+            dist[key]
+    assert len(dist.top(EOS + 1)) == EOS + 1 and dist.top(0) == []
+    with pytest.raises(ValueError, match="k must be >= 0, got -1"):
+        dist.top(-1)
+    with pytest.raises(TypeError, match="k must be an integer, got 2.5"):
+        dist.top(2.5)
+    for rng in (None, 5):
+        with pytest.raises(TypeError, match=f"rng must be a numpy.random.Generator.*got {rng}"):
+            dist.sample(rng)
+
+
+@pytest.mark.parametrize("threshold", ["0.1", None, True], ids=repr)
+def test_a_prune_threshold_that_is_no_number_is_named(threshold):
+    """ByteLM and BeamParams refuse a prune_threshold that is no real number with a
+    TypeError naming it; "0.1" and None failed in a comparison's words, True as out of range."""
+    lm = FixedLM(VOCAB, np.ones(len(TOKENS)))
+    says = f"prune_threshold must be a number in \\[0, 1\\), got {re.escape(repr(threshold))}"
+    with pytest.raises(TypeError, match=says):
+        ByteLM(lm, prune_threshold=threshold)
+    with pytest.raises(TypeError, match=says):
+        BeamParams(K=4, prune_threshold=threshold)
+    assert ByteLM(lm, prune_threshold=np.float32(0.5)).prune_threshold == 0.5
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any, Self
 import attrs
 import numpy as np
 
-from genlm.bytes._dist import EOS, NextByteLogprobs, is_index, logsumexp
+from genlm.bytes._dist import EOS, NextByteLogprobs, checked_rng, is_index, logsumexp
 from genlm.bytes._heal import heal
 from genlm.bytes._model import AsyncClosing, ByteModel
 from genlm.bytes._types import Candidate
-from genlm.core.backend import check_temperature, checked_count
+from genlm.core.backend import check_temperature, checked_count, seeded_rng
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -468,10 +468,13 @@ class BeamState(AsyncClosing):
                 as core's ``sample`` checks ``max_tokens`` and ``temperature``.
             ValueError: ``max_bytes`` < 0, or a temperature
                 :func:`genlm.core.backend.check_temperature` refuses.
+            TypeError, ValueError: a ``seed`` that is not None or an integer >= 0
+                (:func:`genlm.core.backend.seeded_rng`), an ``rng`` that is not a numpy
+                ``Generator``; both name the argument.
         """
         max_bytes = checked_count("max_bytes", max_bytes, 0)
         check_temperature(temperature)
-        rng = rng if rng is not None else np.random.default_rng(seed)
+        rng = seeded_rng(seed) if rng is None else checked_rng(rng)
         limit = getattr(self.byte_lm.lm, "max_context_length", None)
         state, out, total = self, bytearray(), 0.0
         for _ in range(max_bytes):

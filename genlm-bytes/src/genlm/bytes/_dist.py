@@ -7,7 +7,7 @@ import numpy as np
 
 from genlm.bytes._chart import Chart
 from genlm.core import EOS_EDGE
-from genlm.core.backend import check_temperature
+from genlm.core.backend import check_temperature, checked_count
 
 EOS = EOS_EDGE
 """Index of end-of-sequence in :attr:`NextByteLogprobs.logprobs` (256: one past the last
@@ -25,6 +25,21 @@ def is_index(value: object, stop: int) -> bool:
     the same values (numpy would read a float or a bool as an index, or fail in its words)."""
     integer = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
     return integer and 0 <= value < stop
+
+
+def checked_rng(rng: object) -> np.random.Generator:
+    """``rng``, if it is a numpy ``Generator``: what the samplers draw with (anything else
+    failed at the first draw, as ``'int' object has no attribute 'choice'``).
+
+    Raises:
+        TypeError: it is not one (None included: make one with
+            ``numpy.random.default_rng(seed)``).
+    """
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(
+            f"rng must be a numpy.random.Generator (numpy.random.default_rng(seed)), got {rng!r}"
+        )
+    return rng
 
 
 def logsumexp(x: np.ndarray) -> float:
@@ -65,12 +80,14 @@ class NextByteLogprobs:
     log_eot: float
 
     def __getitem__(self, key: int) -> float:
-        """``dist[b]``: the log-probability of byte ``b``, of :data:`EOS`, or of :data:`EOT`."""
-        if key == EOT:
-            return self.log_eot
-        if not 0 <= key <= EOS:
+        """``dist[b]``: the log-probability of byte ``b``, of :data:`EOS`, or of :data:`EOT`.
+
+        Raises:
+            KeyError: ``key`` is none of those (an int out of range, a float, a string).
+        """
+        if not is_index(key, EOT + 1):
             raise KeyError(f"expected a byte 0..255, EOS ({EOS}) or EOT ({EOT}), got {key!r}")
-        return float(self.logprobs[key])
+        return self.log_eot if key == EOT else float(self.logprobs[key])
 
     @property
     def eos(self) -> float:
@@ -130,7 +147,9 @@ class NextByteLogprobs:
         return scaled - logsumexp(scaled)
 
     def sample(self, rng: np.random.Generator, temperature: float = 1.0) -> int:
-        """Draw the next symbol with ``rng`` (see the class)."""
+        """Draw the next symbol with ``rng``, a numpy ``Generator`` (see the class and
+        :func:`checked_rng`)."""
+        checked_rng(rng)
         scaled = self._scaled(temperature)
         if scaled is None:
             return self.argmax()
@@ -152,7 +171,13 @@ class NextByteLogprobs:
             return (self.logprobs - best) / temperature
 
     def top(self, k: int = 10) -> list[tuple[int, float]]:
-        """Up to ``k`` pairs ``(symbol, logprob)``, best first; impossible symbols left out."""
+        """Up to ``k`` pairs ``(symbol, logprob)``, best first; impossible symbols left out.
+
+        Raises:
+            TypeError, ValueError: ``k`` is not an integer >= 0 (a negative one sliced all
+                but the last symbols).
+        """
+        k = checked_count("k", k, 0)
         order = np.argsort(-self.logprobs, kind="stable")[:k]
         return [(int(i), float(self.logprobs[i])) for i in order if np.isfinite(self.logprobs[i])]
 
@@ -194,7 +219,7 @@ class LazyByteProbs:
         """
         if key is None:
             return float(self.ps[256])
-        if isinstance(key, (int, np.integer)) and not isinstance(key, bool) and 0 <= key <= 257:
+        if is_index(key, len(self.ps)):
             return float(self.ps[key])
         raise ValueError(
             f"expected a byte 0..255, None or 256 (end of token) or 257 (EOS), got {key!r}"

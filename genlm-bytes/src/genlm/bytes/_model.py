@@ -67,6 +67,8 @@ def check_beam_options(
     ``BeamParams``, which validates when it is built."""
     if K is not None and not _is_count(K, 1):
         raise ValueError(f"K must be a positive beam width (an integer) or None, got {K!r}")
+    if isinstance(prune_threshold, bool) or not isinstance(prune_threshold, numbers.Real):
+        raise TypeError(f"prune_threshold must be a number in [0, 1), got {prune_threshold!r}")
     if not 0.0 <= prune_threshold < 1.0:
         raise ValueError(f"prune_threshold must be in [0, 1), got {prune_threshold}")
     for name, value in (
