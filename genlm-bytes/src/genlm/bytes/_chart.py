@@ -65,10 +65,11 @@ class Chart(dict):
         return {key: value for key, value in self.items() if value != self.zero}
 
     def metric(self, other: Chart) -> Any:
-        """The largest absolute difference between the two charts, over both's keys."""
+        """The largest absolute difference between the two charts, over both's keys (equal
+        entries differ by 0, -inf ones included)."""
         if not isinstance(other, Chart):
             raise TypeError(f"metric compares two charts, got {type(other).__name__}")
-        return max((abs(self[k] - other[k]) for k in self.keys() | other.keys()), default=0)
+        return max((_difference(self[k], other[k]) for k in self.keys() | other.keys()), default=0)
 
     def _repr_html_(self) -> str:
         rows = "".join(
@@ -108,7 +109,7 @@ class Chart(dict):
         keys = self.keys() | want.keys() if domain is None else domain
         wrong = []
         for key in keys:
-            ok = abs(self[key] - want[key]) <= tol
+            ok = _difference(self[key], want[key]) <= tol
             if verbose:
                 print("ok " if ok else "BAD", key, self[key], *(() if ok else (want[key],)))
             if not ok:
@@ -189,7 +190,7 @@ class Chart(dict):
             other = Chart(self.zero, other)
         keys = self.keys() | other.keys() if domain is None else domain
         rows = [
-            {"key": k, "self": self[k], "other": other[k], "metric": abs(self[k] - other[k])}
+            {"key": k, "self": self[k], "other": other[k], "metric": _difference(self[k], other[k])}
             for k in keys
         ]
         return pd.DataFrame(rows)
@@ -197,3 +198,9 @@ class Chart(dict):
     def to_dict(self) -> dict:
         """The entries as a plain dict (``zero`` ones included)."""
         return dict(self)
+
+
+def _difference(a: Any, b: Any) -> Any:
+    """``|a - b|``, and 0 where ``a == b``: two -inf entries (an outcome impossible in both
+    log-space charts) are equal, but ``-inf - -inf`` is NaN."""
+    return 0 if a == b else abs(a - b)
