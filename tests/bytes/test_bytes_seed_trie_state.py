@@ -202,3 +202,34 @@ def test_initial_takes_a_published_trie_and_refuses_others():
                 LazyTrieState.initial(no_bos, TokenByteTrie(list(TOKENS[1:])))
 
     run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("symbol", "says"),
+    [
+        (257, r"257 is EOS, an outcome of logp_next .* to end the sequence, stop advancing"),
+        (256, r"256 is the end of token of logp_next .* with extend\(\)"),
+        (300, "expected a byte value 0..255, got 300"),
+        (-1, "expected a byte value 0..255, got -1"),
+        (97.0, "expected a byte value 0..255, got 97.0"),
+        ("a", "expected a byte value 0..255, got 'a'"),
+    ],
+    ids=repr,
+)
+def test_a_symbol_that_is_not_a_byte_is_refused_saying_what_it_is(symbol, says):
+    """``state << 257`` (EOS in the 0.2 layout of logp_next) said "edge label 257 is not a
+    byte (0..255) or EOS_EDGE (256)", the trie's internals; EOS is an outcome here, never a
+    state, so the error says how to end instead, at the root (where EOS has mass) and inside
+    a token alike. A byte still steps."""
+
+    async def scenario():
+        async with MockLM(VOCAB) as lm:
+            state = await LazyTrieState.initial(lm, trie()).materialize()
+            assert state.logp_next[257] > -np.inf  # EOS is possible at the root here
+            inside = state << ord("a")
+            for s in (state, inside):
+                with pytest.raises(ValueError, match=says):
+                    s << symbol
+            assert inside.partial == b"a" and (inside << np.uint8(ord("b"))).partial == b"ab"
+
+    run(scenario())

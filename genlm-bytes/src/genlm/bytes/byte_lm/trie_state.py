@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from genlm.bytes._dist import LazyByteProbs, logsumexp
+from genlm.bytes._dist import LazyByteProbs, is_index, logsumexp
 from genlm.bytes._model import ByteModel
 from genlm.bytes._types import Candidate
 from genlm.bytes.byte_lm.lm_state import StatefulTokenizedLM
@@ -202,7 +202,15 @@ class LazyTrieState:
         return attrs.evolve(self, candidate=Candidate(context, weight, root, None, weight))
 
     def __lshift__(self, byte: int) -> LazyTrieState | None:
-        """The candidate after ``byte`` inside its partial token, or None if none continues."""
+        """The candidate after ``byte`` inside its partial token, or None if none continues.
+
+        Raises:
+            ValueError: ``byte`` is not a byte value 0..255, the end of token (256) and EOS
+                (257) of :attr:`logp_next` included, with what to do instead (0.2.0 moved
+                to a terminated state by EOS; here EOS is an outcome, never a state).
+        """
+        if not is_index(byte, 256):
+            raise ValueError(_not_a_byte(byte))
         c = self.candidate
         if c.next is None:
             raise ValueError("State is not yet materialized.")
@@ -247,6 +255,23 @@ class LazyTrieState:
 
     def __repr__(self) -> str:
         return f"{self.weight:.2f}: {self.lm_state!r}|{self.partial!r}"
+
+
+def _not_a_byte(symbol: object) -> str:
+    """Why ``state << symbol`` takes no ``symbol`` (not a byte value), and what to do."""
+    if is_index(symbol, SYMBOLS) and symbol == EOS_INDEX:
+        return (
+            f"{EOS_INDEX} is EOS, an outcome of logp_next (logp_next[{EOS_INDEX}]: the "
+            "probability that the sequence ends here), not a byte to advance by: a state "
+            "never consumes EOS here (terminated is always False); to end the sequence, "
+            "stop advancing and read that probability"
+        )
+    if is_index(symbol, SYMBOLS) and symbol == EOT_INDEX:
+        return (
+            f"{EOT_INDEX} is the end of token of logp_next (logp_next[{EOT_INDEX}]), not a "
+            "byte to advance by; end the partial token with extend()"
+        )
+    return f"expected a byte value 0..255, got {symbol!r}"
 
 
 def bos_token(lm: Any) -> int:
