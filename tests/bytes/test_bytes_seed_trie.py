@@ -194,7 +194,7 @@ def test_an_empty_vocabulary_is_refused():
     ("decode", "message"),
     [
         ([b"a", 2], r"decode\[1\] is int 2, not bytes"),
-        ([b"a", None], r"decode\[1\] is NoneType None, not bytes"),
+        ([b"a", None], r"decode\[1\] is None, not bytes"),
         ([b"a", "b"], r"decode\[1\] is str 'b', not bytes"),
         (b"ab", r"decode must be a list of byte strings.*got one bytes b'ab'"),
         ("ab", r"decode must be a list of byte strings.*got one str 'ab'"),

@@ -26,7 +26,7 @@ from genlm.bytes._aliases import either_byte_strings, either_name
 from genlm.bytes._eos import split_eos
 from genlm.core import AsyncTokenByteTrie as CoreAsyncTrie
 from genlm.core import TokenByteTrie as CoreTrie
-from genlm.core.backend import check_real, is_torch
+from genlm.core.backend import check_real, check_token_bytes, is_torch
 
 __all__ = [
     "AsyncEosModeTrie",
@@ -71,24 +71,6 @@ def _as_numpy(ws: Any) -> np.ndarray:
     ws = np.asarray(ws)
     check_real(ws)
     return ws.astype(np.float64, copy=False)
-
-
-def _token_bytes(decode: Sequence[bytes]) -> list[bytes]:
-    """Each token's bytes as plain ``bytes`` (genlm-backend's ``Token`` is a subclass).
-
-    Raises:
-        TypeError: ``decode`` is one byte string or text, or an entry is not bytes.
-    """
-    if isinstance(decode, (bytes, bytearray, memoryview, str)):
-        raise TypeError(
-            "decode must be a list of byte strings, one per token id, got one "
-            f"{type(decode).__name__} {decode!r:.60}"
-        )
-    tokens = list(decode)
-    for i, token in enumerate(tokens):
-        if not isinstance(token, bytes):
-            raise TypeError(f"decode[{i}] is {type(token).__name__} {token!r:.60}, not bytes")
-    return [bytes(t) for t in tokens]
 
 
 class EosModeTrie:
@@ -146,7 +128,8 @@ class EosModeTrie:
     ):
         if device not in (None, "cpu", "cuda"):
             raise ValueError(f"Invalid device: {device!r}. Must be 'cpu', 'cuda' or None")
-        self.decode = _token_bytes(decode)
+        check_token_bytes(decode, "decode")
+        self.decode = [bytes(t) for t in decode]
         if not self.decode:
             raise ValueError("the vocabulary (decode) is empty: a trie needs at least one token")
         self.device = "cpu"

@@ -99,6 +99,11 @@ def check_token_bytes(tokens: Sequence[object], what: str = "vocab") -> None:
         tokens: the entries to check.
         what: the argument's name, for the message.
     """
+    if isinstance(tokens, (bytes, bytearray, memoryview, str)):
+        raise TypeError(
+            f"{what} must be a list of byte strings, one per token id, got one "
+            f"{type(tokens).__name__} {tokens!r:.60}"
+        )
     if set(map(type, tokens)) <= {bytes}:
         return
     for i, entry in enumerate(tokens):

@@ -61,6 +61,7 @@ if _TYPE_CHECKING:
     from genlm.core._sampling import sample_token as sample_token
     from genlm.core._sampling import seeded_rng as seeded_rng
     from genlm.core._scheduler import AutoBatcher as AutoBatcher
+    from genlm.core._validation import check_token_bytes as check_token_bytes
     from genlm.core._validation import checked_count as checked_count
     from genlm.core._validation import checked_seconds as checked_seconds
     from genlm.core._validation import validate_context as validate_context
