@@ -104,10 +104,10 @@ class NextByteLogprobs:
         """The published genlm-bytes 0.2 layout, shape (258,), float64: log-probabilities of
         bytes 0..255, then end of token (index 256: always -inf, as there), then EOS
         (index 257, also ``ps[-1]``), normalized over bytes and EOS."""
-        out = np.full(258, -np.inf)
+        out = np.full(SYMBOLS, -np.inf)
         norm = self.normalized()
         out[:256] = norm[:256]
-        out[257] = norm[EOS]
+        out[EOS_INDEX] = norm[EOS]
         return out
 
     def materialize(self) -> Chart:
@@ -186,8 +186,15 @@ class NextByteLogprobs:
         return f"NextByteLogprobs({shown}, EOT: {self.log_eot:.3f})"
 
 
+#: Indices of the published 0.2 API's next-symbol arrays (``LazyByteProbs.ps``): 256
+#: bytes, then end of token (a token boundary here), then end of sequence. Not this
+#: package's own numbering (:data:`EOS` 256, :data:`EOT` 257).
+EOT_INDEX = 256
+EOS_INDEX = 257
+SYMBOLS = 258
+
 #: The keys of :meth:`LazyByteProbs.materialize` and ``pretty``, one per entry of ``ps``.
-_PS_KEYS: list[int | None] = [*range(256), None, 257]
+_PS_KEYS: list[int | None] = [*range(256), None, EOS_INDEX]
 _PRETTY_KEYS: list[bytes | str] = [*(bytes([b]) for b in range(256)), "EOT", "EOS"]
 
 
@@ -205,9 +212,9 @@ class LazyByteProbs:
     ps: np.ndarray = attrs.field(converter=lambda ps: np.asarray(ps, dtype=np.float64))
 
     def __attrs_post_init__(self) -> None:
-        if self.ps.shape != (258,):
+        if self.ps.shape != (SYMBOLS,):
             raise ValueError(
-                f"expected 258 log-probabilities (bytes, EOT, EOS), got {self.ps.shape}"
+                f"expected {SYMBOLS} log-probabilities (bytes, EOT, EOS), got {self.ps.shape}"
             )
 
     def __getitem__(self, key: int | None) -> float:
@@ -218,7 +225,7 @@ class LazyByteProbs:
             ValueError: any other key (0.2's error for an index past 257).
         """
         if key is None:
-            return float(self.ps[256])
+            return float(self.ps[EOT_INDEX])
         if is_index(key, len(self.ps)):
             return float(self.ps[key])
         raise ValueError(

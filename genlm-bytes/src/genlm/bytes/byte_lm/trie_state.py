@@ -13,17 +13,11 @@ from typing import Any
 import attrs
 import numpy as np
 
-from genlm.bytes._dist import LazyByteProbs, is_index, logsumexp
+from genlm.bytes._dist import EOS_INDEX, EOT_INDEX, SYMBOLS, LazyByteProbs, is_index, logsumexp
 from genlm.bytes._model import ByteModel
 from genlm.bytes._types import Candidate
 from genlm.bytes.byte_lm.lm_state import StatefulTokenizedLM
 from genlm.bytes.trie import AsyncEosModeTrie, EosModeTrie, TrieMode
-
-#: Indices of the published API's next-symbol arrays: 256 bytes, then end of token
-#: (a token boundary here), then end of sequence.
-EOT_INDEX = 256
-EOS_INDEX = 257
-SYMBOLS = 258
 
 
 @attrs.define(eq=False, repr=False, slots=False)
