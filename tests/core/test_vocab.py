@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -412,6 +414,18 @@ class TestAddedTokens:
             if RAW_ADDED not in s and SPECIAL_ADDED not in s:
                 assert joined == b" " + s.encode("utf-8")
 
+    @pytest.mark.parametrize(
+        ("text", "joined"),
+        [("aqqxxb", b" aqqxx b"), ("qqxxb", b"qqxx b"), ("a zzqqb", b" a zzqqb")],
+    )
+    def test_raw_literal_cuts_the_text(self, added, text, joined):
+        """Under the Prepend normalizer a raw-matched literal is cut out before normalizing:
+        the text after it gets a dummy b" " of its own and a text starting with it none (the
+        docstring's exception); a normalized literal moves no dummy b" "."""
+        tk, vocabs = added
+        for vocab in vocabs.values():
+            assert vocab.decode(tk.encode(text, add_special_tokens=False).ids) == joined
+
     def test_json_reader_names_a_normalizer_it_cannot_apply(self, tmp_path):
         """The json-only reader applies Llama-style normalizers; another one, met by a
         normalized added token, is an error naming it (it would otherwise guess bytes)."""
@@ -427,6 +441,211 @@ class TestAddedTokens:
         (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
         with pytest.raises(ValueError, match="Precompiled"):
             Vocabulary.from_tokenizer_json(tmp_path)
+
+
+# Two small tokenizers built here, with tokens added the ways real checkpoints add them: model
+# pieces declared again (Llama 3's "ĠĠ", the whitespace pieces such as Gemma's "▁▁" that
+# transformers' SentencePiece conversion lists as added tokens), new ones matched on the raw
+# text (normalized=False) that spell the space marker or a byte piece, ones matched on
+# normalized text (add_tokens' default) and a special one. The third element of each entry
+# tells whether the text of the token's literal is read back by the round trip (a raw-matched
+# literal or a re-declared piece spelled otherwise than its text is not).
+ADDED_METASPACE = {
+    "raw": ["▁▁", "a▁b", "▁x▁", "<0x42>", "<tab>"],
+    "normalized": ["▁b", "zz"],
+}
+ADDED_BYTE_LEVEL = {
+    "raw": ["ĠĠ", "Ġx", "Ġa b", "<tab>"],
+    "normalized": ["Ġa", "zz"],
+}
+TOOL = "<tool>"  # the special one, on both
+
+
+def with_added(tk, added: dict[str, list[str]]):
+    """``tk`` with the tokens of ``added`` and TOOL added."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tk.add_tokens([tokenizers.AddedToken(t, normalized=False) for t in added["raw"]])
+    tk.add_tokens([tokenizers.AddedToken(t, normalized=True) for t in added["normalized"]])
+    tk.add_special_tokens([tokenizers.AddedToken(TOOL, normalized=False)])
+    return tk
+
+
+def metaspace_unigram(scheme: str = "first"):
+    """A Unigram model with byte fallback and a Metaspace pre-tokenizer and decoder
+    (``prepend_scheme="first"`` by default), as newer conversions write SentencePiece models."""
+    tokenizers = pytest.importorskip("tokenizers")
+    pieces = ["<unk>", "▁", "▁▁", "▁a", "▁b", "▁x", *"abxyz"]
+    pieces += [f"<0x{b:02X}>" for b in range(256)]
+    tk = tokenizers.Tokenizer(
+        tokenizers.models.Unigram([(p, -1.0 - len(p)) for p in pieces], 0, byte_fallback=True)
+    )
+    metaspace = {"replacement": "\u2581", "prepend_scheme": scheme}
+    tk.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace(**metaspace)
+    tk.decoder = tokenizers.decoders.Sequence(
+        [tokenizers.decoders.ByteFallback(), tokenizers.decoders.Metaspace(**metaspace)]
+    )
+    return with_added(tk, ADDED_METASPACE)
+
+
+def byte_level_bpe():
+    """A byte-level BPE over GPT-2's 256-character alphabet with two merges."""
+    tokenizers = pytest.importorskip("tokenizers")
+    alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)} | {"ĠĠ": 256, "Ġa": 257}
+    tk = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, [("Ġ", "Ġ"), ("Ġ", "a")]))
+    tk.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = tokenizers.decoders.ByteLevel()
+    return with_added(tk, ADDED_BYTE_LEVEL)
+
+
+BUILT = {
+    "metaspace": (metaspace_unigram, ADDED_METASPACE),
+    "byte_level": (byte_level_bpe, ADDED_BYTE_LEVEL),
+}
+READERS = ["tokenizers", "transformers", "json"]
+
+
+@functools.cache
+def built(kind: str, reader: str):
+    """A built tokenizer (its ``tokenizers.Tokenizer``) and its Vocabulary read by ``reader``.
+    The transformers tokenizer lists the raw added tokens as extra special tokens, as
+    transformers does for Gemma's whitespace pieces, though the backend flags them
+    special=False."""
+    tk = BUILT[kind][0]()
+    if reader == "tokenizers":
+        return tk, Vocabulary.from_tokenizer(tk)
+    if reader == "json":
+        path = Path(tempfile.mkdtemp()) / "tokenizer.json"
+        try:
+            tk.save(str(path))
+            return tk, Vocabulary.from_tokenizer_json(path)
+        finally:
+            shutil.rmtree(path.parent)
+    transformers = pytest.importorskip("transformers")
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tk, extra_special_tokens=BUILT[kind][1]["raw"]
+    )
+    return fast.backend_tokenizer, Vocabulary.from_tokenizer(fast)
+
+
+class TestAddedTokensDecodeAsTheDecoder:
+    @pytest.mark.parametrize("reader", READERS)
+    @pytest.mark.parametrize("kind", list(BUILT))
+    def test_every_id_against_decode(self, kind, reader):
+        """Brute force: every model id and every raw-matched added id has the bytes the
+        tokenizer's decoder writes after an anchor, decode([x, i]) minus decode([x]); a
+        re-declared model piece keeps its own (Llama 3's "ĠĠ" is b"  ", not the text "ĠĠ")."""
+        tk, vocab = built(kind, reader)
+        anchor = tk.token_to_id("x")
+        added = tk.get_added_tokens_decoder()
+        model = set(tk.get_vocab(with_added_tokens=False).values())
+        checked = [i for i in range(tk.get_vocab_size()) if i in model or not added[i].normalized]
+        # All but the new normalized "zz": it stands for its text (see test_ids_join_to_the_text).
+        assert set(range(len(vocab))) - set(checked) == {tk.token_to_id("zz")}
+        for i in checked:
+            expected = tk.decode([anchor, i], skip_special_tokens=False)
+            assert (vocab[anchor] + vocab[i]).decode("utf-8", "replace") == expected, i
+
+    @pytest.mark.parametrize("reader", READERS)
+    @pytest.mark.parametrize("kind", list(BUILT))
+    def test_only_special_tokens_are_special(self, kind, reader):
+        """Only the token flagged special is special: raw-matched added tokens that
+        transformers lists in all_special_ids (as it lists Gemma's "▁▁") stay text."""
+        tk, vocab = built(kind, reader)
+        assert vocab.special_ids == {tk.token_to_id(TOOL)}
+        assert vocab[tk.token_to_id(TOOL)] == TOOL.encode()
+
+    def test_transformers_lists_raw_added_tokens_as_special(self):
+        """The premise above: transformers' all_special_ids holds the raw added tokens."""
+        transformers = pytest.importorskip("transformers")
+        raw = ADDED_METASPACE["raw"]
+        fast = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=metaspace_unigram(), extra_special_tokens=raw
+        )
+        ids = fast.convert_tokens_to_ids(raw)
+        assert set(ids) <= set(fast.all_special_ids)
+        assert not any(fast.backend_tokenizer.get_added_tokens_decoder()[i].special for i in ids)
+
+    @pytest.mark.parametrize("reader", READERS)
+    def test_known_bytes(self, reader):
+        """The bytes named in the docstrings: ▁ and Ġ read as spaces in raw-matched tokens,
+        a byte piece as its byte, a token holding a character outside the byte alphabet as
+        its UTF-8, whole; a new normalized token as its text."""
+        tk, vocab = built("metaspace", reader)
+        spelled = {t: vocab[tk.token_to_id(t)] for t in ["▁▁", "a▁b", "▁x▁", "<0x42>", "zz"]}
+        assert spelled == {"▁▁": b"  ", "a▁b": b"a b", "▁x▁": b" x ", "<0x42>": b"B", "zz": b"zz"}
+        tk, vocab = built("byte_level", reader)
+        spelled = {t: vocab[tk.token_to_id(t)] for t in ["ĠĠ", "Ġx", "Ġa b", "Ġa", "zz"]}
+        assert spelled == {
+            "ĠĠ": b"  ",
+            "Ġx": b" x",
+            "Ġa b": "Ġa b".encode(),
+            "Ġa": b" a",
+            "zz": b"zz",
+        }
+
+    @pytest.mark.parametrize("kind", list(BUILT))
+    @property_settings
+    @given(data=st.data())
+    def test_ids_join_to_the_text(self, kind, data):
+        """Any text's ids join to what the decoder writes after an anchor. A text holding no
+        special literal and no literal of an added token whose bytes are not its literal's
+        UTF-8 (``▁`` read as a space) joins to the text as the Vocabulary docstring says: on
+        Metaspace ("first"), after a dummy b" " unless it starts with a space or any added
+        token's literal."""
+        added = BUILT[kind][1]
+        pieces = [*added["raw"], *added["normalized"], TOOL, "a", "b", "x", " ", "\u2581", "é"]
+        s = "".join(data.draw(st.lists(st.sampled_from(pieces), max_size=8)))
+        # Literals whose tokens' bytes differ from them: "<0x42>" is b"B", "Ġx" b" x", the
+        # re-declared pieces "ĠĠ" and "Ġa" b"  " and b" a".
+        unread = [TOOL, "<0x42>"] if kind == "metaspace" else [TOOL, "ĠĠ", "Ġx", "Ġa"]
+        for reader in READERS:
+            tk, vocab = built(kind, reader)
+            ids = tk.encode(s, add_special_tokens=False).ids
+            joined = vocab.decode(ids, keep_special=True)
+            anchor = tk.token_to_id("x")
+            expected = tk.decode([anchor, *ids], skip_special_tokens=False)
+            assert (b"x" + joined).decode("utf-8", "replace") == expected
+            if any(t in s for t in unread):
+                continue
+            if kind == "byte_level":
+                assert joined == s.encode()
+            else:
+                text = s.replace("\u2581", " ").encode()
+                starts_added = any(s.startswith(t) for t in added["raw"] + added["normalized"])
+                prefix = b" " if text and not text.startswith(b" ") and not starts_added else b""
+                assert joined == prefix + text
+
+    @pytest.mark.parametrize(
+        ("scheme", "text", "joined"),
+        [
+            ("first", "zzx", b"zzx"),
+            ("first", "xzzx", b" xzzx"),
+            ("always", "zzx", b"zz x"),
+            ("always", "xzzx", b" xzz x"),
+            ("always", "x<tab>x", b" x<tab> x"),
+        ],
+    )
+    def test_metaspace_dummy_prefix_around_added_literals(self, scheme, text, joined):
+        """A Metaspace pre-tokenizer sees only the text between added literals: under
+        "first" a text starting with one gets no dummy b" ", under "always" each stretch
+        after one gets its own (the docstring's exceptions)."""
+        tk = metaspace_unigram(scheme)
+        assert Vocabulary.from_tokenizer(tk).decode(tk.encode(text).ids) == joined
+
+    def test_slow_sentencepiece_added_tokens(self):
+        """A slow SentencePiece tokenizer decodes an added "a▁b" as "a b", as the fast ones."""
+        transformers = pytest.importorskip("transformers")
+        backend = getattr(transformers, "SentencePieceBackend", None) or transformers.LlamaTokenizer
+        model = SHARED / "stories260K" / "llama2c" / "tok512.model"
+        if not model.is_file():
+            pytest.skip(f"{model} does not exist")
+        pytest.importorskip("sentencepiece")
+        tok = backend(vocab_file=str(model), bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+        tok.add_tokens([transformers.AddedToken("a▁b", normalized=False)])
+        i = tok.convert_tokens_to_ids("a▁b")
+        vocab = Vocabulary.from_tokenizer(tok)
+        assert vocab[i] == b"a b" and tok.decode([i]) == "a b" and not vocab.is_special(i)
 
 
 class TestShapes:

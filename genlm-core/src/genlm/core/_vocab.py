@@ -18,7 +18,7 @@ import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import accumulate
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import numpy as np
@@ -49,24 +49,26 @@ def _bytes_to_unicode() -> dict[int, str]:
 # Byte-level tokens are mapped with str.translate then latin-1 encoding: both run in C, which
 # keeps Llama 3's 128k tokens well under a second.
 _BYTE_LEVEL_TRANSLATE = {ord(ch): b for b, ch in _bytes_to_unicode().items()}
+# A character outside the 256-character alphabet, a space or a control character included:
+# those below U+0100 would pass translate unchanged and encode as latin-1 without error.
+_NOT_BYTE_LEVEL = re.compile(f"[^{re.escape(''.join(_bytes_to_unicode().values()))}]")
 
 
 def _byte_level_bytes(token: str) -> bytes:
     """Bytes of a GPT-2 style byte-level token string."""
-    try:
-        return token.translate(_BYTE_LEVEL_TRANSLATE).encode("latin-1")
-    except UnicodeEncodeError:
-        # Not a byte-level string (a character outside the 256-character alphabet): the
-        # token is literal text, e.g. one added by hand to the model vocabulary.
+    if _NOT_BYTE_LEVEL.search(token):
+        # Not a byte-level string: the token is literal text, e.g. one added by hand to the
+        # vocabulary; the ByteLevel decoder writes such a token as its UTF-8, whole.
         return token.encode("utf-8")
+    return token.translate(_BYTE_LEVEL_TRANSLATE).encode("latin-1")
 
 
 def _byte_level_many(tokens: list[str]) -> list[bytes]:
     """Bytes of many byte-level tokens: one translate and one encode over their concatenation."""
-    try:
-        data = "".join(tokens).translate(_BYTE_LEVEL_TRANSLATE).encode("latin-1")
-    except UnicodeEncodeError:
+    joined = "".join(tokens)
+    if _NOT_BYTE_LEVEL.search(joined):
         return [_byte_level_bytes(t) for t in tokens]
+    data = joined.translate(_BYTE_LEVEL_TRANSLATE).encode("latin-1")
     # Every character became one byte, so character offsets are byte offsets.
     ends = list(accumulate(map(len, tokens)))
     return [data[start:end] for start, end in zip([0, *ends], ends)]
@@ -164,32 +166,59 @@ def _model_vocab(model: Mapping[str, Any]) -> dict[int, str]:
     return {int(i): tok for tok, i in vocab.items()}
 
 
-def _added_texts(
+class _Added(NamedTuple):
+    """An added token as the readers hand it to :func:`_build`."""
+
+    content: str  # its literal, as the tokenizer lists it (BOS and EOS are found by it)
+    data: bytes  # what it contributes to the decoded byte stream
+    special: bool
+
+
+def _added_tokens(
     added: Mapping[int, tuple[str, bool, bool]],
+    model_tokens: Mapping[int, str],
     scheme: _Scheme,
     normalizer: Callable[[], Callable[[str], str] | None],
-) -> dict[int, tuple[str, bool]]:
-    """Added tokens ``id -> (content, special, normalized)`` as ``id -> (text, special)``,
-    ``text`` being what the token stands for in the input.
+) -> dict[int, _Added]:
+    """Added tokens ``id -> (content, special, normalized)`` with the bytes each stands for.
 
-    A tokenizer matches an added token on the raw input, except a non-special one flagged
-    ``normalized`` (``add_tokens``' default), which it matches on the normalizer's output:
-    under Llama 2's normalizer (``Prepend("▁")``, ``Replace(" ", "▁")``) the added token
-    ``zzqq`` is ``▁zzqq``, so it stands for ``" zzqq"``, as a word-initial model token
-    does. ``normalizer`` makes the normalizer (None: the tokenizer has none); it is called
-    only when such a token exists.
+    - One that re-declares a model piece (its id holds that very string in the model: Llama 3
+      given "ĠĠ" again, the whitespace pieces "▁▁" that transformers' SentencePiece
+      conversion lists as added tokens) keeps the piece's bytes: the decoder reads it as
+      that piece, so ``ĠĠ`` is b"  ", never the text "ĠĠ".
+    - A special one holds its literal, for display only: it is never text.
+    - A non-special one matched on the raw input (``normalized=False``) has the bytes the
+      tokenizer's decoder gives it, which reads it as it reads a model token: on Llama 2
+      ``a▁b`` is b"a b"; on a byte-level tokenizer ``Ġx`` is b" x", while one holding a
+      character outside the byte alphabet (a space: ``Ġa b``) is its UTF-8, whole.
+    - A non-special one flagged ``normalized`` (``add_tokens``' default) is matched on the
+      normalizer's output, and stands for that text: under Llama 2's normalizer
+      (``Prepend("▁")``, ``Replace(" ", "▁")``) ``zzqq`` is ``▁zzqq``, so b" zzqq", as a
+      word-initial model token is (the decoder gives b"zzqq", which does not round-trip).
+
+    ``normalizer`` makes the normalizer (None: the tokenizer has none); it is called only
+    when such a token exists.
     """
     normalize: Callable[[str], str] | None = None  # made for the first such token
-    texts = {}
+    redeclared = [i for i, (content, _, _) in added.items() if model_tokens.get(i) == content]
+    model_bytes = dict(zip(redeclared, scheme.to_bytes([model_tokens[i] for i in redeclared])))
+    tokens = {}
     for i, (content, special, normalized) in added.items():
-        if normalized and not special:
+        if i in model_bytes:
+            data = model_bytes[i]
+        elif special:
+            data = content.encode("utf-8")
+        elif not normalized:
+            data = scheme.to_bytes([content])[0]
+        else:
             if normalize is None:
                 normalize = normalizer() or (lambda text: text)
-            content = normalize(content)
+            text = normalize(content)
             if scheme.kind == "sentencepiece":
-                content = content.replace(scheme.space, " ")
-        texts[i] = (content, special)
-    return texts
+                text = text.replace(scheme.space, " ")
+            data = text.encode("utf-8")
+        tokens[i] = _Added(content, data, special)
+    return tokens
 
 
 def _json_normalizer(node: Any) -> Callable[[str], str] | None:
@@ -234,7 +263,7 @@ def _json_normalizer(node: Any) -> Callable[[str], str] | None:
 
 def _build(
     model_tokens: Mapping[int, str],
-    added: Mapping[int, tuple[str, bool]],
+    added: Mapping[int, _Added],
     scheme: _Scheme,
     size: int | None,
     *,
@@ -242,8 +271,8 @@ def _build(
     bos: int | None = None,
     eos: Iterable[int] = (),
 ) -> Vocabulary:
-    """Build a Vocabulary from model tokens, added tokens ``id -> (text, special)`` (see
-    :func:`_added_texts`), a scheme."""
+    """Build a Vocabulary from model tokens, added tokens (see :func:`_added_tokens`) and
+    the scheme spelling the model tokens; an added token's bytes replace its id's."""
     ids = [*model_tokens, *added]
     n = max(ids) + 1 if ids else 0
     if size is None:
@@ -257,10 +286,10 @@ def _build(
         tokens[i] = b
     assigned[model_ids] = True
     special = set(extra_special)
-    for i, (content, is_special) in added.items():
-        tokens[i] = content.encode("utf-8")  # the text it stands for (see _added_texts)
+    for i, token in added.items():
+        tokens[i] = token.data
         assigned[i] = True
-        if is_special:
+        if token.special:
             special.add(i)
     unused = frozenset(np.flatnonzero(~assigned).tolist())
     return Vocabulary(
@@ -295,9 +324,9 @@ def _is_transformers(tokenizer: Any) -> bool:
 
 def _from_tokenizers_backend(
     tokenizer: Any,
-) -> tuple[dict[int, str], dict[int, tuple[str, bool]], dict, _Scheme]:
+) -> tuple[dict[int, str], dict[int, _Added], dict, _Scheme]:
     """Read a ``tokenizers.Tokenizer`` through its getters (``to_str`` is ~1 s on Llama 3):
-    model tokens, added tokens ``id -> (text, special)``, its components' spec, its scheme."""
+    model tokens, added tokens (:func:`_added_tokens`), its components' spec, its scheme."""
     model_tokens = {i: tok for tok, i in tokenizer.get_vocab(with_added_tokens=False).items()}
 
     def state(component: Any) -> Any:
@@ -311,11 +340,12 @@ def _from_tokenizers_backend(
         "model": {"byte_fallback": bool(getattr(tokenizer.model, "byte_fallback", False))},
     }
     scheme = _scheme_from_spec(spec)
-    added = _added_texts(
+    added = _added_tokens(
         {
             int(i): (t.content, bool(t.special), bool(t.normalized))
             for i, t in tokenizer.get_added_tokens_decoder().items()
         },
+        model_tokens,
         scheme,
         lambda: None if tokenizer.normalizer is None else tokenizer.normalizer.normalize_str,
     )
@@ -368,14 +398,17 @@ def _from_transformers(tokenizer: Any, size: int | None) -> Vocabulary:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         model_tokens, added, _, scheme = _from_tokenizers_backend(backend)
+        # transformers lists its extra special tokens in all_special_ids even where the
+        # backend flags them special=False (the whitespace pieces of a SentencePiece
+        # conversion); decode(skip_special_tokens=True) follows the backend's flag.
+        special -= {i for i, token in added.items() if not token.special}
     else:
-        added = {
-            int(i): (t.content, bool(t.special))
-            for i, t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items()
+        declared = {
+            int(i): t for i, t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items()
         }
-        n = max([len(tokenizer), *(i + 1 for i in added)])
+        n = max([len(tokenizer), *(i + 1 for i in declared)])
         pieces = tokenizer.convert_ids_to_tokens(list(range(n)))
-        model_tokens = {i: p for i, p in enumerate(pieces) if p is not None and i not in added}
+        model_tokens = {i: p for i, p in enumerate(pieces) if p is not None and i not in declared}
         sp_model = getattr(tokenizer, "sp_model", None)
         if getattr(tokenizer, "byte_decoder", None) is not None:
             scheme = _Scheme("byte_level")
@@ -388,6 +421,14 @@ def _from_transformers(tokenizer: Any, size: int | None) -> Vocabulary:
                     special.add(i)
         else:
             scheme = _guess_scheme(model_tokens.values())
+        # A slow tokenizer matches every added token on the raw text (it has no normalizer)
+        # and decodes it as it decodes a piece.
+        added = _added_tokens(
+            {i: (t.content, bool(t.special), False) for i, t in declared.items()},
+            model_tokens,
+            scheme,
+            lambda: None,
+        )
         # convert_ids_to_tokens returns the unk token for ids it does not know: those are holes.
         unk = getattr(tokenizer, "unk_token_id", None)
         if unk is not None:
@@ -433,27 +474,52 @@ class Vocabulary:
     (e.g. SentencePiece ``▁`` and ``<0x20>`` are both b" ").
 
     The byte-exact property, for ``ids = tokenizer.encode(s, add_special_tokens=False)`` where
-    ``s`` contains no special-token literal: ``vocab.decode(ids) == s.encode("utf-8")`` for
-    byte-level tokenizers. SentencePiece-style tokenizers read a literal ``▁`` (U+2581) in the
-    text as a space ("a▁b" and "a b" get the same ids), so their ids join to
-    ``t = s.replace("▁", " ").encode("utf-8")``, after a b" " where they add a dummy prefix:
-    the ``Prepend("▁")`` normalizer of Llama 2 and stories260K always adds one (``b" " + t``:
-    " a" joins to b"  a"), a Metaspace pre-tokenizer with a prepend scheme (``"first"``,
-    ``"always"``) only where ``t`` does not already start with b" " (" a" and "a" both join
-    to b" a"), and ``"never"`` none. The empty string encodes to no ids at all. The leading
-    b" " is real: it is the first token's ``▁``, which ``tokenizer.decode`` strips afterwards.
-    WordPiece (``##``) vocabularies are not byte-exact and come out as their raw token text.
+    ``s`` contains no added token's literal (the next paragraph says which may appear):
+    ``vocab.decode(ids) == s.encode("utf-8")`` for byte-level tokenizers. SentencePiece-style
+    tokenizers read a literal ``▁`` (U+2581) in the text as a space ("a▁b" and "a b" get the
+    same ids), so their ids join to ``t = s.replace("▁", " ").encode("utf-8")``, after a b" "
+    where they add a dummy prefix: the ``Prepend("▁")`` normalizer of Llama 2 and stories260K
+    always adds one (``b" " + t``: " a" joins to b"  a"), a Metaspace pre-tokenizer with a
+    prepend scheme (``"first"``, ``"always"``) only where ``t`` does not already start with b" "
+    (" a" and "a" both join to b" a"), and ``"never"`` none. The empty string encodes to no ids
+    at all. The leading b" " is real: it is the first token's ``▁``, which ``tokenizer.decode``
+    strips afterwards. WordPiece (``##``) vocabularies are not byte-exact and come out as their
+    raw token text.
+
+    With literals of non-special added tokens in ``s``, the property holds exactly where two
+    things do. Each such token's bytes are its literal's UTF-8 (``▁`` read as b" " on
+    SentencePiece-style tokenizers): true of a normalized one that is no model piece (see
+    below) and of a raw-matched one (``normalized=False``) holding no other byte-level
+    character or byte piece (``<tab>``, ``a▁b`` on Llama 2), false of ``Ġx`` added raw to
+    GPT-2 (b" x"), of ``<0x42>`` added raw to a byte-fallback model (b"B") and of one that
+    re-declares a model piece (the text "ĠĠ", matched by Llama 3's "ĠĠ" added again, joins
+    to b"  "); where this fails, the tokenizer's own ``decode`` does not give ``s`` back
+    either. And no dummy prefix moves: a raw-matched literal is cut out before normalizing,
+    so under the ``Prepend`` normalizer the text after it gets a dummy b" " of its own and a
+    text starting with it none; a Metaspace pre-tokenizer sees only the text between added
+    literals, so under ``"first"`` a text starting with one gets no dummy b" " and under
+    ``"always"`` each stretch after one gets its own.
 
     ``special_ids`` are added tokens flagged special (plus control/unknown pieces of slow
     SentencePiece tokenizers). They are never ordinary text: the tokenizer emits them only when
     it matches their literal in the input or adds them itself, so ``tokens[i]`` holds their
-    literal only for display and ``decode`` skips them by default. Added tokens that are not
-    flagged special are ordinary text whose bytes are their content, or, for one flagged
-    ``normalized`` (matched on the normalizer's output, as ``add_tokens`` does by default),
-    their normalized content spelled as text: ``zzqq`` added to Llama 2 is b" zzqq", like
-    a word-initial model token. ``unused_ids`` are holes
-    in the id space and padding rows of a model whose logits are wider than the tokenizer;
-    their bytes are b"".
+    literal only for display and ``decode`` skips them by default. The flag is the tokenizer's
+    own: transformers' ``all_special_ids`` also lists non-special added tokens it was given as
+    extra special tokens (the whitespace pieces of a SentencePiece conversion, Gemma's
+    ``▁▁``), and those are text here, as ``decode(..., skip_special_tokens=True)`` keeps them.
+
+    Added tokens that are not flagged special are ordinary text. One matched on the raw text
+    (``normalized=False``) has the bytes the tokenizer's decoder gives it, which reads its
+    ``▁``, ``Ġ`` or ``<0xNN>`` as in a model token: ``a▁b`` added to Llama 2 is b"a b",
+    ``Ġx`` added to GPT-2 b" x", while ``<tab>``, or one holding a character outside the
+    byte-level alphabet, is its UTF-8. One flagged ``normalized`` (matched on the normalizer's
+    output, as ``add_tokens`` does by default) stands for its normalized content spelled as
+    text: ``zzqq`` added to Llama 2 is b" zzqq", like a word-initial model token (the decoder
+    writes b"zzqq", which would not round-trip). One that re-declares a model piece (the
+    piece's own string at its id: Llama 3 given "ĠĠ" again, the whitespace pieces a
+    SentencePiece conversion lists as added tokens) keeps the piece's bytes, b"  " for
+    ``ĠĠ`` and ``▁▁``, as the decoder reads it. ``unused_ids`` are holes in the id space and
+    padding rows of a model whose logits are wider than the tokenizer; their bytes are b"".
 
     Attributes:
         tokens: the bytes of each token id.
@@ -581,7 +647,7 @@ class Vocabulary:
         if module.startswith("tokenizers") or hasattr(tokenizer, "get_added_tokens_decoder"):
             model_tokens, added, spec, scheme = _from_tokenizers_backend(tokenizer)
             bos_name = _template_bos(spec["post_processor"])
-            bos = next((i for i, (c, _) in added.items() if c == bos_name), None)
+            bos = next((i for i, token in added.items() if token.content == bos_name), None)
             return _build(model_tokens, added, scheme, size, bos=bos)
         raise TypeError(
             f"cannot read a vocabulary from {type(tokenizer).__qualname__} ({module}); "
@@ -601,7 +667,7 @@ class Vocabulary:
         spec = json.loads(file.read_text(encoding="utf-8"))
         model_tokens = _model_vocab(spec.get("model") or {})
         scheme = _scheme_from_spec(spec)
-        added = _added_texts(
+        added = _added_tokens(
             {
                 int(t["id"]): (
                     t["content"],
@@ -610,6 +676,7 @@ class Vocabulary:
                 )
                 for t in spec.get("added_tokens") or ()
             },
+            model_tokens,
             scheme,
             lambda: _json_normalizer(spec.get("normalizer")),
         )
@@ -620,7 +687,8 @@ class Vocabulary:
         ):  # the later file wins
             if (directory / name).is_file():
                 names.update(json.loads((directory / name).read_text(encoding="utf-8")))
-        ids = {tok: i for i, tok in model_tokens.items()} | {c: i for i, (c, _) in added.items()}
+        ids = {tok: i for i, tok in model_tokens.items()}
+        ids |= {token.content: i for i, token in added.items()}
         bos_name = (
             _token_name(names.get("bos_token"))
             if "bos_token" in names
