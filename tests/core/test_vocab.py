@@ -709,6 +709,58 @@ class TestShapes:
         assert vocab.decode(ids) == " Hello world, naïve 🙂".encode()
 
 
+class TestMalformedInput:
+    @pytest.mark.parametrize(
+        ("spec", "match"),
+        [
+            # A negative id used as an index would overwrite the token at the end ("c").
+            ({"model": {"vocab": {"a": 0, "b": 1, "c": 2, "z": -1}}}, "'z' has id -1"),
+            ({"model": {"vocab": {"a": 0, "z": -3}}}, "'z' has id -3"),
+            ({"model": {"vocab": {"a": 0, "z": 1.0}}}, "'z' has id 1.0"),
+            ({"model": {"vocab": {"a": 0, "z": True}}}, "'z' has id True"),
+            ({"model": {"vocab": {"a": "0"}}}, "'a' has id '0'"),
+            ({"model": {"vocab": ["a", "b"]}}, "Unigram vocab entry 'a'"),
+            ({"model": {"vocab": "ab"}}, "'vocab' is 'ab'"),
+            ({"model": [1]}, "'model' is \\[1\\]"),
+            ({"added_tokens": [{"id": -1, "content": "<s>"}]}, "'<s>' has id -1"),
+            ({"added_tokens": [{"content": "<s>"}]}, "'<s>' has id None"),
+            ({"added_tokens": [{"id": 0}]}, "string 'content'"),
+            ({"added_tokens": {"id": 0}}, "'added_tokens' is"),
+            ([1, 2], "holds \\[1, 2\\], not a tokenizer.json object"),
+        ],
+    )
+    def test_malformed_tokenizer_json(self, tmp_path, spec, match):
+        """A malformed tokenizer.json is a ValueError naming what is wrong, never another
+        token's bytes overwritten, an IndexError or an AttributeError."""
+        (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+        with pytest.raises(ValueError, match=match):
+            Vocabulary.from_tokenizer_json(tmp_path)
+
+    @pytest.mark.parametrize(
+        ("size", "error", "match"),
+        [
+            (4.0, TypeError, "size: 4.0 \\(float\\) is not an integer"),
+            ("4", TypeError, "size: '4' \\(str\\) is not an integer"),
+            (True, TypeError, "size: True is a bool"),
+            (np.bool_(True), TypeError, "is a bool"),
+            (-1, ValueError, "size=-1 is negative"),
+        ],
+    )
+    def test_bad_size(self, tmp_path, size, error, match):
+        """size= is an integer (a float broke with an unrelated message, True was read as 1)."""
+        (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {}}}))
+        with pytest.raises(error, match=match):
+            Vocabulary.from_tokenizer_json(tmp_path, size=size)
+        with pytest.raises(error, match=match):
+            Vocabulary.from_tokenizer(gpt2_tiktoken(), size=size)
+
+    def test_numpy_size(self, tmp_path):
+        """A numpy integer is a size like a Python one."""
+        (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0}}}))
+        vocab = Vocabulary.from_tokenizer_json(tmp_path, size=np.int64(3))
+        assert vocab.tokens == (b"a", b"", b"") and vocab.unused_ids == {1, 2}
+
+
 class TestVocabulary:
     def test_construction_validates(self):
         """Out-of-range ids, unused ids with bytes and non-bytes tokens are refused when built."""

@@ -158,12 +158,62 @@ def _guess_scheme(tokens: Iterable[str | None]) -> _Scheme:
     return _Scheme("plain")
 
 
-def _model_vocab(model: Mapping[str, Any]) -> dict[int, str]:
-    """Map id to token string for a tokenizer.json ``model`` (Unigram keeps a list of pairs)."""
+def _json_id(value: Any, token: object) -> int:
+    """A token id read from tokenizer.json: a non-negative integer. (A negative one, used as
+    an index, would overwrite the token that many places from the end of the table.)
+
+    Raises:
+        ValueError: it is not one (a negative number, a float, a string, a bool).
+    """
+    if value.__class__ is not int or value < 0:
+        raise ValueError(
+            f"tokenizer.json: token {token!r} has id {value!r}; ids are non-negative integers"
+        )
+    return value
+
+
+def _model_vocab(model: Any) -> dict[int, str]:
+    """Map id to token string for a tokenizer.json ``model`` (Unigram keeps a list of pairs).
+
+    Raises:
+        ValueError: the model, its vocabulary or an id in it is malformed.
+    """
+    if not isinstance(model, Mapping):
+        raise ValueError(f"tokenizer.json: 'model' is {model!r:.60}, not an object")
     vocab = model.get("vocab") or {}
     if isinstance(vocab, list):
+        for entry in vocab:
+            if not (isinstance(entry, list) and entry and type(entry[0]) is str):
+                raise ValueError(
+                    f"tokenizer.json: the Unigram vocab entry {entry!r:.60} is not a "
+                    "[piece, score] pair"
+                )
         return {i: entry[0] for i, entry in enumerate(vocab)}
-    return {int(i): tok for tok, i in vocab.items()}
+    if not isinstance(vocab, Mapping):
+        raise ValueError(f"tokenizer.json: the model's 'vocab' is {vocab!r:.60}, not an object")
+    return {_json_id(i, tok): tok for tok, i in vocab.items()}
+
+
+def _json_added(entries: Any) -> dict[int, tuple[str, bool, bool]]:
+    """A tokenizer.json's ``added_tokens`` as ``id -> (content, special, normalized)``, with
+    the tokenizers library's default: ``normalized`` unless special.
+
+    Raises:
+        ValueError: the list, an entry or its id is malformed.
+    """
+    if not isinstance(entries, list):
+        raise ValueError(f"tokenizer.json: 'added_tokens' is {entries!r:.60}, not a list")
+    added = {}
+    for entry in entries:
+        if not isinstance(entry, Mapping) or type(entry.get("content")) is not str:
+            raise ValueError(
+                f"tokenizer.json: the added token {entry!r:.60} is not an object with a "
+                "string 'content'"
+            )
+        special = bool(entry.get("special", False))
+        normalized = bool(entry.get("normalized", not special))
+        added[_json_id(entry.get("id"), entry["content"])] = (entry["content"], special, normalized)
+    return added
 
 
 class _Added(NamedTuple):
@@ -456,6 +506,29 @@ def _token_id(value: object, what: str) -> int:
         ) from None
 
 
+def _vocab_size(size: object) -> int | None:
+    """``size=`` as a non-negative integer or None (a float broke list repetition with an
+    unrelated message, and True was read as 1).
+
+    Raises:
+        TypeError: it is not an integer.
+        ValueError: it is negative.
+    """
+    if size is None:
+        return None
+    if size is True or size is False or isinstance(size, np.bool_):
+        raise TypeError(f"size: {size!r} is a bool, not an integer vocabulary size")
+    try:
+        n = operator.index(size)
+    except TypeError:
+        raise TypeError(
+            f"size: {size!r} ({type(size).__name__}) is not an integer vocabulary size"
+        ) from None
+    if n < 0:
+        raise ValueError(f"size={n} is negative")
+    return n
+
+
 def _token_ids(ids: Iterable[int], what: str) -> list[int]:
     """A collection of token ids as ints (:func:`_token_id`); a bare id or a string is not one."""
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
@@ -637,8 +710,13 @@ class Vocabulary:
         """Read a transformers tokenizer, a ``tokenizers.Tokenizer`` or a tiktoken ``Encoding``.
 
         ``size``: the model's logit width when it is wider than the tokenizer (the ids from
-        the tokenizer's size up to it are unused). Any other object raises ``TypeError``.
+        the tokenizer's size up to it are unused).
+
+        Raises:
+            TypeError: ``tokenizer`` is none of those, or ``size`` is not an integer.
+            ValueError: ``size`` is negative or smaller than the tokenizer.
         """
+        size = _vocab_size(size)
         module = type(tokenizer).__module__
         if module.startswith("tiktoken") or hasattr(tokenizer, "decode_single_token_bytes"):
             return _from_tiktoken(tokenizer, size)
@@ -661,21 +739,23 @@ class Vocabulary:
         BOS and EOS come from tokenizer_config.json or special_tokens_map.json beside it; without
         them BOS is the special token the post-processor template puts first and EOS is unknown.
         ``size`` is as for :meth:`from_tokenizer`.
+
+        Raises:
+            ValueError: the file is malformed (not a JSON object, a token id that is not a
+                non-negative integer, an added token without a string ``content``...), or
+                ``size`` is negative or smaller than the tokenizer.
+            TypeError: ``size`` is not an integer.
         """
         path = Path(path)
         directory, file = (path, path / "tokenizer.json") if path.is_dir() else (path.parent, path)
+        size = _vocab_size(size)
         spec = json.loads(file.read_text(encoding="utf-8"))
+        if not isinstance(spec, dict):
+            raise ValueError(f"{file} holds {spec!r:.60}, not a tokenizer.json object")
         model_tokens = _model_vocab(spec.get("model") or {})
         scheme = _scheme_from_spec(spec)
         added = _added_tokens(
-            {
-                int(t["id"]): (
-                    t["content"],
-                    bool(t.get("special", False)),
-                    bool(t.get("normalized", not t.get("special", False))),
-                )
-                for t in spec.get("added_tokens") or ()
-            },
+            _json_added(spec.get("added_tokens") or []),
             model_tokens,
             scheme,
             lambda: _json_normalizer(spec.get("normalizer")),
