@@ -108,3 +108,23 @@ def _is_utf8(data: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+def test_added_tokens_join_back_to_their_text():
+    """The two added-token cases the README lists apart from 0.3.1: a normalized token under
+    stories260K's Prepend normalizer is its normalized text (0.3.1: b"zzqq"), and GPT-2's
+    "Ġx" added again keeps the model piece's b" x" (0.3.1: its literal b"\xc4\xa0x")."""
+    stories = transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER.parent / "stories260K")
+    stories.add_tokens(["zzqq"])
+    byte_vocab, str_vocab = decode_vocab(stories)
+    ids = stories.encode("a zzqq", add_special_tokens=False)
+    assert ids[-1] == stories.convert_tokens_to_ids("zzqq")
+    assert (byte_vocab[ids[-1]], str_vocab[ids[-1]]) == (b" zzqq", " zzqq")
+    assert b"".join(byte_vocab[i] for i in ids) == b" a zzqq"
+    gpt2 = transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER)
+    space_x = gpt2.convert_tokens_to_ids("Ġx")
+    gpt2.add_tokens(["Ġx"])
+    assert gpt2.convert_tokens_to_ids("Ġx") == space_x
+    byte_vocab, str_vocab = decode_vocab(gpt2)
+    assert (byte_vocab[space_x], str_vocab[space_x]) == (b" x", " x")
+    assert gpt2.decode([87, space_x]) == "x x"
