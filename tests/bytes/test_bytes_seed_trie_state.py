@@ -1,5 +1,6 @@
-"""``LazyTrieState.initial``, ``get_EOT`` and ``extend``, genlm-bytes 0.2's documented
-methods of a single candidate, checked against brute force over the vocabulary.
+"""``LazyTrieState.initial``, ``get_EOT`` and ``extend`` (genlm-bytes 0.2's documented
+methods of a single candidate) and ``extend_all`` (released 0.2.0's), checked against
+brute force over the vocabulary.
 
 The vocabulary has two ids spelling ``b"ab"`` (how a state folds them is the point of
 :func:`test_extend_weight_is_the_tokens_probability`) and a text EOS string ``b"."``.
@@ -82,8 +83,9 @@ def test_get_eot_is_none_exactly_where_no_token_ends(mode):
 def test_extend_weight_is_the_tokens_probability(mode):
     """After a committed token, ``extend()`` of each whole partial has weight
     ``log P(context) + log P(token | context)`` from the LM's rows (both ids of ``b"ab"``
-    summed, the heavier appended); None where no token ends, and for the text EOS token
-    ``b"."`` in ``WITH_EOS`` mode (it cannot end as text there)."""
+    summed, the heavier appended; ``extend_all()`` one state per id, each its own); None
+    (no states) where no token ends, and for the text EOS token ``b"."`` in ``WITH_EOS``
+    mode (it cannot end as text there)."""
 
     async def scenario():
         async with MockLM(VOCAB, seed=5) as lm:
@@ -100,9 +102,14 @@ def test_extend_weight_is_the_tokens_probability(mode):
                 if mode is TrieMode.WITH_EOS:
                     ids = [t for t in ids if TOKENS[t] not in EOS_STRINGS]
                 extended = state.extend()
+                each = state.extend_all()
                 if not ids:
-                    assert extended is None, partial
+                    assert extended is None and each == [], partial
                     continue
+                assert [s.candidate.context for s in each] == [(*context, t) for t in ids]
+                for s, t in zip(each, ids):  # released 0.2.0's extend_all: one state per id
+                    assert s.weight == pytest.approx(base + probs[t], abs=1e-12), partial
+                    assert s.partial == b"" and s.candidate.next is None
                 expected = base + np.logaddexp.reduce(probs[ids])
                 assert extended.weight == pytest.approx(expected, abs=1e-12), partial
                 heaviest = max(ids, key=lambda t: (probs[t], -t))

@@ -181,19 +181,51 @@ class LazyTrieState:
         Raises:
             ValueError: a whole partial token without masses (a state made by hand).
         """
+        ids, logps = self._whole_tokens()
+        weight = self.candidate.logp + logsumexp(logps)
+        if weight == -np.inf:
+            return None
+        return self._after(int(ids[int(np.argmax(logps))]), weight)
+
+    def extend_all(self) -> list[LazyTrieState]:
+        """:meth:`extend` with the ids that spell the partial bytes kept apart, as released
+        genlm-bytes 0.2.0 names it: one state per id of nonzero probability (lowest id
+        first), each after its own token, weight ``log P(context) + log P(id | context)``,
+        not yet materialized; empty where :meth:`extend` is None. Together they weigh what
+        :meth:`extend`'s one state weighs (exact where several ids share the bytes).
+
+        Raises:
+            ValueError: as :meth:`extend`.
+        """
+        ids, logps = self._whole_tokens()
+        return [
+            self._after(int(token), self.candidate.logp + float(logp))
+            for token, logp in zip(ids, logps)
+            if logp > -np.inf
+        ]
+
+    def _whole_tokens(self) -> tuple[np.ndarray, np.ndarray]:
+        """The ids whose bytes are the partial token, and their float64 log-probabilities
+        after the context (both empty if none is).
+
+        Raises:
+            ValueError: ids without masses (a state made by hand).
+        """
         c = self.candidate
         ids = self.byte_lm.trie.tokens_at(c.node)
         if not len(ids):
-            return None
+            return ids, np.empty(0)
         if c.next is None:
             raise ValueError("State is not yet materialized.")
-        logps = np.asarray(c.next.logp[ids], dtype=np.float64)  # device vectors: these only
-        weight = c.logp + logsumexp(logps)
-        if weight == -np.inf:
-            return None
-        context = (*c.context, int(ids[int(np.argmax(logps))]))
+        return ids, np.asarray(c.next.logp[ids], dtype=np.float64)  # device rows: these only
+
+    def _after(self, token: int, weight: float) -> LazyTrieState:
+        """The unmaterialized state at the root after ``token``, of log weight ``weight``."""
+        c = self.candidate
         root = self.byte_lm.trie.root
-        return attrs.evolve(self, candidate=Candidate(context, weight, root, None, weight))
+        return attrs.evolve(
+            self, candidate=Candidate((*c.context, token), weight, root, None, weight)
+        )
 
     def __lshift__(self, byte: int) -> LazyTrieState | None:
         """The candidate after ``byte`` inside its partial token, or None if none continues.
