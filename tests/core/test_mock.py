@@ -1,6 +1,7 @@
 """MockLM: its batch record stays bounded over a long run (issue #21); its loader's tokenizer."""
 
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +126,29 @@ def test_genlm_smc_runs_on_the_mock_backend(capsys):
     assert main([*argv, "--seed", "0", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert out.count("Once upon") == 3, out
+
+
+def test_from_name_without_tokenizers_installed_logs_why(monkeypatch, caplog):
+    """Without the tokenizers package the loaded mock has no tokenizer and the log (INFO,
+    what `genlm -v` shows) names the package and its install."""
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import fails, find_spec is None
+    with caplog.at_level("INFO", logger="genlm.core.mock"):
+        lm = MockLM.from_name("stories260K")
+    assert lm.tokenizer is None
+    assert "no tokenizer" in caplog.text and "pip install tokenizers" in caplog.text
+    lm.close()
+
+
+def test_genlm_smc_on_the_mock_without_tokenizers_says_to_install_it(monkeypatch, capsys):
+    """`genlm smc --backend mock` without tokenizers fails with one line that says why the
+    mock has no tokenizer and what to pip install."""
+    from genlm.core.cli import main
+
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    argv = ["smc", "Once upon", "--backend", "mock", "--particles", "2", "--max-tokens", "2"]
+    assert main([*argv, "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot encode a text prompt" in err and "(pip install tokenizers)" in err, err
 
 
 def test_from_name_without_a_tokenizer_the_installed_tokenizers_can_read(tmp_path, caplog):

@@ -28,6 +28,13 @@ _logger = logging.getLogger(__name__)
 #: longer ones on some platforms (from 9.3e9 s on Linux), which failed every batch.
 _MAX_LATENCY_S = 1e9
 
+#: Why a mock made by :meth:`MockLM.from_name` has no tokenizer where ``tokenizers`` is
+#: missing: logged by the loader and said by ``genlm smc``, which needs one to encode text.
+_NO_TOKENIZERS = (
+    "the mock reads a tokenizer.json's tokenizer with the `tokenizers` package, which is "
+    "not installed (pip install tokenizers)"
+)
+
 
 def context_seed(context: Sequence[int], seed: int = 0) -> int:
     """A 64-bit seed that is a hash of the whole context and the mock's seed."""
@@ -115,7 +122,8 @@ class MockLM(BatchedLM):
         Where the ``tokenizers`` package is installed and reads the file, the mock also
         gets that file's tokenizer (:class:`TokenizerFile`, unless ``tokenizer=`` is
         given), so that tools which encode text prompts (``genlm smc``) run on it as on
-        the real model; else it has none (logged).
+        the real model; else it has none, and says why in the log (INFO when
+        ``tokenizers`` is not installed, a warning when it cannot read the file).
         """
         path = Path(resolve_model_path(name))
         if not path.exists():
@@ -123,13 +131,16 @@ class MockLM(BatchedLM):
                 f"mock backend: {name!r} is neither a tokenizer directory nor an embedded model"
             )
         vocab = Vocabulary.from_tokenizer_json(path)  # names a missing tokenizer.json
-        if "tokenizer" not in kwargs and importlib.util.find_spec("tokenizers") is not None:
-            try:
-                kwargs["tokenizer"] = TokenizerFile(path)
-            except Exception as exc:  # noqa: BLE001 - a format this tokenizers cannot read
-                _logger.warning(
-                    "mock backend: no tokenizer, tokenizers cannot read %s: %s", path, exc
-                )
+        if "tokenizer" not in kwargs:
+            if importlib.util.find_spec("tokenizers") is None:
+                _logger.info("mock backend: no tokenizer for %s: %s", path, _NO_TOKENIZERS)
+            else:
+                try:
+                    kwargs["tokenizer"] = TokenizerFile(path)
+                except Exception as exc:  # noqa: BLE001 - a format this tokenizers cannot read
+                    _logger.warning(
+                        "mock backend: no tokenizer, tokenizers cannot read %s: %s", path, exc
+                    )
         return cls(vocab, **kwargs)
 
     def _logprobs_batch(self, contexts: list[tuple[int, ...]], variant: Hashable) -> np.ndarray:

@@ -10,6 +10,7 @@ and the posterior over distinct continuations (weights summed over equal texts).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 from collections import defaultdict
 
@@ -56,9 +57,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def encode_prompt(lm, prompt: str) -> list[int]:
-    """Token ids of ``prompt`` with the tokenizer's special tokens (BOS)."""
+    """Token ids of ``prompt`` with the tokenizer's special tokens (BOS).
+
+    Raises:
+        CLIError: the model has no tokenizer; for the mock without ``tokenizers``
+            installed, the message says so and how to install it.
+    """
     if lm.tokenizer is None:
-        raise CLIError(f"{lm!r} has no tokenizer, so it cannot encode a text prompt")
+        from genlm.core.mock import _NO_TOKENIZERS, MockLM
+
+        why = ""
+        if isinstance(lm, MockLM) and importlib.util.find_spec("tokenizers") is None:
+            why = f": {_NO_TOKENIZERS}"
+        raise CLIError(f"{lm!r} has no tokenizer, so it cannot encode a text prompt{why}")
     ids = list(lm.tokenizer.encode(prompt))
     bos = lm.vocab.bos_token_id
     if bos is not None and (not ids or ids[0] != bos):
