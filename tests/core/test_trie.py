@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -409,6 +412,55 @@ class TestKernels:
         assert record.getMessage().startswith(
             f"token-byte trie: {'C' if built else 'numpy'} kernel"
         )
+
+    @pytest.mark.parametrize("kernel_file", ["absent", "damaged"])
+    def test_a_kernel_that_fails_to_load_is_reported_with_its_own_error(
+        self, kernel_file, tmp_path
+    ):
+        """A copy of genlm.core whose C kernel is absent runs numpy and says it was not built;
+        one whose kernel file is there but cannot load (here not a shared library; in the
+        field a wheel built for a newer glibc) says so with the loader's own error, in the
+        log (a warning) and in kernel='c''s error, instead of blaming a missing compiler."""
+        package = tmp_path / "genlm" / "core"
+        shutil.copytree(Path(trie_module.__file__).parent, package)
+        for built in package.glob("_trie_kernel*.so"):
+            built.unlink()
+        if kernel_file == "damaged":
+            (package / "_trie_kernel.abi3.so").write_text("not a shared library")
+        script = """
+import importlib, logging
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+try:
+    importlib.import_module("genlm.core._trie_kernel")
+except ImportError as exc:
+    print("CAUSE", exc)
+from genlm.core._trie import TokenByteTrie
+assert TokenByteTrie([b"a"]).kernel == "numpy"
+try:
+    TokenByteTrie([b"a"], kernel="c")
+except RuntimeError as exc:
+    print("ERROR", exc)
+"""
+        run = subprocess.run(
+            [sys.executable, "-c", script],
+            env={**os.environ, "PYTHONPATH": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 0, run.stderr
+        lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
+        log = run.stderr
+        if kernel_file == "absent":
+            assert "No module named 'genlm.core._trie_kernel'" in lines["CAUSE"]
+            assert "C kernel was not built (no C compiler" in lines["ERROR"]
+            assert "INFO token-byte trie: numpy kernel" in log and "was not built" in log
+        else:
+            cause = lines["CAUSE"]
+            assert cause and "No module named" not in cause
+            assert "failed to load" in lines["ERROR"] and cause in lines["ERROR"]
+            assert "not built" not in lines["ERROR"] + log
+            assert "WARNING token-byte trie: numpy kernel" in log and cause in log
 
     @pytest.mark.parametrize("kernel", KERNELS)
     @pytest.mark.parametrize("threads", [1, 2])

@@ -102,6 +102,7 @@ Special tokens
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import os
 import sys
@@ -109,6 +110,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
+from types import ModuleType
 from typing import Literal
 
 import numpy as np
@@ -117,10 +119,27 @@ from genlm.core._rows import check_real as _check_real
 from genlm.core._rows import is_torch as _is_torch
 from genlm.core._validation import check_token_bytes, checked_count, is_integer
 
-try:
-    from genlm.core import _trie_kernel
-except ImportError:  # built without a C compiler: the numpy kernel does the work
-    _trie_kernel = None
+_KERNEL = "genlm.core._trie_kernel"
+
+
+def _load_kernel() -> tuple[ModuleType | None, Exception | None]:
+    """The C kernel module, or None and the error that stopped a present one from loading.
+
+    Only a module that is absent was not built (no C compiler at install); one that is
+    there but fails to load (a damaged file, a wheel built for a newer glibc or another
+    machine) keeps its own error, which the log and ``kernel="c"``'s error show.
+    """
+    try:
+        return importlib.import_module(_KERNEL), None
+    except ModuleNotFoundError as exc:
+        return None, None if exc.name == _KERNEL else exc
+    except (ImportError, OSError) as exc:
+        return None, exc
+
+
+#: The numpy kernel does the work where this is None; ``_kernel_error`` then says whether
+#: the C one was not built (None) or failed to load (its error).
+_trie_kernel, _kernel_error = _load_kernel()
 
 __all__ = ["EOS_EDGE", "TokenByteTrie", "set_trie_pool_limit"]
 
@@ -215,9 +234,10 @@ class TokenByteTrie:
             raise ValueError(f"kernel must be 'auto', 'c' or 'numpy', got {kernel!r}")
         if kernel == "c" and _trie_kernel is None:
             raise RuntimeError(
-                "the trie's C kernel was not built (no C compiler when genlm-core was "
-                "installed); reinstall with a compiler, or use kernel='numpy'"
-            )
+                f"{_kernel_unavailable()}; reinstall genlm-core built here with a C compiler "
+                "(pip install --force-reinstall --no-deps --no-binary genlm-core genlm-core), "
+                "or use kernel='numpy'"
+            ) from _kernel_error
         self.kernel = "numpy" if kernel == "numpy" or _trie_kernel is None else "c"
         _log_installed_kernel()
         # Checked here, not at the first batched call (where 1.5 failed inside range()).
@@ -704,13 +724,21 @@ def set_trie_pool_limit(nbytes: int) -> int:
 @functools.cache
 def _log_installed_kernel() -> None:
     """Say once per process, at the first trie, which kernel ``kernel="auto"`` runs here."""
-    if _trie_kernel is None:
-        logger.info(
-            "token-byte trie: numpy kernel (the C kernel genlm.core._trie_kernel was not "
-            "built: no C compiler when genlm-core was installed)"
-        )
-    else:
+    if _trie_kernel is not None:
         logger.info("token-byte trie: C kernel (%s)", _trie_kernel.__file__)
+    else:  # a kernel that is there but fails to load is a fault worth a warning
+        level = logging.INFO if _kernel_error is None else logging.WARNING
+        logger.log(level, "token-byte trie: numpy kernel (%s)", _kernel_unavailable())
+
+
+def _kernel_unavailable() -> str:
+    """Why the C kernel is not used: not built, or present and failing with its own error."""
+    if _kernel_error is None:
+        return "the trie's C kernel was not built (no C compiler when genlm-core was installed)"
+    return (
+        f"the trie's C kernel ({_KERNEL}) is installed but failed to load: "
+        f"{type(_kernel_error).__name__}: {_kernel_error}"
+    )
 
 
 def _usable_cpus() -> int:
