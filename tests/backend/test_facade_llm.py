@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import numpy as np
 import pytest
@@ -504,6 +505,16 @@ def test_a_missing_engine_plugin_is_an_import_error(monkeypatch):
         assert isinstance(raised.value, BackendNotFoundError)
         with pytest.raises(ImportError, match=f"pip install genlm-backend-{backend}"):
             cls.from_name("stories260K")
+
+
+def test_bitsandbytes_opts_without_its_libraries_names_the_pip_install(monkeypatch):
+    """0.3.1 required accelerate and bitsandbytes, this distribution does not: its
+    bitsandbytes_opts without them is an ImportError naming the one pip command for both,
+    where transformers asked for accelerate, then for bitsandbytes."""
+    for name in ("bitsandbytes", "accelerate"):
+        monkeypatch.setitem(sys.modules, name, None)  # not installed: find_spec is None
+    with pytest.raises(ImportError, match="pip install bitsandbytes accelerate"):
+        AsyncTransformer.from_name("stories260K", bitsandbytes_opts={"load_in_8bit": True})
 
 
 def test_batch_size_and_timeout_are_readable_and_settable(hf_llm):

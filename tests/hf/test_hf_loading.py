@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import importlib.util
+import sys
 
 import numpy as np
 import pytest
@@ -155,12 +156,38 @@ def test_the_kv_budget_is_checked_by_its_name():
 
 
 def test_quantization_options_fail_clearly():
-    """Both quantization flags at once, or bitsandbytes missing, raise errors that say so."""
+    """Both quantization flags at once raise an error that says so."""
     with pytest.raises(ValueError, match="load_in_8bit"):
         HFLM.from_name("stories260K", load_in_8bit=True, load_in_4bit=True)
-    if importlib.util.find_spec("bitsandbytes") is None:
-        with pytest.raises(ImportError, match="bitsandbytes"):
-            HFLM.from_name("stories260K", load_in_8bit=True)
+
+
+@pytest.mark.parametrize("installed", [(), ("bitsandbytes",), ("accelerate",)])
+@pytest.mark.parametrize("how", ["load_in_8bit", "load_in_4bit", "hf_opts"])
+def test_quantization_without_its_libraries_names_both_in_one_command(
+    installed, how, tmp_path, monkeypatch
+):
+    """bitsandbytes quantization needs bitsandbytes and accelerate (device_map): missing
+    either, by a flag or a BitsAndBytesConfig in hf_opts, the error names the missing one and
+    the one pip command for both (following a message that named bitsandbytes alone, the
+    user met a second error asking for accelerate)."""
+    for name in ("bitsandbytes", "accelerate"):
+        if name in installed:  # an importable stand-in: only its presence is checked
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "__init__.py").write_text("")
+        else:
+            monkeypatch.setitem(sys.modules, name, None)  # find_spec None, import fails
+    monkeypatch.syspath_prepend(str(tmp_path))
+    if how == "hf_opts":
+        config = transformers.BitsAndBytesConfig(load_in_8bit=True)
+        options = {"hf_opts": {"quantization_config": config}}
+    else:
+        options = {how: True}
+    missing = [m for m in ("bitsandbytes", "accelerate") if m not in installed]
+    with pytest.raises(ImportError, match="pip install bitsandbytes accelerate") as error:
+        HFLM.from_name("stories260K", **options)
+    assert f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed" in str(
+        error.value
+    )
 
 
 def test_from_name_dtype_and_hf_opts():

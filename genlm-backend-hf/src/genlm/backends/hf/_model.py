@@ -202,8 +202,15 @@ class HFLM(BatchedLM):
         ``hf_opts`` go to ``AutoModelForCausalLM.from_pretrained``. ``device`` defaults to
         ``cuda`` when available, else ``cpu``; ``dtype="auto"`` keeps the checkpoint's.
         ``load_in_8bit`` or ``load_in_4bit`` (one at most) quantize the weights with
-        bitsandbytes, which must be installed, and place the model by ``device_map``. The
-        other options are :class:`HFLM`'s; ``name`` defaults to ``model_id``.
+        bitsandbytes and place the model by ``device_map``, so they need bitsandbytes and
+        accelerate (as does a ``BitsAndBytesConfig`` passed as ``hf_opts``'
+        ``quantization_config``). The other options are :class:`HFLM`'s; ``name`` defaults
+        to ``model_id``.
+
+        Raises:
+            ValueError: both ``load_in_8bit`` and ``load_in_4bit``.
+            ImportError: bitsandbytes quantization without bitsandbytes or accelerate (the
+                message names the ``pip install`` of both).
         """
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -215,11 +222,11 @@ class HFLM(BatchedLM):
         if load_in_8bit and load_in_4bit:
             raise ValueError("choose one of load_in_8bit and load_in_4bit")
         quantized = load_in_8bit or load_in_4bit
+        if quantized or isinstance(
+            opts.get("quantization_config"), transformers.BitsAndBytesConfig
+        ):
+            _check_bitsandbytes_installed()
         if quantized:
-            if importlib.util.find_spec("bitsandbytes") is None:
-                raise ImportError(
-                    "load_in_8bit/load_in_4bit need bitsandbytes: pip install bitsandbytes"
-                )
             opts["quantization_config"] = transformers.BitsAndBytesConfig(
                 load_in_8bit=load_in_8bit, load_in_4bit=load_in_4bit
             )
@@ -585,6 +592,24 @@ _SDPA_BACKENDS = {
     "math": "MATH",
     "cudnn": "CUDNN_ATTENTION",
 }
+
+
+def _check_bitsandbytes_installed() -> None:
+    """bitsandbytes quantization needs bitsandbytes and accelerate (transformers places a
+    quantized model by ``device_map``, which is accelerate's): one error naming both and
+    the one command, where transformers asked for them one install at a time.
+
+    Raises:
+        ImportError: either is not installed (the message says which).
+    """
+    missing = [m for m in ("bitsandbytes", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ImportError(
+            "bitsandbytes quantization (load_in_8bit, load_in_4bit, a BitsAndBytesConfig) needs "
+            f"bitsandbytes and accelerate, and {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not installed: "
+            "pip install bitsandbytes accelerate"
+        )
 
 
 def _sdpa_backends(names: Sequence[str]) -> tuple[Any, ...]:
