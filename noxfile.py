@@ -70,10 +70,17 @@ MLX = "mlx[cpu]" if platform.system() == "Linux" else "mlx"
 # "hf(oldest)"` one). A "newest" end is the pyproject's own range, so pip takes the newest
 # release in it on the day the session runs.
 ENDS = ["oldest", "newest"]
-#: genlm-core (and the other distributions): numpy>=1.26.
-NUMPY = ["numpy==1.26.0", "numpy>=1.26"]
+#: genlm-core's requirements: numpy>=1.26 (the other distributions declare its floor),
+#: scipy>=1.11.1 (1.11.0 was yanked), attrs>=23.1, pluggy>=1.5, tqdm>=4.66. The oldest end
+#: pins every floor; the newest takes pip's newest of each.
+CORE_ENDS = [
+    ["numpy==1.26.0", "scipy==1.11.1", "attrs==23.1.0", "pluggy==1.5.0", "tqdm==4.66.0"],
+    ["numpy>=1.26"],
+]
 #: genlm-backend-hf: transformers>=4.57.1,<6.
 TRANSFORMERS_ENDS = ["transformers==4.57.1", TRANSFORMERS]
+#: genlm-backend-hf's own attrs>=23.1 (genlm-core's floor), at the oldest end with the rest.
+ATTRS_ENDS = ["attrs==23.1.0", "attrs>=23.1"]
 #: genlm-backend-hf's ``lora`` extra: peft>=0.4.0, less 0.16 and 0.17 (they import
 #: transformers' HybridCache, gone in 5.0); the oldest runs with the oldest transformers.
 PEFT = "peft>=0.4.0,!=0.16.*,!=0.17.*"
@@ -166,13 +173,13 @@ def lint(session: nox.Session) -> None:
 
 
 @session()
-@nox.parametrize("numpy", NUMPY, ids=ENDS)
-def core(session: nox.Session, numpy: str) -> None:
+@nox.parametrize("requirements", CORE_ENDS, ids=ENDS)
+def core(session: nox.Session, requirements: list[str]) -> None:
     """genlm-core (torch-free) and the backend author's page's example (docs/backend-author.md).
 
     Tokenizer libraries are installed for the vocabulary tests only.
     """
-    install_core(session, *TOKENIZER_DEPS, numpy)
+    install_core(session, *TOKENIZER_DEPS, *requirements)
     # The import-graph, private-access and public-name checks read every distribution's
     # source (ast); they import nothing.
     pytest(
@@ -186,11 +193,13 @@ def core(session: nox.Session, numpy: str) -> None:
 
 
 @session()
-@nox.parametrize(("transformers", "peft"), list(zip(TRANSFORMERS_ENDS, PEFT_ENDS)), ids=ENDS)
-def hf(session: nox.Session, transformers: str, peft: str) -> None:
+@nox.parametrize(
+    ("transformers", "peft", "attrs"), list(zip(TRANSFORMERS_ENDS, PEFT_ENDS, ATTRS_ENDS)), ids=ENDS
+)
+def hf(session: nox.Session, transformers: str, peft: str, attrs: str) -> None:
     """genlm-backend-hf on CPU, plus the core tests again with hf installed."""
     install_torch(session)
-    install_core(session, transformers, *TOKENIZER_LIBS, peft, "./genlm-backend-hf")
+    install_core(session, transformers, *TOKENIZER_LIBS, peft, attrs, "./genlm-backend-hf")
     pytest(session, "tests/hf", "tests/core/test_registry.py", "tests/core/test_packaging.py")
 
 

@@ -86,3 +86,31 @@ def test_type_checking_exports_reads_the_static_imports(tmp_path):
     source.write_text("import os\n")
     with pytest.raises(ValueError, match="no top-level `if TYPE_CHECKING:`"):
         type_checking_exports(str(source))
+
+
+def test_core_oldest_pins_every_floor_of_genlm_cores_requirements():
+    """The README's version policy: genlm-core's third-party ranges are tested at both ends,
+    so the ``core(oldest)`` session (noxfile.py's ``CORE_ENDS[0]``, read statically) pins
+    the floor of each requirement the pyproject declares, and nothing else."""
+    import ast
+    import re
+    import tomllib
+
+    project = tomllib.loads((REPO / "genlm-core" / "pyproject.toml").read_text())["project"]
+    floors = {}
+    for requirement in project["dependencies"]:
+        name, floor = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", requirement).groups()
+        floors[name.lower()] = tuple(map(int, floor.split(".")))
+    [ends] = [
+        node.value
+        for node in ast.parse((REPO / "noxfile.py").read_text()).body
+        if isinstance(node, ast.Assign)
+        and [getattr(t, "id", None) for t in node.targets] == ["CORE_ENDS"]
+    ]
+    pins = {}
+    for pin in ast.literal_eval(ends)[0]:
+        name, version = pin.split("==")
+        pins[name.lower()] = tuple(map(int, version.split(".")))
+    assert pins.keys() == floors.keys()
+    for name, version in pins.items():  # 1.26 is 1.26.0
+        assert version == floors[name] + (0,) * (len(version) - len(floors[name])), name
