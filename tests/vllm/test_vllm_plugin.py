@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import sys
 
 import pytest
 from support.imports import modules_loaded_by
@@ -22,6 +24,27 @@ def test_plugin_import_pulls_in_neither_torch_nor_vllm():
     """Importing the plugin module loads no heavy library."""
     heavy = ("torch", "vllm", "transformers")
     assert modules_loaded_by("import genlm.backends.vllm.plugin", heavy) == []
+
+
+def test_the_package_has_the_distributions_version():
+    """``genlm.backends.vllm.__version__`` is the installed distribution's, as hf's and mlx's."""
+    import genlm.backends.vllm
+
+    assert genlm.backends.vllm.__version__ == importlib.metadata.version("genlm-backend-vllm")
+    assert "__version__" in dir(genlm.backends.vllm) and "VLLMLM" in dir(genlm.backends.vllm)
+
+
+def test_loading_without_vllm_names_vllm_and_its_install(monkeypatch):
+    """VLLMLM.from_name without vllm is an ImportError naming vllm and what to pip install
+    (the plugin's own reason), where it failed on the first import it met (transformers, in
+    an install without the gpu extra, or vllm's internals)."""
+    from genlm.backends.vllm import VLLMLM
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # not installed: find_spec is None
+    with pytest.raises(ImportError) as error:
+        VLLMLM.from_name("stories260K")
+    assert "vllm is not installed" in str(error.value)
+    assert "pip install 'genlm-backend-vllm[gpu]'" in str(error.value)
 
 
 def test_registered_with_priority_and_gpu_gated_auto_selection():

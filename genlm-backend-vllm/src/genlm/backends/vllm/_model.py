@@ -45,6 +45,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
+from genlm.backends.vllm.plugin import unavailable_reason
 from genlm.core import ModelClosedError, UnknownVariantError, Vocabulary
 from genlm.core.backend import (
     CURRENT_VARIANT,
@@ -215,6 +216,8 @@ class VLLMLM(BatchedLM):
             lowered to the engine's ``max_model_len - 1`` (room for one output token).
 
     Raises:
+        ImportError: vllm is not installed (the message says what to pip install; vllm
+            is the ``gpu`` extra, and brings transformers).
         ValueError: ``row_source`` is not one of the three, ``"processor"`` is asked for
             where it cannot work (engine core or model in another process), or a
             :class:`~genlm.core.backend.BatchedLM` option is invalid.
@@ -234,6 +237,9 @@ class VLLMLM(BatchedLM):
         row_source: RowSource = "auto",
         **kwargs: Any,
     ):
+        missing = unavailable_reason()
+        if missing is not None:  # else the first import to fail is transformers, vllm's own
+            raise ImportError(f"the vllm backend cannot load a model: {missing}")
         from transformers import AutoConfig, AutoTokenizer
 
         opts = {**DEFAULT_ENGINE_OPTS, **(engine_opts or {})}
@@ -311,6 +317,7 @@ class VLLMLM(BatchedLM):
             The model, its engine started.
 
         Raises:
+            ImportError: vllm is not installed (see :class:`VLLMLM`).
             ValueError: an invalid or impossible ``row_source`` or option (see
                 :class:`VLLMLM`).
             Exception: loading errors of transformers or vLLM propagate (see
