@@ -100,3 +100,22 @@ def test_the_main_command_honours_its_constraint():
     texts = [line.split("  ", 1)[1] for line in lines[start + 1 :] if line]
     assert texts and all(t.startswith("Once upon a time") for t in texts)
     assert not any("e" in t[len("Once upon a time") :] for t in texts)
+
+
+def test_every_readme_section_a_changelog_cites_is_a_section():
+    """Each CHANGELOG's ``the repository README's "X" section`` names a level-2 heading of
+    README.md (a reader following it finds the section; "Versions" was a bold paragraph)."""
+    import re
+
+    headings = {
+        line[3:].strip()
+        for line in (ROOT / "README.md").read_text().splitlines()
+        if line.startswith("## ")
+    }
+    cited = {}
+    for changelog in sorted(ROOT.glob("*/CHANGELOG.md")):
+        text = " ".join(changelog.read_text().split())  # citations may wrap
+        for section in re.findall(r"README's \"([^\"]+)\" section", text):
+            cited[section] = changelog.parent.name
+    assert cited, "no CHANGELOG cites a README section: the pattern no longer matches"
+    assert {s: d for s, d in cited.items() if s not in headings} == {}
