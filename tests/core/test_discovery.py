@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import json
+import re
 import sys
 import textwrap
 import uuid
@@ -569,3 +570,29 @@ def _bar(distribution: str, description: str) -> BackendSpec:
         plugin_api=1,
         description=description,
     )
+
+
+@pytest.mark.parametrize("name", ["/nonexistent/model", "./missing-dir", "~/no/such/model"])
+def test_a_missing_local_model_path_is_named_before_any_loader_runs(name):
+    """A name that can only be a local path (not a hub id), with nothing there, is a
+    FileNotFoundError naming it from every backend (they all resolve names through
+    ``resolve_model_path``), where a loader took it for a hub id (transformers: "Repo id
+    must use alphanumeric chars", seconds later)."""
+    from genlm.core.backend import resolve_model_path
+
+    with pytest.raises(FileNotFoundError, match=f"model path '{re.escape(name)}' does not exist"):
+        resolve_model_path(name)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_model_by_name(name, backend="mock")
+
+
+def test_a_local_model_path_has_its_home_expanded(tmp_path, monkeypatch):
+    """``~/x`` reaches the loader as the folder it names (the loaders do not expand ``~``);
+    hub ids and embedded names are passed on as they are."""
+    from genlm.core.backend import resolve_model_path
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "model").mkdir()
+    assert resolve_model_path("~/model") == str(tmp_path / "model")
+    assert resolve_model_path("owner/name") == "owner/name"
+    assert resolve_model_path("stories260K").endswith("stories260K")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 EMBEDDED_DIR = Path(__file__).parent / "models"
@@ -15,10 +16,38 @@ DEFAULT_MODEL = "stories260K"
 llama2 model (512-token vocabulary), so everything runs offline."""
 
 
-def resolve_model_path(name: str) -> str:
-    """The local directory of an embedded model, else ``name`` (a hub id or path) unchanged.
+def is_local_path(name: str) -> bool:
+    """Whether ``name`` can only be a path on this machine, never a hub id.
 
-    Backends pass every model name through this, so ``"stories260K"`` loads offline.
+    Hub ids are ``NAME`` or ``OWNER/NAME``; a name starting with ``/``, ``.`` or ``~``,
+    holding two ``/`` or more, or the platform's other separator is a path.
+    """
+    return (
+        name.startswith(("/", ".", "~"))
+        or name.count("/") > 1
+        or (os.sep != "/" and os.sep in name)
+    )
+
+
+def resolve_model_path(name: str) -> str:
+    """The local directory of an embedded model; a local path with ``~`` expanded; else
+    ``name`` (a hub id, or a path not written as one) unchanged.
+
+    Backends pass every model name through this, so ``"stories260K"`` loads offline, and a
+    mistyped local path fails here, naming it, instead of inside the loader, which would
+    take it for a hub id (transformers: "Repo id must use alphanumeric chars", seconds
+    later, or a retried download).
+
+    Raises:
+        FileNotFoundError: ``name`` can only be a local path (:func:`is_local_path`) and
+            nothing is there.
     """
     path = EMBEDDED_MODELS.get(name)
-    return str(path) if path is not None else name
+    if path is not None:
+        return str(path)
+    if isinstance(name, str) and is_local_path(name):
+        local = os.path.expanduser(name)
+        if not os.path.exists(local):
+            raise FileNotFoundError(f"model path {name!r} does not exist")
+        return local
+    return name

@@ -21,19 +21,6 @@ HUB_BACKENDS = frozenset({"hf", "vllm", "mlx"})
 HUB_TIMEOUT_S = 10.0
 
 
-def is_local_path(name: str) -> bool:
-    """Whether ``name`` can only be a path on this machine, never a hub id.
-
-    Hub ids are ``NAME`` or ``OWNER/NAME``; a name starting with ``/``, ``.`` or ``~``,
-    holding two ``/`` or more, or the platform's other separator is a path.
-    """
-    return (
-        name.startswith(("/", ".", "~"))
-        or name.count("/") > 1
-        or (os.sep != "/" and os.sep in name)
-    )
-
-
 def select_backend(backend: str | None):
     """The ``BackendSpec`` to load with, or a ``CLIError`` that says how to get one.
 
@@ -66,7 +53,7 @@ def select_backend(backend: str | None):
 def check_model(name: str, backend: str) -> str:
     """``name`` as the loader should get it (``~`` expanded), after the checks that need no
     model: a ``CLIError`` for a missing local path, or a hub id neither cached nor found."""
-    from genlm.core._embedded import EMBEDDED_MODELS
+    from genlm.core._embedded import EMBEDDED_MODELS, is_local_path
 
     if name in EMBEDDED_MODELS:
         return name
