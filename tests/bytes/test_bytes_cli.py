@@ -143,6 +143,7 @@ def test_cli_keeps_one_bos_when_the_tokenizer_adds_it(capsys, monkeypatch):
         (["--beam", "0"], "--beam must be a positive integer, got 0"),
         (["--top", "0"], "--top must be a positive integer, got 0"),
         (["--sample", "-1"], "--sample must be >= 0, got -1"),
+        (["--model", ""], "--model is empty: name one"),  # it fell back to stories260K
     ],
 )
 def test_cli_bad_numbers_are_one_line_before_loading(argv, message, capsys, monkeypatch):

@@ -92,6 +92,8 @@ def one_line_error(capsys) -> str:
         (["--model", "/nonexistent/path"], 1, "model path '/nonexistent/path' does not exist"),
         (["--model", "./missing-dir"], 1, "model path './missing-dir' does not exist"),
         (["--model", "~/no/such/model"], 1, "model path '~/no/such/model' does not exist"),
+        (["--model", ""], 1, "--model is empty: name one, or leave the option out"),
+        (["--backend", " "], 1, "--backend is empty: name one, or leave the option out"),
     ],
 )
 def test_smc_bad_arguments_are_one_line_before_loading(

@@ -88,10 +88,9 @@ def _show(symbol: int) -> str:
 
 async def _main(args: argparse.Namespace) -> int:
     from genlm.bytes._bytelm import ByteLM
-    from genlm.core import DEFAULT_MODEL
     from genlm.core.cli import load_model, progress_bar
 
-    lm = load_model(args.model or DEFAULT_MODEL, args.backend)
+    lm = load_model(args.model, args.backend)
     async with ByteLM(lm, K=args.beam, close_lm=True) as byte_lm:
         state, context = await prompt_state(byte_lm, args.prompt)
         dist = await state.logp_next()

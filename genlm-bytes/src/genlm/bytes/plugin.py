@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import argparse
 
+from genlm.core import DEFAULT_MODEL
 from genlm.core.cli import Command, add_progress_option, command_hook
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="text to continue")
-    parser.add_argument("--model", default=None, help="model name or path (default: stories260K)")
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"model name or path (default: {DEFAULT_MODEL})"
+    )
     parser.add_argument("--backend", default=None, help="backend name (default: best available)")
     parser.add_argument("-K", "--beam", type=int, default=8, help="beam width")
     parser.add_argument("--top", type=int, default=10, help="how many next bytes to show")

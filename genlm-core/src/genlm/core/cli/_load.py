@@ -105,6 +105,9 @@ def load_model(model: str, backend: str | None, **opts: Any) -> Any:
     """
     from genlm.core._registry import get_registry
 
+    for option, value in (("--model", model), ("--backend", backend)):
+        if value is not None and not value.strip():
+            raise CLIError(f"{option} is empty: name one, or leave the option out")
     spec = select_backend(backend)
     name = check_model(model, spec.name)
     return get_registry().load_model(name, None if backend is None else spec.name, **opts)
