@@ -56,7 +56,11 @@ def brute_log_sums(trie: TokenByteTrie, vocab: list[bytes], lp: np.ndarray) -> n
     return out
 
 
-@pytest.mark.parametrize("bad", [np.array(["x"] * 7), [object()] * 7])
+@pytest.mark.parametrize(
+    "bad",
+    [np.array(["x"] * 7), [object()] * 7, np.array(["-0.5"] * 7), np.array([b"-1"] * 7)],
+    ids=["str", "objects", "numeric-str", "numeric-bytes"],  # numpy parsed the numeric ones
+)
 def test_a_row_that_is_not_numbers_fails_alone(bad):
     """A row of the right shape that is not numbers fails its own call, before it is batched;
     the calls made with it get their results (they failed with it when it was stacked)."""

@@ -776,6 +776,8 @@ def _as_float64(weights: object) -> np.ndarray:
     except (TypeError, ValueError) as error:
         raise _not_numbers(error) from error
     _check_real(array)  # a list of complex rows or numbers is complex only from here
+    if array.dtype.kind in "US":  # numpy would parse numeric strings ("0.5") as numbers
+        raise TypeError(f"weights must be an array of numbers, got an array of {array.dtype}")
     try:
         return array.astype(np.float64, copy=False)
     except (TypeError, ValueError) as error:
