@@ -14,6 +14,7 @@ import resource
 import time
 
 import numpy as np
+from _common import require_reference
 
 
 def rss_bytes() -> int:
@@ -35,6 +36,7 @@ def load(impl: str, model: str, kv_bytes: int):
             lm.clear_kv_cache()
 
         return lm, logprobs, clear, len(lm.vocab)
+    require_reference()
     from genlm.backend.llm import AsyncTransformer
 
     lm = AsyncTransformer.from_name(model, hf_opts={"device_map": "cpu"})

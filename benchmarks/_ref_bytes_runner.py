@@ -9,6 +9,8 @@ import os
 import sys
 import time
 
+from _common import require_reference
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -18,6 +20,7 @@ async def main(
     import torch
 
     torch.set_num_threads(threads)
+    require_reference()
     from genlm.backend.llm import AsyncTransformer
     from genlm.bytes import BeamParams, ByteBeamState
 

@@ -26,6 +26,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+from _common import write_results  # noqa: E402
+
 from genlm.bytes import ByteLM  # noqa: E402
 from genlm.core.backend import resolve_model_path  # noqa: E402
 
@@ -175,7 +177,7 @@ def main() -> None:
         "",
         NOTES,
     ]
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    write_results(Path(args.out), "\n".join(lines))
     print("\n".join(lines))
 
 

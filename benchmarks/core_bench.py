@@ -57,6 +57,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+from _common import write_results
 
 from genlm.core import Vocabulary
 from genlm.core.backend import BatchedLM, Request
@@ -555,19 +556,8 @@ def main() -> None:
         "that, plus the bare interpreter, is its floor. Plugin modules import no numpy.",
         "",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + kept_notes(args.out))
+    write_results(args.out, "\n".join(lines))
     print("\n".join(lines))
-
-
-def kept_notes(path: Path) -> str:
-    """What follows the measured tables in ``path``: the hand-written notes of earlier
-    rounds, from the first ``### `` heading on, which a rerun keeps ("" if none)."""
-    if not path.is_file():
-        return ""
-    text = path.read_text(encoding="utf-8")
-    start = text.find("\n### ")
-    return "" if start < 0 else text[start:]
 
 
 if __name__ == "__main__":

