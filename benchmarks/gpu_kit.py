@@ -1,33 +1,40 @@
 """The device kit: what the GPU machine lacks for ``gpu_bench.py``, carried in parts.
 
-The GPU machine (the ``run`` tool) reaches no package index and takes at most 64 MiB of
-ignored folders per call, the working tree included. It has Python 3.12, torch
-2.11.0+cu130, transformers and numpy, and no vLLM. vLLM 0.26.0's CUDA wheel matches that
-torch exactly (it pins torch==2.11.0 and links libcudart.so.13) and is what
+The GPU machine (the ``run`` tool) reaches no package index, takes at most 64 MiB per
+call (the working tree included) and keeps what was carried only while it stays warm. A
+session has 15 minutes of device time in all, starts and transfers included, so the kit
+carries only what the machine lacks, in as few calls as fit. The machine has Python 3.12,
+torch 2.11.0+cu130, transformers, numpy, numba, pandas, matplotlib, pytest and more
+(:data:`DEVICE_PACKAGES`), and no vLLM and no pydantic. vLLM 0.26.0's CUDA wheel matches
+that torch exactly (it pins torch==2.11.0 and links libcudart.so.13) and is what
 genlm-backend 0.3.1's ``[vllm]`` extra pins, so both sides run on the same wheel.
 
-``prepare`` (here, with an index; by hand only, never in CI) downloads into git-ignored
-folders at the repository root:
+``prepare`` (here, with an index; by hand only, never in CI) fills git-ignored folders
+``.gpu-wheels-1`` ... ``.gpu-wheels-N`` at the repository root, one per carrying call:
 
-* ``.vllm-1`` ... ``.vllm-N``: the vLLM wheel split into parts that each fit one call;
-* ``.vllm-deps``: the wheels an in-process ``LLM(...)`` with logits processors imports
-  that the machine lacks (:data:`VLLM_DEPS`, found by :func:`probe`), pytest for the
-  test session, and ``kit.json`` (every part's and the whole wheel's sha256);
-* ``.gpu-wheels``: the reference (genlm-backend 0.3.1, genlm-bytes 0.2.0) and its small
-  imports, and the llama3.2 tokenizer; ``.gpu-wheels-NAME``: its heavy imports (a wheel
-  too big for one call, llvmlite, in parts ``.gpu-wheels-llvmlite-1`` ... as vLLM's);
+* ``.gpu-wheels-1``: ``kit.json`` (every folder, the wheel's parts and sha256), vLLM's
+  dependencies the machine lacks (``deps/``: :data:`VLLM_DEPS`, found by :func:`probe`,
+  and pydantic, with everything they need, less :data:`DEVICE_PACKAGES`), the reference
+  (``ref/``: genlm-backend 0.3.1, genlm-bytes 0.2.0, arsenal and what the machine lacks of
+  its imports), the llama3.2 tokenizer, and the first part of the vLLM wheel;
+* ``.gpu-wheels-2`` ...: the rest of the vLLM wheel, without :data:`SLIM_DROP`;
 
-and writes the exact sequence of device calls to ``benchmarks/gpu_calls.md``.
-Every folder carries a ``SHA256SUMS``. There, ``check`` verifies the folders that have
-arrived, and ``install`` verifies all of them, reassembles the wheel, checks its sha256
-and installs each side into its own ``--target`` folder under ``benchmarks/_work/gpu``:
-``vllm`` (the wheel and its dependencies), ``ours`` (this checkout, built there: genlm-core
-compiles its C kernel for the machine's Python) and ``ref`` (the reference's wheels).
+and writes the exact sequence of device calls to ``benchmarks/gpu_calls.md``. Every
+folder carries a ``SHA256SUMS``. There, ``check --expect K`` (each carrying call) verifies
+that folders 1..K are present and intact; ``prime`` (call 1) installs the dependencies,
+the reference and ours (this checkout, built there: genlm-core compiles its C kernel for
+the machine's Python) and imports each against the machine's own packages before
+anything else runs; ``install`` (the last carrying call) verifies every folder,
+reassembles the wheel, checks its sha256, installs it and imports vLLM's modules. Each
+goes into its own ``--target`` folder under ``benchmarks/_work/gpu``: ``vllm``,
+``vllm-deps``, ``ours``, ``ref``.
 
     python benchmarks/gpu_kit.py probe            # here: which imports vLLM 0.26 needs
     python benchmarks/gpu_kit.py prepare          # here: download, split, write the calls
-    python3 benchmarks/gpu_kit.py check           # there, after each carrying call
-    python3 benchmarks/gpu_kit.py install         # there, once everything has arrived
+    python benchmarks/gpu_kit.py reference        # here: only the reference (a CPU smoke run)
+    python3 benchmarks/gpu_kit.py check --expect K  # there, in carrying call K
+    python3 benchmarks/gpu_kit.py prime           # there, in call 1
+    python3 benchmarks/gpu_kit.py install         # there, in the last carrying call
 """
 
 from __future__ import annotations
@@ -36,13 +43,13 @@ import argparse
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -83,8 +90,45 @@ VLLM_DEPS = (
     *("prometheus-client", "propcache", "psutil", "py-cpuinfo", "pybase64", "pyzmq"),
     *("sniffio", "starlette", "uvloop", "xgrammar", "yarl"),
 )
-#: The test session (``tests/vllm`` on CUDA) needs pytest; the machine may lack it.
-TEST_DEPS = ("pytest", "pluggy", "iniconfig", "pytest-timeout")
+#: What the probe's venv held that vLLM imports and the device lacks (its venv had it
+#: through transformers' extras; ``vllm.config`` is pydantic dataclasses).
+VLLM_ALSO = ("pydantic",)
+#: The Python distributions the device image holds (the device's KINDS.md, "Python
+#: packages already there", read 2026-11-17): never carried. Versions are the image's;
+#: ``prime`` imports what the kit installs against them before anything else runs.
+DEVICE_PACKAGES = frozenset(
+    """absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio
+    attrs botorch build certifi charset-normalizer chex click cloudpickle cmake colorama
+    contourpy coverage cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x
+    cycler cython diffrax e3nn einops equinox etils execnet filelock flatbuffers flax
+    fonttools formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx
+    huggingface-hub humanize hypothesis idna imageio iniconfig interface-meta jax
+    jax-cuda13-pjrt jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib kiwisolver lazy-loader
+    lightning lightning-utilities linear-operator lineax llvmlite lxml markdown
+    markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes mpi4py mpmath msgpack
+    multidict multipledispatch mypy-extensions nanobind narwhals networkx ninja numba
+    numba-cuda numpy numpyro nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc
+    nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand
+    nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-ml-py nvidia-nccl-cu13
+    nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx onnx onnx-ir onnxruntime onnxscript
+    opencv-python-headless optax opt-einsum opt-einsum-fx optimistix orbax-checkpoint
+    packaging pandas pathspec patsy peft pillow pip pluggy portalocker prometheus-client
+    propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments pyparsing
+    pyproject-hooks pyre-extensions pytest pytest-benchmark pytest-cov pytest-mock
+    pytest-timeout pytest-xdist python-dateutil pytorch-lightning pyyaml regex requests
+    rich sacrebleu safetensors scikit-build-core scikit-image scikit-learn scipy seaborn
+    sentencepiece sentence-transformers setuptools shellingham simplejson six
+    sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-server
+    tensorstore threadpoolctl tifffile tiktoken timm tokenizers toolz torch torchaudio
+    torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers treescope triton
+    typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt
+    xarray xxhash yarl zipp""".split()
+)
+#: Left out of the carried vLLM wheel (``slim_wheel``), by what the wheel's own code
+#: says: FlashAttention 2's kernels (123 MiB of the 290; an H100 runs FA3, and
+#: ``vllm_flash_attn`` imports FA2 under ``try``) and the Rust API-server binary (only
+#: ``VLLM_RUST_FRONTEND_PATH`` runs it; both sides run vLLM in-process).
+SLIM_DROP = ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/vllm-rs")
 #: The modules :func:`probe` imports: what an in-process engine and both sides touch.
 PROBE_MODULES = (
     "vllm.entrypoints.llm",
@@ -123,9 +167,9 @@ DISTRIBUTIONS = {
 REFERENCE = ("genlm-backend==0.3.1", "genlm-bytes==0.2.0", "arsenal")
 #: What arsenal imports (IPython; matplotlib, for arsenal.timer), with their dependencies.
 REFERENCE_HELPERS = ("ipython", "matplotlib")
-#: Heavier imports of the reference (its trie needs numba), each in its own folder
-#: (llvmlite alone is ~57 MiB), at the versions the nox ``clients`` session runs it with
-#: (numba 0.68 admits the device's numpy 2.5; vLLM 0.26's own pin, numba 0.65, does not).
+#: Heavier imports of the reference (its trie needs numba), at the versions the nox
+#: ``clients`` session runs it with: for a CPU smoke run only (``reference``); the device
+#: has its own numba, llvmlite and pandas.
 REFERENCE_HEAVY = ("numba==0.68.1", "llvmlite==0.50.0", "pandas")
 #: Never installed into a side's folder: the machine's own builds are used.
 MACHINE_PACKAGES = ("numpy", "torch", "scipy", "transformers", "triton")
@@ -183,25 +227,10 @@ def tree_bytes() -> int:
 
 def pip_download(dest: Path, *args: str, python: str = DEVICE_PYTHON) -> None:
     """``pip download`` of wheels for the device's Python (or ``python``) into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--dest", str(dest)]
     cmd += wheel_tags(python)
     subprocess.run([*cmd, *args], check=True)
-
-
-def resolve(cache: Path) -> dict[str, str]:
-    """The version of every distribution pip would install with vLLM on the device
-    (``name -> version``), from a dry run of its resolver; cached in ``cache``.
-
-    vLLM's own pins alone are not enough: the newest xgrammar they admit needs a newer
-    apache-tvm-ffi than the one they pin; the resolver picks versions that fit together.
-    """
-    report = cache / "resolved.json"
-    if not report.exists():
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed"]
-        cmd += ["--report", str(report), "--target", str(cache / "dry-run"), *wheel_tags()]
-        subprocess.run([*cmd, VLLM], check=True)
-    installs = json.loads(report.read_text())["install"]
-    return {canonical(i["metadata"]["name"]): i["metadata"]["version"] for i in installs}
 
 
 def wheel_tags(python: str = DEVICE_PYTHON) -> list[str]:
@@ -286,32 +315,88 @@ def probe(args: argparse.Namespace) -> None:
 
 # ---- prepare (here) ---------------------------------------------------------------------
 
+#: The kit's folders at the repository root, ``.gpu-wheels-1`` ... ``.gpu-wheels-N``: what
+#: one carrying call each takes (``.gitignore`` ignores ``/.gpu-wheels*/``).
+KIT = ".gpu-wheels"
+#: In the first folder: the kit's manifest (every folder, the split wheel), vLLM's
+#: dependencies the device lacks, the reference's wheels and the llama3.2 tokenizer.
+MANIFEST, DEPS, REF, TOKENIZER = "kit.json", "deps", "ref", "llama3.2"
+#: Room kept in the first folder for the manifest and the folder's ``SHA256SUMS``.
+MANIFEST_ROOM = 64 * 2**10
+
+
+def kit_folder(number: int) -> Path:
+    return folder(f"{KIT}-{number}")
+
 
 def prepare(args: argparse.Namespace) -> None:
-    """Download and split everything the device lacks, and write the call sequence."""
+    """Download what the device lacks, pack it into as few carrying calls as fit (the
+    first folder filled up with the vLLM wheel's first part), and write the calls."""
     budget = CARRY_LIMIT - tree_bytes() - CARRY_MARGIN
-    for old in [*REPO.glob(".vllm-*"), *REPO.glob(".gpu-wheels*")]:
+    for old in kit_folders():
         shutil.rmtree(old)
-    deps = folder(".vllm-deps")
-    fresh(deps)
-    versions = resolve(kit_cache())
-    pip_download(deps, "--no-deps", *(f"{d}=={versions[canonical(d)]}" for d in VLLM_DEPS))
-    pip_download(deps, "--no-deps", *TEST_DEPS)
-    splits = [split_wheel(vllm_wheel(), ".vllm", budget)]
-    reference = prepare_reference(args.heavy)
-    for path in reference:  # a wheel too big for one call travels in parts (llvmlite)
-        for wheel in list(path.glob("*.whl")):
-            if wheel.stat().st_size > budget:
-                splits.append(split_wheel(wheel, path.name, budget))
-                wheel.unlink()
-    for path in [p for p in reference if not any(p.iterdir())]:
-        path.rmdir()
-        reference.remove(path)
-    (deps / "kit.json").write_text(json.dumps({"split": splits}, indent=1) + "\n")
-    parts = [folder(name) for split in splits for name in split["parts"]]
-    for path in [*parts, deps, *reference]:
-        write_sums(path)
-    write_calls(parts, deps, reference, budget)
+    first = kit_folder(1)
+    fresh(first)
+    report = resolved(kit_cache())
+    missing = missing_on_device(report)
+    pip_download(first / DEPS, "--no-deps", *(f"{n}=={report[n]['version']}" for n in missing))
+    prepare_reference(first, args.heavy, on_device=DEVICE_PACKAGES)
+    room = budget - size_of(first) - MANIFEST_ROOM
+    split = split_wheel(slim_wheel(vllm_wheel()), room, budget)
+    write_manifest(split)
+    write_calls(split, budget)
+
+
+def resolved(cache: Path) -> dict[str, dict]:
+    """Every distribution pip would install with vLLM on the device, ``name -> {"version",
+    "requires"}`` (``requires``: the names it needs on the device, extras left out), from a
+    dry run of its resolver; cached in ``cache``.
+
+    vLLM's own pins alone are not enough: the newest xgrammar they admit needs a newer
+    apache-tvm-ffi than the one they pin; the resolver picks versions that fit together.
+    """
+    from packaging.requirements import Requirement
+
+    report = cache / "resolved.json"
+    if not report.exists():
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed"]
+        cmd += ["--report", str(report), "--target", str(cache / "dry-run"), *wheel_tags()]
+        subprocess.run([*cmd, VLLM], check=True)
+    device = {"python_version": DEVICE_PYTHON, "python_full_version": f"{DEVICE_PYTHON}.3"}
+    device |= {"sys_platform": "linux", "platform_system": "Linux", "extra": ""}
+    device |= {"platform_machine": "x86_64", "implementation_name": "cpython"}
+    out = {}
+    for item in json.loads(report.read_text())["install"]:
+        requires = [Requirement(r) for r in item["metadata"].get("requires_dist", [])]
+        out[canonical(item["metadata"]["name"])] = {
+            "version": item["metadata"]["version"],
+            "requires": [
+                canonical(r.name) for r in requires if not r.marker or r.marker.evaluate(device)
+            ],
+        }
+    return out
+
+
+def resolve(cache: Path) -> dict[str, str]:
+    """The version of every distribution pip would install with vLLM on the device."""
+    return {name: item["version"] for name, item in resolved(cache).items()}
+
+
+def missing_on_device(report: dict[str, dict]) -> list[str]:
+    """What vLLM's in-process imports (:data:`VLLM_DEPS`, :data:`VLLM_ALSO`) need, with
+    everything those need in turn, less what the device has (:data:`DEVICE_PACKAGES`,
+    whose own needs the device meets)."""
+    needed: list[str] = []
+    todo = [canonical(n) for n in (*VLLM_DEPS, *VLLM_ALSO)]
+    while todo:
+        name = todo.pop()
+        if name in needed or name in DEVICE_PACKAGES or name in MACHINE_PACKAGES:
+            continue
+        if name not in report:
+            raise KeyError(f"{name}: not among the distributions pip resolves for {VLLM}")
+        needed.append(name)
+        todo += [r for r in report[name]["requires"] if r != "vllm"]
+    return sorted(needed)
 
 
 def kit_cache() -> Path:
@@ -329,55 +414,93 @@ def vllm_wheel() -> Path:
     return next(cache.glob("vllm-*.whl"))
 
 
+def slim_wheel(wheel: Path) -> Path:
+    """``wheel`` without :data:`SLIM_DROP` (and their ``RECORD`` lines), once, in the kit
+    cache: what the device needs of it, in fewer carrying calls."""
+    slim = kit_cache() / "slim" / wheel.name
+    if slim.exists():
+        return slim
+    slim.parent.mkdir(exist_ok=True)
+    scratch = slim.with_suffix(".tmp")
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(scratch, "w") as dst:
+        for info in src.infolist():
+            if info.filename in SLIM_DROP:
+                continue
+            data = src.read(info)
+            if info.filename.endswith(".dist-info/RECORD"):
+                lines = data.decode().splitlines(keepends=True)
+                data = "".join(x for x in lines if x.split(",")[0] not in SLIM_DROP).encode()
+            dst.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
+    scratch.replace(slim)
+    logger.info("%s: %d bytes without %s", slim.name, slim.stat().st_size, ", ".join(SLIM_DROP))
+    return slim
+
+
 def fresh(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir()
 
 
-def split_wheel(wheel: Path, stem: str, budget: int) -> dict:
-    """Split ``wheel`` into equal parts of at most ``budget`` bytes, in folders
-    ``STEM-1`` ... ``STEM-N``; returns its ``kit.json`` entry."""
+def split_wheel(wheel: Path, first: int, budget: int) -> dict:
+    """Split ``wheel`` into parts: ``first`` bytes in the first kit folder (beside what it
+    already holds), then at most ``budget`` bytes in each further folder; returns the
+    manifest's entry for it."""
+    if first <= 0:
+        raise ValueError(f"no room for {wheel.name} in {KIT}-1 ({first} bytes): carry less")
     size = wheel.stat().st_size
-    count = math.ceil(size / budget)
-    part = math.ceil(size / count)
+    sizes = [min(first, size)]
+    while sum(sizes) < size:
+        sizes.append(min(budget, size - sum(sizes)))
     folders = []
     with wheel.open("rb") as f:
-        for i in range(1, count + 1):
-            path = folder(f"{stem}-{i}")
-            fresh(path)
-            (path / f"{wheel.name}.part{i}").write_bytes(f.read(part))
+        for number, part in enumerate(sizes, 1):
+            path = kit_folder(number)
+            if number > 1:
+                fresh(path)
+            (path / f"{wheel.name}.part{number}").write_bytes(f.read(part))
             folders.append(path.name)
-    logger.info("%s: %d bytes in %d parts of %d", wheel.name, size, count, part)
+    logger.info("%s: %d bytes in %d parts", wheel.name, size, len(sizes))
     return {"wheel": wheel.name, "sha256": sha256(wheel), "bytes": size, "parts": folders}
 
 
+def write_manifest(split: dict | None) -> None:
+    """``kit.json`` in the first folder (every kit folder, the split wheel, if any), and
+    every folder's ``SHA256SUMS``."""
+    folders = split["parts"] if split else [kit_folder(1).name]
+    manifest = {"folders": folders, "split": split}
+    (kit_folder(1) / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    for name in folders:
+        write_sums(folder(name))
+
+
 def reference(args: argparse.Namespace) -> None:
-    """Only the reference's folders, for ``--python-version`` (a CPU smoke run here)."""
-    for path in prepare_reference(args.heavy, args.python_version):
-        write_sums(path)
+    """Only the reference's folder, for ``--python-version`` (a CPU smoke run here): the
+    first kit folder with the reference's wheels (its heavy imports too) and the tokenizer."""
+    first = kit_folder(1)
+    fresh(first)
+    prepare_reference(first, args.heavy, args.python_version)
+    write_manifest(None)
 
 
-def prepare_reference(heavy: bool, python: str = DEVICE_PYTHON) -> list[Path]:
-    """The reference's wheels and the llama3.2 tokenizer; with ``heavy``, its heavy imports."""
-    wheels = folder(".gpu-wheels")
-    fresh(wheels)
+def prepare_reference(
+    dest: Path, heavy: bool, python: str = DEVICE_PYTHON, on_device: frozenset = frozenset()
+) -> None:
+    """The reference's wheels (with ``heavy``, its heavy imports too) in ``dest/ref``, less
+    what the machine has (``on_device``); the llama3.2 tokenizer's files in
+    ``dest/llama3.2``."""
+    wheels = dest / REF
     pip_download(wheels, "--no-deps", *REFERENCE, python=python)
     pip_download(wheels, *REFERENCE_HELPERS, python=python)
-    shutil.copytree(tokenizer_source(), wheels / "llama3.2")
-    folders = [wheels]
-    if heavy:
-        for requirement in REFERENCE_HEAVY:
-            name = requirement.split("==")[0]
-            path = folder(f".gpu-wheels-{name}")
-            fresh(path)
-            deps = [] if name == "pandas" else ["--no-deps"]
-            pip_download(path, *deps, requirement, python=python)
-            folders.append(path)
-    for path in folders:
-        for wheel in path.glob("*.whl"):  # the machine has its own builds of these
-            if canonical(wheel.name.split("-")[0]) in MACHINE_PACKAGES:
-                wheel.unlink()
-    return folders
+    for requirement in REFERENCE_HEAVY if heavy else ():
+        deps = [] if requirement.startswith("pandas") else ["--no-deps"]
+        pip_download(wheels, *deps, requirement, python=python)
+    for wheel in wheels.glob("*.whl"):
+        if canonical(wheel.name.split("-")[0]) in {*MACHINE_PACKAGES, *on_device}:
+            wheel.unlink()
+    (dest / TOKENIZER).mkdir()
+    for f in tokenizer_source().iterdir():  # what AutoTokenizer reads; not source/
+        if f.is_file():
+            shutil.copy(f, dest / TOKENIZER / f.name)
 
 
 def tokenizer_source() -> Path:
@@ -389,77 +512,102 @@ def tokenizer_source() -> Path:
     raise FileNotFoundError("no shared/models/tokenizers/llama3.2 above this checkout")
 
 
-def write_calls(parts: list[Path], deps: Path, reference: list[Path], budget: int) -> None:
-    """The device calls, in order, with what each carries: ``benchmarks/gpu_calls.md``."""
-    loads = [[p] for p in parts]
-    for path in [deps, *reference]:  # small folders share a call while they fit
-        if (
-            loads
-            and loads[-1][0] not in parts
-            and sum(map(size_of, loads[-1])) + size_of(path) <= budget
-        ):
-            loads[-1].append(path)
-        else:
-            loads.append([path])
-    check = "python3 benchmarks/gpu_kit.py check"
-    calls = [([p.name for p in load], check, 120) for load in loads]
-    calls += [([], c, t) for c, t in RUN_CALLS]
-    lines = [
-        "# Device calls for the GPU benchmark (written by `benchmarks/gpu_kit.py prepare`)",
-        "",
-        "Make these `run` calls back to back (the machine keeps carried folders only while",
-        "it is warm: it goes back after 30 s idle). Every call runs from the repository",
-        "root. If a `check` reports a damaged or missing part, repeat that call.",
-        "",
-        "| # | carry | timeout_s | command |",
-        "| --- | --- | --- | --- |",
-    ]
-    for i, (carry, command, timeout) in enumerate(calls, 1):
-        carried = ", ".join(f'"{c}"' for c in carry)
+def write_calls(split: dict, budget: int) -> None:
+    """The device calls, in order, with what each carries and its time limit:
+    ``benchmarks/gpu_calls.md``."""
+    folders = split["parts"]
+    calls = []
+    for number, name in enumerate(folders, 1):
+        command = f"python3 benchmarks/gpu_kit.py check --expect {number}"
+        limit = 60
+        if number == 1:
+            command += " && python3 benchmarks/gpu_kit.py prime"
+            limit = PRIME_LIMIT
+        if number == len(folders):
+            command += f" && {INSTALL_AND_SMOKE}"
+            limit = INSTALL_LIMIT
+        calls.append(([name], command, limit))
+    calls += [([], command, limit) for command, limit in RUN_CALLS]
+    lines = [CALLS_HEAD, "| # | carry | timeout_s | command |", "| --- | --- | --- | --- |"]
+    for number, (carry, command, limit) in enumerate(calls, 1):
         size = sum(size_of(folder(c)) for c in carry) / 2**20
-        note = f"[{carried}] ({size:.1f} MiB)" if carry else "[]"
-        lines.append(f"| {i} | {note} | {timeout} | `{command}` |")
+        note = ", ".join(f'"{c}"' for c in carry)
+        note = f"[{note}] ({size:.1f} MiB)" if carry else "[]"
+        lines.append(f"| {number} | {note} | {limit} | `{command}` |")
+    lines += ["", CALLS_NOTE, "What travels (sha256s in each folder's `SHA256SUMS`):", ""]
+    first = kit_folder(1)
+    for name in folders:
+        lines.append(f"* `{name}`: {size_of(folder(name)) / 2**20:.1f} MiB")
     lines += [
         "",
-        CALLS_NOTE,
-        "Each wheel part and folder (sha256s in the folder's `SHA256SUMS`):",
+        f"In `{first.name}`: vLLM's dependencies the device lacks (`{DEPS}/`, from the "
+        "resolver's closure of the probe's list, less the device's packages), the "
+        f"reference's wheels (`{REF}/`), the llama3.2 tokenizer (`{TOKENIZER}/`) and the "
+        "first part of the vLLM wheel:",
         "",
     ]
-    for path in [*parts, deps, *reference]:
-        lines.append(f"* `{path.name}`: {size_of(path) / 2**20:.1f} MiB")
-    lines += ["", "vLLM's dependencies in `.vllm-deps` (what the machine lacks, by the probe):", ""]
-    for wheel in sorted(deps.glob("*.whl"), key=lambda w: -w.stat().st_size):
-        lines.append(f"* `{wheel.name}`: {wheel.stat().st_size / 2**20:.2f} MiB")
-    lines += ["", "Split wheels, reassembled and checked by `install`:", ""]
-    for split in json.loads((deps / "kit.json").read_text())["split"]:
-        lines.append(
-            f"* `{split['wheel']}`, {split['bytes']:,} bytes in {len(split['parts'])} parts, "
-            f"sha256 `{split['sha256']}`"
-        )
+    for sub in (DEPS, REF):
+        for wheel in sorted((first / sub).glob("*.whl"), key=lambda w: -w.stat().st_size):
+            lines.append(f"* `{sub}/{wheel.name}`: {wheel.stat().st_size / 2**20:.2f} MiB")
+    lines += [
+        "",
+        f"The vLLM wheel, without {', '.join(f'`{d}`' for d in SLIM_DROP)}: "
+        f"`{split['wheel']}`, {split['bytes']:,} bytes in {len(folders)} parts, sha256 "
+        f"`{split['sha256']}` (`install` reassembles and checks it).",
+        f"Each call may carry {budget / 2**20:.1f} MiB (64 MiB less the working tree and "
+        f"{CARRY_MARGIN / 2**20:.0f} MiB spare).",
+    ]
     CALLS.write_text("\n".join(lines) + "\n")
     logger.info("wrote %s", CALLS)
 
 
-#: The calls after the carrying ones: install, and the whole pipeline on tiny shapes; then
-#: the measurements, each under the 600 s a call may run (results accumulate in
-#: benchmarks/_work/gpu/results while the machine is warm, and come back in $OUT).
+#: The last carrying call's work after ``check``: install vLLM and both sides (``install``
+#: checks that vLLM's modules import), then the vLLM pipeline on tiny shapes, eager: it
+#: stops the plan (a non-zero exit) before the long calls if anything fails.
+INSTALL_AND_SMOKE = (
+    "python3 benchmarks/gpu_kit.py install && python3 benchmarks/gpu_bench.py run "
+    "--device cuda --tiny --backend vllm --side-timeout 150 --out $OUT/tiny"
+)
+PRIME_LIMIT, INSTALL_LIMIT = 240, 480
+#: The calls after the carrying ones, most valuable first, each with a worker timeout
+#: below the call's limit (results are written out after each side and come back in
+#: $OUT even when a call is cut off).
 RUN_CALLS = (
     (
-        "python3 benchmarks/gpu_kit.py install && "
-        "python3 benchmarks/gpu_bench.py run --device cuda --tiny --out $OUT/tiny",
+        "python3 benchmarks/gpu_bench.py run --device cuda --backend vllm --shape 1B "
+        "--side-timeout 280 --out $OUT",
         600,
     ),
-    ("python3 benchmarks/gpu_bench.py run --device cuda --backend vllm --out $OUT", 600),
-    ("python3 benchmarks/gpu_bench.py run --device cuda --backend hf --out $OUT", 600),
-    ("python3 benchmarks/gpu_bench.py tests --out $OUT", 600),
+    (
+        "python3 benchmarks/gpu_bench.py run --device cuda --backend hf --shape 1B "
+        "--side-timeout 150 --out $OUT; python3 benchmarks/gpu_bench.py tests "
+        "--side-timeout 200 --out $OUT",
+        560,
+    ),
 )
+CALLS_HEAD = """\
+# Device calls for the GPU benchmark (written by `benchmarks/gpu_kit.py prepare`)
+
+A session has 15 minutes (900 s) of device time in all: the machine's start (a minute or
+two), every transfer, every command, every idle wait and the close count. Make these `run`
+calls back to back, each at once after the last returns (the machine goes back after
+30 s idle, and the carried folders with it: a `check --expect N` that finds an earlier
+folder missing says so; start again from call 1). Every call runs from the repository
+root. Stop at the first call that exits non-zero: its output says what failed. Before
+each measuring call, read `status`: give that call `timeout_s` of at most
+`budget_left_s` less 30 (and `--side-timeout` under half of that), or leave it for a
+later session; call `give_back` after the last call.
+"""
 #: Said under the calls.
 CALLS_NOTE = """\
-If a measuring call runs out of time, run it again as two calls, one with `--shape 1B` and
-one with `--shape 8B` added: each (side, backend)'s results file keeps the other shape's
-rows. `python3 benchmarks/gpu_bench.py table --device cuda --out $OUT` prints the table of
-everything measured so far. Paste the table (and the `*-profile.txt` summaries where a
-target is missed) into `benchmarks/results/gpu.md` under a dated heading naming the GPU.
+Not in this plan (a second session's work, the same calls with other options): the 8B
+shape (`--shape 8B`), 1B at P=64 on its own (`run` measures it after P=16, the profile and
+the byte LM, when the side's time allows), and a rerun of what failed. Each (side,
+backend)'s results file keeps the rows another run did not measure again, but lives on
+the machine only while it is warm: `$OUT` holds everything measured so far after each side
+(`gpu_table.md`: the table and the profiles; `gpu_results.json`: every result; `tests.log`).
+Paste the table (and the profile summaries where a target is missed) into
+`benchmarks/results/gpu.md` under a dated heading naming the GPU.
 """
 
 
@@ -467,51 +615,139 @@ target is missed) into `benchmarks/results/gpu.md` under a dated heading naming 
 
 
 def kit_folders() -> list[Path]:
-    return sorted(p for p in REPO.glob(".vllm-*") if p.is_dir()) + sorted(
-        p for p in REPO.glob(".gpu-wheels*") if p.is_dir()
-    )
+    return sorted(p for p in REPO.glob(f"{KIT}*") if p.is_dir())
+
+
+def manifest() -> dict:
+    """The kit's manifest, from the first folder; a clear error where it has not arrived."""
+    path = kit_folder(1) / MANIFEST
+    if not path.is_file():
+        present = ", ".join(p.name for p in kit_folders()) or "none"
+        raise SystemExit(
+            f"{path.relative_to(REPO)} is missing (kit folders here: {present}): carry "
+            f"{KIT}-1 first (call 1 of benchmarks/gpu_calls.md), or run `prepare` or "
+            "`reference` here"
+        )
+    return json.loads(path.read_text())
+
+
+def kit_problems(expect: int) -> list[str]:
+    """What is wrong with the kit: each of the first ``expect`` folders of the manifest
+    must be here, and every folder here must match its ``SHA256SUMS``."""
+    folders = manifest()["folders"]
+    if expect > len(folders):
+        return [f"--expect {expect}, but the kit has {len(folders)} folders"]
+    problems = []
+    for number, name in enumerate(folders, 1):
+        path = folder(name)
+        if path.is_dir():
+            found = verify_sums(path)
+            problems += found
+            logger.info("%s: %s", name, "damaged" if found else f"intact, {size_of(path):,} B")
+        elif number <= expect:
+            problems.append(
+                f"{name}: missing (carried by call {number}; if it was carried, the machine "
+                "went back since and took it: start again from call 1)"
+            )
+        else:
+            logger.info("%s: still to come (call %d)", name, number)
+    return problems
 
 
 def check(args: argparse.Namespace) -> None:
-    """Verify every kit folder present; say which parts are still to come."""
-    problems = []
-    for path in kit_folders():
-        found = verify_sums(path)
-        problems += found
-        logger.info("%s: %s", path.name, "damaged" if found else f"intact, {size_of(path):,} B")
-    kit_file = folder(".vllm-deps") / "kit.json"
-    if kit_file.exists():
-        splits = json.loads(kit_file.read_text())["split"]
-        waiting = [p for s in splits for p in s["parts"] if not folder(p).is_dir()]
-        logger.info("wheel parts still to come: %s", ", ".join(waiting) or "none")
-    for problem in problems:
-        logger.error(problem)
+    """Verify the kit after a carrying call: the first ``--expect`` folders present and
+    intact, and any other folder here intact."""
+    problems = kit_problems(args.expect)
     if problems:
-        sys.exit(1)
+        raise SystemExit("the kit is incomplete or damaged:\n" + "\n".join(problems))
+
+
+def prime(args: argparse.Namespace) -> None:
+    """Install what the first folder brings (vLLM's dependencies, the reference) and ours,
+    and check that each imports here, against this machine's own packages, before
+    anything else runs."""
+    python = args.python or sys.executable
+    first = kit_folder(1)
+    targets = {}
+    if (first / DEPS).is_dir():
+        targets["vllm-deps"] = install_folder(python, "vllm-deps", sorted((first / DEPS).glob("*")))
+    targets |= install_sides(python)
+    failed = {}
+    for name, target in targets.items():
+        modules = [top_level(target)] if name == "vllm-deps" else [SIDE_IMPORTS[name]]
+        failed |= import_errors(python, [target], [m for ms in modules for m in ms])
+    if failed:
+        raise SystemExit(
+            "does not import here:\n" + "\n".join(f"{m}: {e}" for m, e in failed.items())
+        )
+    logger.info("every carried package imports: %s", ", ".join(targets))
+
+
+#: What each side's folder must import (the reference: both releases, checked to be them).
+SIDE_IMPORTS = {
+    "ours": ["genlm.core._trie_kernel", "genlm.backends.hf", "genlm.bytes"],
+    "ref": ["genlm.backend.llm", "genlm.bytes.trie", "numba", "_common"],
+}
+
+
+def top_level(target: Path) -> list[str]:
+    """The importable top-level modules installed in ``target``."""
+    names = []
+    for path in sorted(target.iterdir()):
+        if path.name.endswith((".dist-info", ".data")) or path.name in ("bin", "__pycache__"):
+            continue
+        if path.is_dir() and (path / "__init__.py").exists():
+            names.append(path.name)
+        elif path.suffix == ".py" or path.name.endswith(".so"):
+            names.append(path.name.split(".")[0])
+    return names
+
+
+def import_errors(python: str, paths: list[Path], modules: list[str]) -> dict[str, str]:
+    """``module -> error`` for each of ``modules`` that fails to import with ``paths`` (and
+    this folder, for ``_common``) on ``PYTHONPATH``; with ``_common`` among them, also
+    whether the reference is genlm-backend 0.3.1 / genlm-bytes 0.2.0 from their files."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, [*paths, HERE])))
+    script = _PROBE_SCRIPT
+    if "_common" in modules:  # the reference: also that it is 0.3.1 / 0.2.0, from its files
+        script += "import _common; _common.require_reference()\n"
+    out = subprocess.run(
+        [python, "-c", script, *modules], capture_output=True, text=True, env=env, check=False
+    )
+    if out.returncode != 0:
+        return {" ".join(modules): out.stderr.strip().splitlines()[-1]}
+    errors = json.loads(out.stdout.strip().splitlines()[0])
+    return {m: e for m, e in errors.items() if e}
 
 
 def install(args: argparse.Namespace) -> None:
-    """Verify all parts, reassemble and check the split wheels, install the three folders."""
-    deps = folder(".vllm-deps")
-    splits = json.loads((deps / "kit.json").read_text())["split"]
-    problems = [p for path in kit_folders() for p in verify_sums(path)]
-    problems += [f"{n}: missing" for s in splits for n in s["parts"] if not folder(n).is_dir()]
+    """Verify every folder, reassemble and check the vLLM wheel, install it (and prime's
+    folders, reused), and check that vLLM's modules import."""
+    kit = manifest()
+    problems = kit_problems(len(kit["folders"]))
     if problems:
         raise SystemExit("the kit is incomplete or damaged:\n" + "\n".join(problems))
+    split = kit["split"]
+    if split is None:
+        raise SystemExit(f"{KIT}-1 holds the reference only (`reference`): no vLLM to install")
+    prime(args)
     WHEELS.mkdir(parents=True, exist_ok=True)
-    for split in splits:
-        wheel = WHEELS / split["wheel"]
-        with wheel.open("wb") as out:
-            for i, name in enumerate(split["parts"], 1):
-                with (folder(name) / f"{split['wheel']}.part{i}").open("rb") as part:
-                    shutil.copyfileobj(part, out)
-        if sha256(wheel) != split["sha256"]:
-            raise SystemExit(f"{wheel.name}: the reassembled wheel's sha256 differs")
-        logger.info("%s reassembled, sha256 matches", wheel.name)
+    wheel = WHEELS / split["wheel"]
+    with wheel.open("wb") as out:
+        for number, name in enumerate(split["parts"], 1):
+            with (folder(name) / f"{split['wheel']}.part{number}").open("rb") as part:
+                shutil.copyfileobj(part, out)
+    if sha256(wheel) != split["sha256"]:
+        raise SystemExit(f"{wheel.name}: the reassembled wheel's sha256 differs")
+    logger.info("%s reassembled, sha256 matches", wheel.name)
     python = args.python or sys.executable
-    vllm = WHEELS / splits[0]["wheel"]
-    install_folder(python, "vllm", [vllm, *sorted(deps.glob("*.whl"))])
-    install_sides(python)
+    target = install_folder(python, "vllm", [wheel])
+    errors = import_errors(python, [target, WORK / "vllm-deps"], list(PROBE_MODULES))
+    if errors:
+        raise SystemExit(
+            "vLLM does not import here:\n" + "\n".join(f"{m}: {e}" for m, e in errors.items())
+        )
+    logger.info("vLLM %s: every probed module imports", split["wheel"].split("-")[1])
 
 
 def install_folder(python: str, name: str, sources: list, *, build: bool = False) -> Path:
@@ -528,7 +764,12 @@ def install_folder(python: str, name: str, sources: list, *, build: bool = False
         files = sorted(f for f in source.rglob("*") if f.is_file()) if source.is_dir() else []
         stamp.update(str(source).encode())
         for f in files:
-            if "__pycache__" not in f.parts and "build" not in f.parts:
+            # Not what the in-tree build writes (build/, src/*.egg-info): the next call
+            # would see a changed tree and build ours again.
+            skip = {"__pycache__", "build"}.intersection(f.parts) or any(
+                part.endswith(".egg-info") for part in f.parts
+            )
+            if not skip:
                 stamp.update(str(f).encode() + f.read_bytes())
     marker = target / ".installed-from"
     if marker.exists() and marker.read_text() == stamp.hexdigest():
@@ -537,6 +778,7 @@ def install_folder(python: str, name: str, sources: list, *, build: bool = False
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     cmd = [python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-warn-conflicts"]
+    cmd += ["--no-compile"]  # no .pyc for vLLM's thousands of modules: seconds of the call
     cmd += ["--no-index"] + (["--no-build-isolation"] if build else [])
     logger.info("%s: installing into %s", name, target)
     # Into a folder of our own, never the system's site-packages; a system Python marked
@@ -557,19 +799,15 @@ def install_ours(python: str) -> Path:
 
 
 def install_sides(python: str) -> dict[str, Path]:
-    """Install ours (this checkout) and the reference (carried wheels) into their folders."""
-    carried = [*REPO.glob(".gpu-wheels*/*.whl"), *WHEELS.glob("*.whl")]
-    wheels = {  # by file name: two folders may carry the same dependency
-        w.name: w
-        for w in sorted(carried)
-        if canonical(w.name.split("-")[0]) not in (*MACHINE_PACKAGES, "vllm")  # vllm: its own
-    }
-    if not any(name.startswith("genlm_backend-0.3.1") for name in wheels):
-        raise FileNotFoundError("no genlm_backend-0.3.1 wheel in .gpu-wheels: run `prepare`")
-    return {
-        "ours": install_ours(python),
-        "ref": install_folder(python, "ref", sorted(wheels.values())),
-    }
+    """Install ours (this checkout) and the reference (the first kit folder's wheels) into
+    their folders."""
+    wheels = sorted((kit_folder(1) / REF).glob("*.whl"))
+    if not any(w.name.startswith("genlm_backend-0.3.1") for w in wheels):
+        raise FileNotFoundError(
+            f"no genlm_backend-0.3.1 wheel in {KIT}-1/{REF}: carry it (call 1), or run "
+            "`prepare` or `reference` here"
+        )
+    return {"ours": install_ours(python), "ref": install_folder(python, "ref", wheels)}
 
 
 def main() -> None:
@@ -583,13 +821,18 @@ def main() -> None:
     p = commands.add_parser("reference", help="only the reference's folders (a CPU smoke run)")
     p.add_argument("--python-version", default=f"{sys.version_info[0]}.{sys.version_info[1]}")
     p.add_argument("--no-heavy", dest="heavy", action="store_false")
-    commands.add_parser("check", help="verify the folders carried so far (there)")
-    p = commands.add_parser("install", help="verify, reassemble, install (there)")
-    p.add_argument("--python", help="the interpreter to install for (default: this one)")
+    p = commands.add_parser("check", help="verify the folders carried so far (there)")
+    p.add_argument("--expect", type=int, default=1, help="the folders 1..N must be here")
+    for name, text in (
+        ("prime", "install what the first folder brings and ours, check they import (there)"),
+        ("install", "verify, reassemble, install vLLM, check it imports (there)"),
+    ):
+        p = commands.add_parser(name, help=text)
+        p.add_argument("--python", help="the interpreter to install for (default: this one)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     actions = {"probe": probe, "prepare": prepare, "reference": reference}
-    actions |= {"check": check, "install": install}
+    actions |= {"check": check, "prime": prime, "install": install}
     actions[args.command](args)
 
 
