@@ -112,6 +112,52 @@ def test_a_second_engine_starts_in_the_same_process_after_close(tiny_path):
     assert report == {"same_rows": True, "parallel_state_left": [False, False]}
 
 
+FREED = textwrap.dedent(
+    """
+    import gc, json, sys, weakref
+    from genlm.backends.vllm import VLLMLM
+
+    path, opts = sys.argv[1], json.loads(sys.argv[2])
+    report = {}
+    # The first model imports vLLM's engine, the second is dropped open: each a way a
+    # model was kept (the import's frames, the heap vLLM froze).
+    for how in ("closed", "dropped"):
+        lm = VLLMLM.from_name(path, engine_opts=opts, cache_bytes=0)
+        lm.next_token_logprobs_sync([1, 2, 3])
+        model, engine, worker = weakref.ref(lm), weakref.ref(lm.llm), lm.worker
+        if how == "closed":
+            lm.close()
+        del lm
+        gc.collect()
+        freed = model() is None
+        report[how] = {
+            "model_freed": freed,
+            "engine_freed": engine() is None,
+            # the stop its finalizer queued, or close's; never, for a model kept alive
+            "worker_stopped": freed and worker.stopped.result(timeout=60) is None,
+        }
+    try:
+        lm = VLLMLM.from_name(path, engine_opts=opts, cache_bytes=0)
+    except RuntimeError as exc:  # another model's engine is still open
+        report["next_row"] = str(exc)
+    else:
+        report["next_row"] = len(lm.next_token_logprobs_sync([1, 2, 3])) == len(lm.vocab)
+        lm.close()
+    print(json.dumps(report))
+    """
+)
+
+
+def test_a_closed_or_dropped_model_and_its_engine_are_freed(tiny_path):
+    """In-process engine, vLLM imported by the first model: closed then dropped, the model
+    and vLLM's LLM are freed by a collection; dropped open, the same, its worker stops,
+    and a new model then starts in the process (it was refused while the dropped one
+    lived)."""
+    report = _in_a_process(FREED, tiny_path)
+    freed = {"model_freed": True, "engine_freed": True, "worker_stopped": True}
+    assert report == {"closed": freed, "dropped": freed, "next_row": True}
+
+
 def _in_a_process(script: str, tiny_path) -> dict:
     """The JSON report ``script`` prints last, run in a fresh process with an in-process
     engine of the tiny model (the tests' engine options, without LoRA): only one such

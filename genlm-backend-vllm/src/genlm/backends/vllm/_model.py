@@ -173,6 +173,20 @@ def _empty_cuda_cache() -> None:
         torch.cuda.empty_cache()
 
 
+def _import_engine() -> None:
+    """Import vLLM's engine, on the worker in a call of its own, before the engine starts.
+
+    A vLLM module may keep an exception it caught while being imported (vLLM 0.32 keeps
+    torchcodec's ``ImportError`` in ``vllm.multimodal.media.audio`` when torchcodec is
+    missing). Its traceback keeps, for the life of the process, every frame that ran the
+    import, each with its last locals. Imported inside :meth:`VLLMLM._start_engine`, those
+    frames were the model's (``self``) and the worker call's that returned the engine, so
+    neither was ever freed, closed or not. From here, they hold this function, its worker
+    and a future of None: nothing of a model.
+    """
+    import vllm.entrypoints.llm  # noqa: F401
+
+
 def in_process_sampler(engine_opts: dict[str, Any], multiprocessing: bool) -> str | None:
     """None when vLLM's sampler will run in this process, else why not.
 
@@ -282,6 +296,7 @@ class VLLMLM(BatchedLM):
         )
         self._claim_in_process_engine()
         try:
+            self.worker.call(_import_engine)  # before _start_engine: see _import_engine
             self.llm = self.worker.call(self._start_engine, model_path, opts)
         except BaseException:
             self.worker.call(release_engine_memory)  # what a half-started engine left
@@ -383,6 +398,19 @@ class VLLMLM(BatchedLM):
     # ---- engine lifecycle (worker thread) ---------------------------------------
 
     def _start_engine(self, model_path: str, opts: dict[str, Any]) -> Any:
+        """Start vLLM's ``LLM`` on ``model_path``, with our row capture when rows come
+        through it (``row_source="processor"``).
+
+        An in-process engine core calls ``gc.freeze()`` once started, to keep its startup
+        objects out of later collections. That freezes every object of this process alive
+        then, this model among them: none would ever be collected as part of a reference
+        cycle again, until the engine shut down. A model dropped without ``close()`` (in
+        cycles: its batchers hold its bound methods) then kept its worker, its engine and
+        its claim on the process, and every later model was refused. So a freeze made while
+        the engine starts is undone at once, as vLLM's own shutdown undoes it (objects the
+        program froze itself are unfrozen with it): collections scan vLLM's objects again,
+        as in a process whose engine runs in a child process.
+        """
         from vllm import LLM
 
         from genlm.backends.vllm._capture import RowSink, capture_class
@@ -395,7 +423,12 @@ class VLLMLM(BatchedLM):
                 capture_class(self._sink),
             ]
         opts.setdefault("tokenizer", model_path)
-        return LLM(model=model_path, **opts)
+        frozen = gc.get_freeze_count()
+        try:
+            return LLM(model=model_path, **opts)
+        finally:
+            if gc.get_freeze_count() > frozen:
+                gc.unfreeze()
 
     def _clear_backend_cache(self) -> None:
         self.llm.reset_prefix_cache()
