@@ -17,6 +17,7 @@ from support.bytes_lms import assert_steps_match_brute_force, run
 
 from genlm.bytes import BeamParams, ByteBeamState, ByteLM
 from genlm.core import Vocabulary
+from genlm.core import _trie as trie_module
 from genlm.core.mock import MockLM
 
 TOKENS = (b"</s>", b"a", b"b", b"ab", b"\n", b"\n\n")
@@ -26,12 +27,25 @@ CONTEXTS = [(1,), (1, 2), (2,), (2, 3), (3, 3, 1), (4, 1)]
 
 def held_bytes(byte_lm: ByteLM) -> int:
     """What the held entries occupy, counted here from the memory their arrays keep alive
-    (a view's whole base: core hands out rows as views of their batch), not by the cache."""
+    (a view's whole base: core hands out rows as views of their batch, and the trie's
+    outputs are views of a C block that may be larger than they are), not by the cache."""
     total = 0
     for key, entry in byte_lm.cache.items():
-        owners = [a if a.base is None else a.base for a in (entry.lm_row, entry.logp, entry.mass)]
-        total += sum({id(a): a.nbytes for a in owners}.values()) + key_bytes(key)
+        owners = [owner(a) for a in (entry.lm_row, entry.logp, entry.mass)]
+        total += sum({id(a): allocated(a) for a in owners}.values()) + key_bytes(key)
     return total
+
+
+def owner(array: np.ndarray) -> object:
+    """The object at the end of ``array``'s base chain: the memory it keeps alive."""
+    while isinstance(array, np.ndarray) and array.base is not None:
+        array = array.base
+    return array
+
+
+def allocated(memory: object) -> int:
+    """Bytes an owner holds: an array's, or a trie output block's allocation."""
+    return memory.nbytes if isinstance(memory, np.ndarray) else memory.allocated
 
 
 def key_bytes(key) -> int:
@@ -133,6 +147,33 @@ def test_cached_masses_are_read_only_and_own_their_memory():
             nxt.mass[0] = 0.0
         assert nxt.logp.base is None  # a copy of the row view, not the view
         assert held_bytes(byte_lm) == byte_lm.cache.used_bytes
+
+    run(scenario())
+
+
+@pytest.mark.skipif(trie_module._trie_kernel is None, reason="the C module was not built")
+def test_a_mass_in_a_larger_pooled_block_is_counted_as_held():
+    """A trie output lives in a pooled C block that may be up to twice its size (left by
+    another caller, e.g. a batched call on the same trie): the mass the cache keeps holds
+    no more memory than the cache counts (issue: 1.56x its cache_bytes held)."""
+    tokens = [bytes([a, b, *tail]) for tail in ((), (7,)) for a in range(256) for b in range(256)]
+    vocab = Vocabulary([b"</s>", *tokens], special_ids={0}, eos_token_ids=(0,))
+
+    async def scenario():
+        async with MockLM(vocab) as lm:
+            byte_lm = ByteLM(lm, K=None)
+            mass_bytes = 8 * byte_lm.trie.num_nodes
+            assert mass_bytes >= 2**20  # pooled: the smallest pooled output is 1 MiB
+            previous = trie_module.set_trie_pool_limit(0)  # empty the pool, then refill it
+            trie_module.set_trie_pool_limit(1 << 30)
+            try:
+                del_at_once = trie_module._trie_kernel.empty(mass_bytes * 3 // 2)
+                del del_at_once  # the next mass takes this block, half again its size
+                (nxt,) = await byte_lm.next_tokens([(1,)])
+            finally:
+                trie_module.set_trie_pool_limit(previous)
+            assert allocated(owner(nxt.mass)) == nxt.mass.nbytes == mass_bytes
+            assert byte_lm.cache.used_bytes == held_bytes(byte_lm)
 
     run(scenario())
 

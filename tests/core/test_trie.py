@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import genlm.core._trie as trie_module
 from genlm.core import Vocabulary
 from genlm.core._trie import EOS_EDGE, TokenByteTrie
-from genlm.core.backend import check_real
+from genlm.core.backend import check_real, compact_row
 
 REPO = Path(__file__).resolve().parents[2]
 # <repo>/../shared in a checkout; a worktree sits one level deeper, so look upwards.
@@ -566,6 +566,23 @@ class TestOutputPool:
         again = trie.batch_weight_max(W[: BIG_ROWS * 2])  # 2 MiB: fits
         assert address(again) == where and empty_pool.pool_stats() == (0, 0)
         np.testing.assert_array_equal(again[:, trie.node_of(b"a")], W[: BIG_ROWS * 2, :2].max(1))
+
+    @needs_c_module
+    def test_compact_row_copies_an_output_only_out_of_a_larger_block(self, empty_pool):
+        """``compact_row`` keeps an output whose block is exactly its size and copies one
+        in a larger pooled block, or a row of a batch: a cache that counts ``nbytes`` of
+        what it keeps then counts the memory held."""
+        trie = TokenByteTrie([b"a", b"ab", b"b"], threads=1)
+        W = weights(3, 0, BIG_ROWS)
+        exact = trie.batch_weight_sum(W)  # 1 MiB, a new block
+        nbytes = exact.nbytes
+        assert compact_row(exact) is exact
+        assert compact_row(exact[0]) is not exact[0]  # one row of the batch's block
+        empty_pool.empty(nbytes * 3 // 2)  # freed at once: a block half again as large
+        reused = trie.batch_weight_sum(W)  # in that block (``exact`` holds its own)
+        kept = compact_row(reused)
+        assert kept is not reused and kept.base is None
+        np.testing.assert_array_equal(kept, reused)
 
     @needs_c_module
     def test_small_outputs_are_not_pooled(self, empty_pool):

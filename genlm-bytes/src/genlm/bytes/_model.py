@@ -289,7 +289,9 @@ class ByteModel(AsyncClosing):
             # is masked, else ``lp`` is a new array.
             lp, log_eos = split_eos(np.asarray(row, dtype=np.float64), masked, log=True)
             log_eos = float(log_eos)
-            mass = self.trie.log_weight_sum(lp)
+            # The mass cache counts mass.nbytes: a trie output in a pooled block larger than
+            # itself (up to twice, left by another caller) is copied out of it.
+            mass = compact_row(self.trie.log_weight_sum(lp))
             # Shared through the cache (and handed out by the 0.2 API): never written to.
             if lp.flags.writeable:
                 lp.setflags(write=False)

@@ -138,10 +138,13 @@ def compact_row(row: Any) -> Any:
 
     Rows are views of their batch: whoever keeps one apart from core's output cache (the
     output cache's own break-up of a batch, genlm-bytes' mass cache) and counts its bytes
-    keeps this instead, so that no whole batch stays alive uncounted behind a row.
+    keeps this instead, so that no whole batch stays alive uncounted behind a row. A token-byte
+    trie's output holds its own memory when its pooled block is exactly its size; a block
+    reused from the pool may be up to twice that (``TokenByteTrie``'s output memory), and a
+    batched output's rows share one.
     """
     if isinstance(row, np.ndarray):
-        if row.base is None:
+        if row.base is None or _whole_trie_block(row):
             return row
         row = row.copy()
         row.setflags(write=False)
@@ -149,6 +152,18 @@ def compact_row(row: Any) -> Any:
     if row.untyped_storage().nbytes() == row.nbytes:
         return row
     return row.clone()
+
+
+def _whole_trie_block(row: np.ndarray) -> bool:
+    """Whether ``row`` views all of a trie output block (``_trie_kernel.Block``), which then
+    holds exactly the row; no block can exist unless the C module was imported."""
+    kernel = sys.modules.get("genlm.core._trie_kernel")
+    if kernel is None:
+        return False
+    base = row.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return type(base) is kernel.Block and base.allocated == row.nbytes
 
 
 def as_output(row: Any, output: Output) -> Any:

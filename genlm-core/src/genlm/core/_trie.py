@@ -61,7 +61,10 @@ reuses it. A reused block may be up to twice the output's size. A 32-row
 llama3.2 output is 67 MiB; glibc maps every allocation above 32 MiB afresh and
 unmaps it on free, so without the pool each call paid for zeroing and faulting in
 every page again (15 ms a call instead of 9). A block is reused only once
-nothing references it, so outputs a caller keeps are never overwritten.
+nothing references it, so outputs a caller keeps are never overwritten. A caller
+that keeps outputs and counts their bytes (genlm-bytes' mass cache) keeps
+``genlm.core.backend.compact_row(output)``: the output itself, or a copy where its
+block is larger than it.
 
 Torch rows
 ----------

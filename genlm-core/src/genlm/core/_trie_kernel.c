@@ -271,8 +271,24 @@ static void block_dealloc(PyObject *self)
     Py_DECREF(tp);
 }
 
+/* `allocated`: what a cache that keeps a view of the block must count (a view's own
+ * nbytes is the length asked for; a reused block may be up to twice that). */
+static PyObject *block_allocated(PyObject *self, void *closure)
+{
+    return PyLong_FromSsize_t(((Block *)self)->cap);
+}
+
+static PyGetSetDef block_getset[] = {
+    {"allocated", block_allocated, NULL,
+     "Bytes of memory the block holds: its length, or up to twice that when it was "
+     "reused from the pool.",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyType_Slot block_slots[] = {
     {Py_bf_getbuffer, block_getbuffer},
+    {Py_tp_getset, block_getset},
     {Py_tp_dealloc, block_dealloc},
     {Py_tp_doc, "An uninitialised writable byte buffer from genlm.core._trie_kernel.empty; "
                 "its memory goes back to the module's pool when it is freed."},
@@ -385,5 +401,11 @@ PyMODINIT_FUNC PyInit__trie_kernel(void)
             return NULL;
         }
     }
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* `Block`: the type, so that a caller can tell a view of a block by its base. */
+    if (m != NULL && PyModule_AddObjectRef(m, "Block", (PyObject *)BlockType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }
