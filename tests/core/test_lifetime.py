@@ -1,12 +1,15 @@
-"""A model (or async trie) dropped without close() stops its worker thread (issue #21)."""
+"""A model (or async trie) dropped without close() stops its worker thread (issue #21), and is
+freed by reference counting alone: no reference cycle runs through it (memory review 19)."""
 
 import asyncio
 import gc
+import threading
 import weakref
 
 import numpy as np
+import pytest
 
-from genlm.core import AsyncTokenByteTrie, TokenByteTrie
+from genlm.core import AsyncTokenByteTrie, ModelClosedError, TokenByteTrie
 from genlm.core.mock import MockLM
 
 VOCAB = [b"a", b"b", b"c", b"d"]
@@ -69,3 +72,65 @@ def test_an_async_trie_dropped_without_aclose_stops_its_worker():
 
     ref, thread = asyncio.run(use())
     assert_collected_and_stopped(ref, thread)
+
+
+@pytest.fixture
+def no_cyclic_gc():
+    """The cyclic garbage collector off: only reference counting frees objects."""
+    gc.disable()
+    yield
+    gc.enable()
+
+
+def test_a_dropped_model_is_freed_by_reference_counting(no_cyclic_gc):
+    """A model used sync and async, dropped without close(), is freed at ``del``: nothing
+    (its batcher included) makes a reference cycle through it, which would keep its
+    weights, KV and output cache until a full collection."""
+    lm = MockLM(VOCAB)
+    lm.next_token_logprobs_sync([0])
+
+    async def use(lm: MockLM) -> None:
+        await asyncio.gather(*(lm.next_token_logprobs([i, 1]) for i in range(4)))
+        await lm.sample([0], max_tokens=2, seed=0)
+
+    asyncio.run(use(lm))
+    ref, thread = weakref.ref(lm), lm.worker._thread
+    del lm
+    assert ref() is None
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def test_a_dropped_async_trie_is_freed_by_reference_counting(no_cyclic_gc):
+    """The same for AsyncTokenByteTrie."""
+    trie = AsyncTokenByteTrie(TokenByteTrie(VOCAB))
+    asyncio.run(trie.weight_sum(np.ones(len(VOCAB))))
+    ref, thread = weakref.ref(trie), trie.worker._thread
+    del trie
+    assert ref() is None
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def test_requests_of_a_model_dropped_while_they_wait_fail_cleanly(no_cyclic_gc):
+    """Batches handed to the worker of a model that is then freed (only the futures of its
+    requests are held) fail with ModelClosedError, and its worker stops."""
+
+    async def scenario() -> None:
+        lm = MockLM(VOCAB, max_batch_size=1)
+        gate = threading.Event()
+        lm.worker.submit(gate.wait)  # the batches queue up behind it
+        waiters = [lm.batcher.submit(lm.validate_request([i])) for i in range(2)]
+        await asyncio.sleep(0)  # the flush hands both batches to the worker
+        assert lm.batcher._states[id(asyncio.get_running_loop())].running == 2
+        ref, thread = weakref.ref(lm), lm.worker._thread
+        del lm
+        assert ref() is None
+        gate.set()
+        for waiter in waiters:
+            with pytest.raises(ModelClosedError, match="dropped"):
+                await waiter
+        await asyncio.to_thread(thread.join, 10)
+        assert not thread.is_alive()
+
+    asyncio.run(scenario())

@@ -66,9 +66,10 @@ class AsyncTokenByteTrie:
         # Dropped without aclose(), it stops its thread (the finalizer holds the worker
         # only); not at exit, as BatchedLM's.
         weakref.finalize(self, self.worker.close, wait=False).atexit = False
-        # Items are (operation, where, row): "numpy", or the torch device of the row.
+        # Items are (operation, where, row): "numpy", or the torch device of the row. The
+        # method is held weakly, as BatchedLM's: the batcher must not keep the trie alive.
         self.batcher: AutoBatcher[tuple[str, str, np.ndarray], np.ndarray] = AutoBatcher(
-            self._run,
+            weakref.WeakMethod(self._run),
             self.worker,
             max_batch_size=max_batch_size,
             max_wait_s=max_wait_s,

@@ -165,8 +165,10 @@ class BatchedLM(abc.ABC):
         weakref.finalize(self, self.worker.close, wait=False).atexit = False
         budget = checked_count("cache_bytes", cache_bytes, 0, whole_floats=True)
         self.output_cache = OutputCache(budget)
+        # Held weakly: the batcher must not keep the model alive (a model dropped without
+        # close() is freed by reference counting, its worker stopped by the finalizer).
         self.batcher: AutoBatcher[Request, np.ndarray] = AutoBatcher(
-            self._run_requests,
+            weakref.WeakMethod(self._run_requests),
             self.worker,
             max_batch_size=max_batch_size,
             max_wait_s=max_wait_s,

@@ -179,7 +179,11 @@ class AutoBatcher(Generic[I, R]):
     Args:
         run_batch: called on the worker thread with a list of items of one group;
             returns one result per item, in order (another count fails the batch's
-            waiters with :class:`~genlm.core.BackendError` naming it).
+            waiters with :class:`~genlm.core.BackendError` naming it). A model that holds
+            its batcher passes its method as a ``weakref.WeakMethod``, so that the batcher
+            does not keep it alive (dropped without ``close()``, it is freed by reference
+            counting alone); a batch that runs after the model was freed fails its waiters
+            with :class:`~genlm.core.ModelClosedError`.
         worker: the model's worker thread.
         max_batch_size: most distinct items in one batch.
         max_wait_s: how long a partial batch waits for company after its oldest request
@@ -207,7 +211,7 @@ class AutoBatcher(Generic[I, R]):
 
     def __init__(
         self,
-        run_batch: Callable[[list[I]], Sequence[R]],
+        run_batch: Callable[[list[I]], Sequence[R]] | weakref.WeakMethod,
         worker: ModelWorker,
         *,
         max_batch_size: int = 32,
@@ -508,9 +512,14 @@ class AutoBatcher(Generic[I, R]):
                     entry.dropped = True
         if not live:
             return live, []
-        results = self.run_batch([e.item for e in live])
+        run_batch = self.run_batch
+        if type(run_batch) is weakref.WeakMethod:
+            run_batch = run_batch()
+            if run_batch is None:
+                raise ModelClosedError("the model was dropped before this request ran")
+        results = run_batch([e.item for e in live])
         if len(results) != len(live):
-            name = getattr(self.run_batch, "__qualname__", repr(self.run_batch))
+            name = getattr(run_batch, "__qualname__", repr(run_batch))
             raise BackendError(
                 f"{name} returned {len(results)} results for a batch of {len(live)}; "
                 "run_batch must return one result per item"
