@@ -1032,6 +1032,30 @@ class TestBackpressure:
         assert run(main()) == [("r", 0), ("r", 1), ("r", 3)]
         assert gate.batches == [[0, 1], [3]]
 
+    def test_cancelled_waiters_do_not_pile_up_while_the_worker_has_no_room(self, gated):
+        """While both in-flight slots are taken, a request retried 1000 times (a caller's
+        timeouts: each retry a cancelled waiter) and 1000 distinct requests given up leave
+        at most 8 waiters and 256 queued entries, not one per retry (they were freed only
+        once a slot freed: never, with a hung backend); what is still wanted is computed."""
+        gate, batcher = gated(max_batch_size=1, key=lambda x: x)
+
+        async def main():
+            busy = [batcher.submit(i) for i in range(2)]  # each full: handed over at once
+            (state,) = batcher._states.values()
+            assert state.running == 2
+            for _ in range(1000):
+                batcher.submit("retried").cancel()
+            assert len(state.entries["retried"].waiters) <= 8
+            for i in range(1000):
+                batcher.submit(("given up", i)).cancel()
+            kept = batcher.submit("retried")
+            assert len(state.entries) <= 2 + 256  # the two in flight and the queue
+            gate.open()
+            return await asyncio.wait_for(asyncio.gather(*busy, kept), 5)
+
+        assert run(main()) == [("r", 0), ("r", 1), ("r", "retried")]
+        assert gate.batches == [[0], [1], ["retried"]]
+
     def test_a_request_joining_a_dropped_entry_is_computed_afresh(self, gated):
         """A duplicate arriving after the worker dropped its entry gets a computation of its own."""
         gate, batcher = gated(max_batch_size=1, max_wait_s=0.0, key=lambda x: x)

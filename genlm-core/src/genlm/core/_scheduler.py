@@ -36,6 +36,8 @@ Policy, in order:
   whose waiters all cancelled are dropped before firing, and when the worker picks a
   batch up it drops the entries whose waiters all cancelled since it was handed over
   (a batch left empty is not run). A request joining a dropped entry starts afresh.
+  While the worker has no room, cancelled waiters and entries are also dropped as new
+  ones arrive (amortized), so a caller retrying with timeouts does not pile them up.
   Cancelling during the backend's computation does not interrupt it.
 * **Event loops.** State is kept per event loop, so a model serves successive
   ``asyncio.run`` calls, and loops in several threads at once. A loop's state is held
@@ -161,6 +163,22 @@ def _forget(queues: _Queues, entry: _Entry) -> None:
     other = queues.entries.pop(entry.key, None)
     if other is not None and other is not entry:
         queues.entries[entry.key] = other
+
+
+#: The sizes from which a waiter list and a queue drop their cancelled members, at each
+#: power of two. A queue's is above a usual gather (an SMC step's), which never scans.
+_PRUNE_WAITERS = 8
+_PRUNE_QUEUE = 256
+
+
+def _pruning_due(n: int, least: int) -> bool:
+    """Whether a list of ``n`` waiters, or a queue of ``n`` entries, just grown by one, is
+    to drop its cancelled ones: at ``least``, twice that, and so on. While the worker has no
+    room, nothing else drops them (a caller retrying with timeouts would add one per retry
+    for as long as a batch runs, unbounded if the backend hangs); at powers of two, the
+    scans cost O(1) per request and leave at most about twice as many as are live (or
+    ``least``)."""
+    return n >= least and not n & (n - 1)
 
 
 def _deliver(entry: _Entry, result: Any = None, exc: BaseException | None = None) -> None:
@@ -394,12 +412,19 @@ class AutoBatcher(Generic[I, R]):
         if pending is not entry:
             with self._lock:
                 if not pending.dropped:
-                    pending.waiters.append(waiter)
+                    waiters = pending.waiters
+                    waiters.append(waiter)
+                    if _pruning_due(len(waiters), _PRUNE_WAITERS):
+                        pending.waiters = [w for w in waiters if not w.done()]
                     return None
             queues.entries[key] = entry  # the pending one was dropped: start afresh
         if queue is None:
             queue = queues.queues[group] = {}
         queue[entry] = None
+        if _pruning_due(len(queue), _PRUNE_QUEUE):
+            for dead in [e for e in queue if not e.live()]:
+                del queue[dead]
+                _forget(queues, dead)
         return queue
 
     def _head(self, queues: _Queues, group: Hashable) -> list[_Entry]:
