@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import weakref
 
 import numpy as np
 import pytest
@@ -170,6 +171,23 @@ def test_pinned_prompt_survives_pressure_and_clear_cache(loaded, check):
     before = lm.kv_stats["computed_tokens"]
     check(model, prompt + [13], lm.next_token_logprobs_sync(prompt + [13]))
     assert lm.kv_stats["computed_tokens"] - before == len(prompt) + 1
+    lm.close()
+
+
+@pytest.mark.parametrize("clear", ["clear_kv_cache", "clear_cache"])
+def test_clears_release_the_batch_buffer(loaded, check, clear):
+    """The batch KV buffer kept between batches (outside kv_cache_bytes, up to 512 MiB) is
+    released by both clears, even with no KV cache at all, and the next request still
+    equals a full forward."""
+    model, tok = loaded("stories260K-fp32")
+    lm = HFLM(model, tok, cache_bytes=0, kv_cache_bytes=0)
+    rng = np.random.default_rng(9)
+    gather(lm, [[1, *random_ids(rng, 500, 40)] for _ in range(4)])
+    kept = weakref.ref(lm._buffer)
+    getattr(lm, clear)()
+    assert kept() is None
+    context = [1, *random_ids(rng, 500, 12)]
+    check(model, context, lm.next_token_logprobs_sync(context))
     lm.close()
 
 

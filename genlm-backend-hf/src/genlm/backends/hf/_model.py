@@ -61,6 +61,10 @@ class HFLM(BatchedLM):
             normalized over the full width, as the other backends and genlm-backend 0.3.1
             do. A tokenizer with more tokens than the model has logits is a ``ValueError``.
         kv_cache_bytes: byte budget of the KV cache (LRU-evicted; pinned prompts stay).
+            Outside it: the batch buffer a forward pass gathers its rows' KV into, of
+            ``shape.bytes_per_token`` times its rows (at most ``max_batch_size``) times its
+            longest context with room to grow, kept between batches up to 512 MiB (a larger
+            one is freed after its batch); ``clear_kv_cache`` and ``clear_cache`` release it.
         max_forward_tokens: most padded new tokens (rows times the widest row's new tokens)
             in one forward pass; it bounds the activations and logits of a pass, not the KV.
             Rows beyond it go to another pass, and a context with more new tokens than this
@@ -433,22 +437,29 @@ class HFLM(BatchedLM):
             )
 
     def clear_kv_cache(self) -> None:
-        """Drop every cached KV entry, pinned prompts included; after close, nothing to do
-        (the release dropped it), as for ``clear_cache``."""
+        """Drop every cached KV entry, pinned prompts included, and the batch KV buffer
+        kept between batches (outside ``kv_cache_bytes``); after close, nothing to do (the
+        release dropped them), as for ``clear_cache``."""
         try:
-            self.worker.call(self.kv.clear)
+            self.worker.call(self._drop_kv, False)
         except ModelClosedError:
             pass
 
     def _clear_backend_cache(self) -> None:
-        """``clear_cache`` drops unpinned KV; prompts pinned by ``cache_kv`` stay."""
-        self.kv.clear(keep_pinned=True)
+        """``clear_cache`` drops unpinned KV and the batch buffer; prompts pinned by
+        ``cache_kv`` stay."""
+        self._drop_kv(keep_pinned=True)
+
+    def _drop_kv(self, keep_pinned: bool) -> None:
+        """Drop the cached KV (but the pinned prompts, with ``keep_pinned``) and the batch
+        buffer, whose memory a clear must release too (worker thread)."""
+        self.kv.clear(keep_pinned=keep_pinned)
+        self._buffer = self._resident = None
 
     def _close_backend(self) -> None:
         """Drop the KV, the batch buffer and the model (with its adapters): a closed model's
         weights are freed once nothing else holds them (a ``from_name`` model's at once)."""
-        self.kv.clear()
-        self._buffer = self._resident = None
+        self._drop_kv(keep_pinned=False)
         self.model = self._peft = None
 
     # ---- the forward pass ----------------------------------------------------------
