@@ -288,7 +288,7 @@ class VLLMLM(BatchedLM):
         #: the oldest first. No cap on the calls of a run: vLLM schedules the requests
         #: itself, ``max_num_seqs`` at a time. Never deduplicated: equal calls draw apart.
         self._generations: AutoBatcher[_Generation, list[list[int]] | None] = AutoBatcher(
-            self._generate,
+            weakref.WeakMethod(self._generate),  # as core's batcher: no model-batcher cycle
             self.worker,
             max_batch_size=sys.maxsize,
             group=operator.attrgetter("variant"),
@@ -404,8 +404,8 @@ class VLLMLM(BatchedLM):
         An in-process engine core calls ``gc.freeze()`` once started, to keep its startup
         objects out of later collections. That freezes every object of this process alive
         then, this model among them: none would ever be collected as part of a reference
-        cycle again, until the engine shut down. A model dropped without ``close()`` (in
-        cycles: its batchers hold its bound methods) then kept its worker, its engine and
+        cycle again, until the engine shut down. A model dropped without ``close()`` and
+        left in any reference cycle then kept its worker, its engine and
         its claim on the process, and every later model was refused. So a freeze made while
         the engine starts is undone at once, as vLLM's own shutdown undoes it (objects the
         program froze itself are unfrozen with it): collections scan vLLM's objects again,
