@@ -23,6 +23,11 @@ def assert_collected_and_stopped(ref: weakref.ref, thread) -> None:
     """
     for _ in range(3):
         gc.collect()
+    assert_freed_and_stopped(ref, thread)
+
+
+def assert_freed_and_stopped(ref: weakref.ref, thread) -> None:
+    """The object is gone and its worker thread has left."""
     assert ref() is None
     thread.join(timeout=10)
     assert not thread.is_alive()
@@ -96,9 +101,7 @@ def test_a_dropped_model_is_freed_by_reference_counting(no_cyclic_gc):
     asyncio.run(use(lm))
     ref, thread = weakref.ref(lm), lm.worker._thread
     del lm
-    assert ref() is None
-    thread.join(timeout=10)
-    assert not thread.is_alive()
+    assert_freed_and_stopped(ref, thread)
 
 
 def test_a_dropped_async_trie_is_freed_by_reference_counting(no_cyclic_gc):
@@ -107,9 +110,7 @@ def test_a_dropped_async_trie_is_freed_by_reference_counting(no_cyclic_gc):
     asyncio.run(trie.weight_sum(np.ones(len(VOCAB))))
     ref, thread = weakref.ref(trie), trie.worker._thread
     del trie
-    assert ref() is None
-    thread.join(timeout=10)
-    assert not thread.is_alive()
+    assert_freed_and_stopped(ref, thread)
 
 
 def test_requests_of_a_model_dropped_while_they_wait_fail_cleanly(no_cyclic_gc):

@@ -143,6 +143,17 @@ property_settings = settings(
 )
 
 
+def slow_sentencepiece(transformers):
+    """stories260K's tokenizer as a slow SentencePiece-backed transformers tokenizer (its
+    ``tok512.model``), or a skip where that file or sentencepiece is missing."""
+    backend = getattr(transformers, "SentencePieceBackend", None) or transformers.LlamaTokenizer
+    model = SHARED / "stories260K" / "llama2c" / "tok512.model"
+    if not model.is_file():
+        pytest.skip(f"{model} does not exist")
+    pytest.importorskip("sentencepiece")
+    return backend(vocab_file=str(model), bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
 class TestRealTokenizers:
     @pytest.mark.parametrize("name", NAMES)
     def test_tokenizer_and_json_agree(self, name):
@@ -636,12 +647,7 @@ class TestAddedTokensDecodeAsTheDecoder:
     def test_slow_sentencepiece_added_tokens(self):
         """A slow SentencePiece tokenizer decodes an added "a▁b" as "a b", as the fast ones."""
         transformers = pytest.importorskip("transformers")
-        backend = getattr(transformers, "SentencePieceBackend", None) or transformers.LlamaTokenizer
-        model = SHARED / "stories260K" / "llama2c" / "tok512.model"
-        if not model.is_file():
-            pytest.skip(f"{model} does not exist")
-        pytest.importorskip("sentencepiece")
-        tok = backend(vocab_file=str(model), bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+        tok = slow_sentencepiece(transformers)
         tok.add_tokens([transformers.AddedToken("a▁b", normalized=False)])
         i = tok.convert_tokens_to_ids("a▁b")
         vocab = Vocabulary.from_tokenizer(tok)
@@ -692,12 +698,7 @@ class TestShapes:
     def test_slow_sentencepiece_tokenizer(self):
         """A SentencePiece-backed transformers tokenizer gives the tokenizer.json's bytes."""
         transformers = pytest.importorskip("transformers")
-        backend = getattr(transformers, "SentencePieceBackend", None) or transformers.LlamaTokenizer
-        model = SHARED / "stories260K" / "llama2c" / "tok512.model"
-        if not model.is_file():
-            pytest.skip(f"{model} does not exist")
-        pytest.importorskip("sentencepiece")
-        tok = backend(vocab_file=str(model), bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+        tok = slow_sentencepiece(transformers)
         assert getattr(tok, "backend_tokenizer", None) is None
         vocab = Vocabulary.from_tokenizer(tok)
         assert vocab.tokens == vocab_from_json("stories260K").tokens
