@@ -1056,6 +1056,38 @@ class TestBackpressure:
         assert run(main()) == [("r", 0), ("r", 1), ("r", "retried")]
         assert gate.batches == [[0], [1], ["retried"]]
 
+    def test_pruning_scans_cost_constant_per_request_however_many_are_live(
+        self, gated, monkeypatch
+    ):
+        """With 510 live entries queued (two less than a power of two), 1000 cancelled
+        retries look at about as many queued entries as arrive: a queue is scanned again
+        only once it has doubled from what its last scan kept (scanned at each power of
+        two, each retry brought it back to 512 and looked at every live entry again)."""
+        from genlm.core import _scheduler
+
+        looked = [0]
+        live = _scheduler._Entry.live
+
+        def counting(entry) -> bool:
+            looked[0] += 1
+            return live(entry)
+
+        monkeypatch.setattr(_scheduler._Entry, "live", counting)
+        gate, batcher = gated(max_batch_size=1, key=lambda x: x)
+
+        async def main():
+            busy = [batcher.submit(i) for i in range(2)]  # both slots: nothing is batched
+            wanted = [batcher.submit(("live", i)) for i in range(510)]
+            looked[0] = 0
+            for i in range(1000):
+                batcher.submit(("retry", i)).cancel()
+            work = looked[0]
+            gate.open()
+            await asyncio.wait_for(asyncio.gather(*busy, *wanted), 5)
+            return work
+
+        assert run(main()) <= 4 * 1000  # it was about 500 * 512
+
     def test_a_request_joining_a_dropped_entry_is_computed_afresh(self, gated):
         """A duplicate arriving after the worker dropped its entry gets a computation of its own."""
         gate, batcher = gated(max_batch_size=1, max_wait_s=0.0, key=lambda x: x)

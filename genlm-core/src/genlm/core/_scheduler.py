@@ -80,6 +80,23 @@ _Future = asyncio.Future
 Waiter = asyncio.Future | concurrent.futures.Future
 
 
+#: The least sizes at which a waiter list and a queue drop their cancelled members. A
+#: queue's is above a usual gather (an SMC step's), which never scans.
+_PRUNE_WAITERS = 8
+_PRUNE_QUEUE = 256
+
+
+class _Queue(dict):
+    """A group's queued entries, an insertion-ordered set (``dict[_Entry, None]``), and the
+    size at which its dead entries are dropped (:func:`_next_prune`)."""
+
+    __slots__ = ("prune_at",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prune_at = _PRUNE_QUEUE
+
+
 @attrs.define(eq=False)
 class _Entry:
     """One distinct item and the futures of everyone waiting for it."""
@@ -99,6 +116,8 @@ class _Entry:
     #: worker when, at pick-up, nobody waited any more, or by
     #: :meth:`AutoBatcher.refuse_joins` when it was in flight at a change of the model.
     dropped: bool = False
+    #: The number of waiters at which the cancelled ones are dropped (:func:`_next_prune`).
+    prune_at: int = _PRUNE_WAITERS
 
     def live(self) -> bool:
         for waiter in self.waiters:
@@ -115,7 +134,7 @@ class _Queues:
     entries: dict[Hashable, _Entry] = attrs.field(factory=dict)
     #: Queued entries by group, each an insertion-ordered set, oldest first (keyed by the
     #: entry itself: an identity hash costs less than hashing a long key again).
-    queues: dict[Hashable, dict[_Entry, None]] = attrs.field(factory=dict)
+    queues: dict[Hashable, _Queue] = attrs.field(factory=dict)
     #: Counts the arrival flushes that have run: a partial batch holds only entries whose
     #: round is below it (every request queued with them has arrived).
     round: int = 1
@@ -165,20 +184,16 @@ def _forget(queues: _Queues, entry: _Entry) -> None:
         queues.entries[entry.key] = other
 
 
-#: The sizes from which a waiter list and a queue drop their cancelled members, at each
-#: power of two. A queue's is above a usual gather (an SMC step's), which never scans.
-_PRUNE_WAITERS = 8
-_PRUNE_QUEUE = 256
+def _next_prune(live: int, least: int) -> int:
+    """The size at which a list left with ``live`` members after a scan is scanned again.
 
-
-def _pruning_due(n: int, least: int) -> bool:
-    """Whether a list of ``n`` waiters, or a queue of ``n`` entries, just grown by one, is
-    to drop its cancelled ones: at ``least``, twice that, and so on. While the worker has no
-    room, nothing else drops them (a caller retrying with timeouts would add one per retry
-    for as long as a batch runs, unbounded if the backend hangs); at powers of two, the
-    scans cost O(1) per request and leave at most about twice as many as are live (or
-    ``least``)."""
-    return n >= least and not n & (n - 1)
+    While the worker has no room, nothing else drops cancelled waiters or dead entries (a
+    caller retrying with timeouts would add one per retry for as long as a batch runs,
+    unbounded if the backend hangs). Scanning again only once the list has doubled from
+    what the scan kept makes each scan's cost at most the arrivals since the last one
+    (O(1) per request, however many are live), and leaves at most about twice as many
+    members as are live (or ``least``)."""
+    return max(least, 2 * live)
 
 
 def _deliver(entry: _Entry, result: Any = None, exc: BaseException | None = None) -> None:
@@ -398,9 +413,7 @@ class AutoBatcher(Generic[I, R]):
         if state.queues and state.soon is None:
             state.soon = loop.call_soon(self._on_soon, state)
 
-    def _enqueue(
-        self, queues: _Queues, item: I, waiter: Waiter, arrival: float
-    ) -> dict[_Entry, None] | None:
+    def _enqueue(self, queues: _Queues, item: I, waiter: Waiter, arrival: float) -> _Queue | None:
         """Join ``item``'s pending entry, or queue a new one; return its group's queue
         if a new entry was queued, None if it joined."""
         key = self._key(item) if self._key is not None else object()
@@ -414,17 +427,19 @@ class AutoBatcher(Generic[I, R]):
                 if not pending.dropped:
                     waiters = pending.waiters
                     waiters.append(waiter)
-                    if _pruning_due(len(waiters), _PRUNE_WAITERS):
-                        pending.waiters = [w for w in waiters if not w.done()]
+                    if len(waiters) >= pending.prune_at:
+                        pending.waiters = waiters = [w for w in waiters if not w.done()]
+                        pending.prune_at = _next_prune(len(waiters), _PRUNE_WAITERS)
                     return None
             queues.entries[key] = entry  # the pending one was dropped: start afresh
         if queue is None:
-            queue = queues.queues[group] = {}
+            queue = queues.queues[group] = _Queue()
         queue[entry] = None
-        if _pruning_due(len(queue), _PRUNE_QUEUE):
+        if len(queue) >= queue.prune_at:
             for dead in [e for e in queue if not e.live()]:
                 del queue[dead]
                 _forget(queues, dead)
+            queue.prune_at = _next_prune(len(queue), _PRUNE_QUEUE)
         return queue
 
     def _head(self, queues: _Queues, group: Hashable) -> list[_Entry]:
