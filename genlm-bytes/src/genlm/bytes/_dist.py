@@ -28,16 +28,18 @@ def is_index(value: object, stop: int) -> bool:
 
 
 def checked_rng(rng: object) -> np.random.Generator:
-    """``rng``, if it is a numpy ``Generator``: what the samplers draw with (anything else
+    """``rng``, if it draws as the samplers do, with ``rng.choice(n, p=...)``: a numpy
+    ``Generator``, a legacy ``RandomState``, or any object with that method (anything else
     failed at the first draw, as ``'int' object has no attribute 'choice'``).
 
     Raises:
-        TypeError: it is not one (None included: make one with
+        TypeError: it has no ``choice`` method (None included: make a generator with
             ``numpy.random.default_rng(seed)``).
     """
-    if not isinstance(rng, np.random.Generator):
+    if not callable(getattr(rng, "choice", None)):
         raise TypeError(
-            f"rng must be a numpy.random.Generator (numpy.random.default_rng(seed)), got {rng!r}"
+            "rng must be a numpy.random.Generator (numpy.random.default_rng(seed)) or have "
+            f"its choice method, got {rng!r}"
         )
     return rng
 
