@@ -58,8 +58,15 @@ def brute_log_sums(trie: TokenByteTrie, vocab: list[bytes], lp: np.ndarray) -> n
 
 @pytest.mark.parametrize(
     "bad",
-    [np.array(["x"] * 7), [object()] * 7, np.array(["-0.5"] * 7), np.array([b"-1"] * 7)],
-    ids=["str", "objects", "numeric-str", "numeric-bytes"],  # numpy parsed the numeric ones
+    [
+        np.array(["x"] * 7),
+        [object()] * 7,
+        np.array(["-0.5"] * 7),
+        np.array([b"-1"] * 7),
+        np.array(["-0.5"] * 7, dtype=object),
+    ],
+    ids=["str", "objects", "numeric-str", "numeric-bytes", "numeric-str-objects"],
+    # numpy parsed the numeric ones
 )
 def test_a_row_that_is_not_numbers_fails_alone(bad):
     """A row of the right shape that is not numbers fails its own call, before it is batched;

@@ -142,6 +142,20 @@ def test_compact_row_copies_only_a_view():
     assert compact_row(kept) is kept
 
 
+def test_compact_row_copies_a_view_where_the_c_kernel_has_no_block_type(monkeypatch):
+    """A C trie kernel built before it exposed its ``Block`` type (an editable install not
+    rebuilt) gives rows whose base compact_row cannot inspect: it copies them, where
+    reading the missing attribute failed every mass genlm-bytes computed."""
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "genlm.core._trie_kernel", types.ModuleType("old"))
+    rows = batch_rows(3, 8, 0)
+    kept = compact_row(rows[1])
+    assert kept.base is None and not kept.flags.writeable
+    np.testing.assert_array_equal(kept, rows[1])
+
+
 def test_compact_row_of_a_torch_view_is_a_clone_of_its_own():
     torch = pytest.importorskip("torch")
     batch = torch.arange(12, dtype=torch.float32).reshape(3, 4)

@@ -163,7 +163,8 @@ def _whole_trie_block(row: np.ndarray) -> bool:
     base = row.base
     while isinstance(base, np.ndarray):
         base = base.base
-    return type(base) is kernel.Block and base.allocated == row.nbytes
+    block = getattr(kernel, "Block", None)  # None: a C module built before Block was exposed
+    return block is not None and type(base) is block and base.allocated == row.nbytes
 
 
 def as_output(row: Any, output: Output) -> Any:

@@ -779,8 +779,10 @@ def _as_float64(weights: object) -> np.ndarray:
     except (TypeError, ValueError) as error:
         raise _not_numbers(error) from error
     _check_real(array)  # a list of complex rows or numbers is complex only from here
-    if array.dtype.kind in "US":  # numpy would parse numeric strings ("0.5") as numbers
-        raise TypeError(f"weights must be an array of numbers, got an array of {array.dtype}")
+    if array.dtype.kind in "US" or (  # numpy would parse numeric strings ("0.5") as numbers
+        array.dtype == object and any(isinstance(w, (str, bytes)) for w in array.flat)
+    ):
+        raise TypeError(f"weights must be an array of numbers, got strings ({array.dtype})")
     try:
         return array.astype(np.float64, copy=False)
     except (TypeError, ValueError) as error:
