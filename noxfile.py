@@ -327,6 +327,12 @@ CLIENT_DESELECT = {
             "in most runs every particle dies there; genlm-bytes 0.2 fails it the same way "
             "(tests/clients/test_reference_parity.py: equal ByteLLM rows)"
         ),
+        "tests/potential/test_canonical.py::test_example": (
+            'a Hypothesis search over random texts: some (":\'d", tokenized by GPT-2 as '
+            '":\'" then "d") are ones genlm-control\'s own CanonicalTokenization calls '
+            "non-canonical (-inf, not 0), so it fails when the search draws one; genlm-backend "
+            "0.3.1 gives the same -inf on that text (checked by hand, session 19)"
+        ),
         "tests/sampler/test_awrs.py::test_awrs_with_different_vocabs": (
             "an unseeded Monte Carlo check of genlm-control's AWRS over its own MockPotential "
             "(plain bytes: no GenLM model, trie or Token): 10,000 draws against a tolerance of "
