@@ -91,10 +91,11 @@ def test_a_model_padded_beyond_its_tokenizer_looks_as_on_the_reference():
 
 
 def test_a_single_state_ends_tokens_as_on_the_reference():
-    """Along a greedy walk, ``get_EOT()`` is None where the reference finds no token end,
-    and ``extend()`` has the weight of all the reference's ``extend_all`` states (the ids
-    spelling the partial; two do on this path), whose lowest ``get_EOT()`` names, and
-    the same next-symbol row once materialized (both go on after the heaviest id). Byte
+    """Along a greedy walk, ``get_EOT()`` is None where the reference finds no token end;
+    ``extend_all()`` gives the reference's states (the ids spelling the partial, two on
+    this path, and their weights), ``get_EOT()`` the lowest of them, ``extend()`` the
+    weight of them all, and the same next-symbol row once materialized (both go on after
+    the heaviest id). Byte
     ``<`` is left out of the rows: 0.2.0 spells the special tokens' text (``<s>``), which
     is atomic here."""
     ref_root = Path(REFERENCE).resolve()
@@ -109,9 +110,12 @@ def test_a_single_state_ends_tokens_as_on_the_reference():
         assert ("ids" in mine) == ("ids" in theirs), where
         if "ids" not in mine:
             continue
-        assert mine["ids"] == [min(theirs["ids"])], where
+        assert mine["ids"] == theirs["ids"] and mine["eot"] == min(theirs["ids"]), where
         duplicates += len(theirs["ids"]) > 1
+        for a, b in zip(mine["weights"], theirs["weights"], strict=True):
+            assert abs(a - b) <= ATOL, where
         assert abs(mine["ended"] - theirs["ended"]) <= ATOL, where
+        assert abs(mine["extended"] - theirs["ended"]) <= ATOL, where
         rows = [(a, b) for i, (a, b) in enumerate(zip(mine["ps"], theirs["ps"])) if i != ord("<")]
         assert [a is None for a, _ in rows] == [b is None for _, b in rows], where
         assert max(abs(a - b) for a, b in rows if a is not None) <= ATOL, where

@@ -5,7 +5,8 @@ Whichever ``genlm.backend`` and ``genlm.bytes`` come first on ``sys.path`` answe
 the reference's (genlm-backend 0.3.1 and genlm-bytes 0.2.0, put first with ``PYTHONPATH``);
 ``test_reference_parity.py`` runs this once per side and compares. The released 0.2.0 names
 the documented ``get_EOT``/``extend`` ``get_all_EOT``/``extend_all`` (one entry per token id
-spelling the partial); GenLM has the documented pair, so each side is asked by its names.
+spelling the partial); GenLM has the documented pair and ``extend_all``, so both sides are
+asked for ``extend_all``, and GenLM also for its pair.
 
 The model is stories260K in float64 through ``AsyncTransformer``. The walk is greedy: a
 partial token grows while the next byte continues it, else the token ends there
@@ -13,8 +14,9 @@ partial token grows while the next byte continues it, else the token ends there
 
 Output: ``{"bytes_module": path, "steps": [...]}``, one step per byte with the partial's hex,
 the state's weight and whether the partial is a whole token, and at each token end the ids
-(0.2.0: those of its ``extend_all`` states; GenLM: ``get_EOT()``), the new weight and the
-new state's ``logp_next.ps`` (``-inf`` as ``null``). Each side goes on after the heaviest id.
+and weights of the ``extend_all`` states (GenLM also ``get_EOT()`` as ``eot``), the new
+weight (their total; GenLM: ``extend()``'s) and the new state's ``logp_next.ps`` (``-inf`` as
+``null``). Each side goes on after the heaviest id.
 """
 
 from __future__ import annotations
@@ -31,20 +33,21 @@ def values(ps) -> list[float | None]:
     return [None if v == -math.inf else float(v) for v in ps]
 
 
-def ended(state) -> tuple[list[int], float, object] | None:
-    """``(ids, weight, state)`` after ending the partial token (the state after the heaviest
-    id), or None where none ends."""
-    if hasattr(state, "extend_all"):  # genlm-bytes 0.2.0: one state per id
-        states = state.extend_all()
-        if not states:
-            return None
-        weight = math.log(sum(math.exp(s.weight) for s in states))
-        heaviest = max(states, key=lambda s: s.weight)
-        return [s.lm_state.context[-1] for s in states], weight, heaviest
-    after = state.extend()
-    if after is None:
-        return None
-    return [state.get_EOT()], after.weight, after
+def ended(state) -> tuple[dict, object]:
+    """What ending the partial token gives (``extend_all``'s ids and weights, their total,
+    and GenLM's ``get_EOT()`` and ``extend()`` weight), and the state after the heaviest id."""
+    states = sorted(state.extend_all(), key=lambda s: s.lm_state.context[-1])
+    found = {
+        "ids": [s.lm_state.context[-1] for s in states],
+        "weights": [float(s.weight) for s in states],
+        "ended": math.log(sum(math.exp(s.weight) for s in states)),
+    }
+    heaviest = max(states, key=lambda s: s.weight)
+    if hasattr(state, "get_EOT"):  # GenLM: the documented pair too
+        after = state.extend()
+        found.update(eot=state.get_EOT(), extended=float(after.weight))
+        assert after.lm_state.context == heaviest.lm_state.context
+    return found, heaviest
 
 
 def whole(state) -> bool:
@@ -76,9 +79,9 @@ async def walk() -> list[dict]:
         step = {"partial": bytes(state.partial).hex(), "weight": float(state.weight)}
         step["whole"] = whole(state)
         if state << b is None:
-            ids, weight, state = ended(state)
+            found, state = ended(state)
             state = await state.materialize()
-            step.update(ids=ids, ended=weight, ps=values(state.logp_next.ps))
+            step.update(found, ps=values(state.logp_next.ps))
         state = state << b
         steps.append(step)
     await state.cleanup()
