@@ -53,15 +53,17 @@ def select_backend(backend: str | None):
 def check_model(name: str, backend: str) -> str:
     """``name`` as the loader should get it (``~`` expanded), after the checks that need no
     model: a ``CLIError`` for a missing local path, or a hub id neither cached nor found."""
-    from genlm.core._embedded import EMBEDDED_MODELS, is_local_path
+    from genlm.core._embedded import EMBEDDED_MODELS, resolve_model_path
 
     if name in EMBEDDED_MODELS:
         return name
     path = os.path.expanduser(name)
     if os.path.exists(path):
         return path
-    if is_local_path(name):
-        raise CLIError(f"model path {name!r} does not exist")
+    try:  # the loaders' own rule: a name that can only be a local path must exist
+        resolve_model_path(name)
+    except FileNotFoundError as exc:
+        raise CLIError(str(exc)) from None
     if backend in HUB_BACKENDS:
         _check_hub_model(name)
     return name
