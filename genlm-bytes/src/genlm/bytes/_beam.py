@@ -469,8 +469,8 @@ class BeamState(AsyncClosing):
             ValueError: ``max_bytes`` < 0, or a temperature
                 :func:`genlm.core.backend.check_temperature` refuses.
             TypeError, ValueError: a ``seed`` that is not None or an integer >= 0
-                (:func:`genlm.core.backend.seeded_rng`), an ``rng`` that is not a numpy
-                ``Generator``; both name the argument.
+                (:func:`genlm.core.backend.seeded_rng`), an ``rng`` without a numpy
+                ``Generator``'s ``choice`` method; both name the argument.
         """
         max_bytes = checked_count("max_bytes", max_bytes, 0)
         check_temperature(temperature)
