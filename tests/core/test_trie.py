@@ -12,18 +12,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.random_llama import tokenizer_dir
 
 import genlm.core._trie as trie_module
 from genlm.core import Vocabulary
 from genlm.core._trie import EOS_EDGE, TokenByteTrie
 from genlm.core.backend import check_real, compact_row
-
-REPO = Path(__file__).resolve().parents[2]
-# <repo>/../shared in a checkout; a worktree sits one level deeper, so look upwards.
-TOKENIZERS = next(
-    (d / "shared" / "models" / "tokenizers" for d in REPO.parents if (d / "shared").is_dir()),
-    REPO.parent / "shared" / "models" / "tokenizers",
-)
 
 #: Both kernels where the C one was built (the numpy one is always there).
 KERNELS = ["numpy"] if trie_module._trie_kernel is None else ["c", "numpy"]
@@ -736,9 +730,7 @@ class TestNonFiniteLogSums:
 @pytest.fixture(scope="module")
 def gpt2_vocab() -> list[bytes]:
     """The byte strings of the real GPT-2 vocabulary (50,257 tokens), read by genlm-core."""
-    path = TOKENIZERS / "gpt2"
-    if not path.exists():
-        pytest.skip(f"{path} not found")
+    path = tokenizer_dir("gpt2")  # the committed fixture: this never skips
     return list(Vocabulary.from_tokenizer_json(path).tokens)
 
 

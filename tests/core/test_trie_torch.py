@@ -6,23 +6,18 @@ CPU tensors here; the same checks run on CUDA where a GPU is present (skipped ot
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.imports import modules_loaded_by
+from support.random_llama import tokenizer_dir
 
 from genlm.core import AsyncTokenByteTrie, TokenByteTrie, Vocabulary
 
 torch = pytest.importorskip("torch")
 
-REPO = Path(__file__).resolve().parents[2]
-TOKENIZERS = next(
-    (d / "shared" / "models" / "tokenizers" for d in REPO.parents if (d / "shared").is_dir()),
-    REPO.parent / "shared" / "models" / "tokenizers",
-)
 DEVICES = [
     "cpu",
     pytest.param(
@@ -39,9 +34,7 @@ byte_strings = st.binary(min_size=0, max_size=5).map(lambda b: bytes(x % 4 for x
 @pytest.fixture(scope="module")
 def gpt2_trie() -> TokenByteTrie:
     """The real GPT-2 vocabulary (50,257 tokens, EOS 50256)."""
-    path = TOKENIZERS / "gpt2"
-    if not path.exists():
-        pytest.skip(f"{path} not found")
+    path = tokenizer_dir("gpt2")  # the committed fixture: this never skips
     vocab = list(Vocabulary.from_tokenizer_json(path).tokens)
     return TokenByteTrie(vocab, eos_token_ids=[50256])
 
