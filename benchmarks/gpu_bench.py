@@ -133,6 +133,11 @@ def side_env(folder: Path, device: str, backend: str) -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=side_path(folder, device, backend), HF_HUB_OFFLINE="1")
     env.update(TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false")
     env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONUNBUFFERED="1")  # rows in-process
+    # vLLM 0.26's sampler imports flashinfer whenever this is unset (its V1 model runner,
+    # ours, then fails at the engine's start: seen on the H200, 2026-11-28). vLLM requires
+    # flashinfer-python, but the kit does not carry it (its attention is FlashAttention by
+    # name); the reference sets this itself.
+    env.update(VLLM_USE_FLASHINFER_SAMPLER="0")
     return env
 
 
@@ -283,6 +288,9 @@ def tests(args: argparse.Namespace) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / OUT_LOG
     cmd = [python, "-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", "-rfEs"]
+    # A test that hangs fails with its threads' stacks (pytest-timeout) and the session
+    # goes on to the summary, where the failures' reasons are; the slowest are listed.
+    cmd += [f"--timeout={args.test_timeout:.0f}", "--durations=12", "--tb=short"]
     start = time.perf_counter()
     error = watch(cmd, env, args.side_timeout, "tests", log)
     seconds = time.perf_counter() - start
@@ -833,6 +841,12 @@ def main() -> None:
             p.add_argument("--result", required=True, help="where to write what it measures")
         if name == "tests":
             p.add_argument("paths", nargs="*", help=f"test files (default: {DEVICE_TESTS})")
+            p.add_argument(
+                "--test-timeout",
+                type=float,
+                default=90,
+                help="seconds one test may run (its stacks are shown, and the session goes on)",
+            )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     if args.steps is None:
