@@ -573,8 +573,8 @@ PRIME_LIMIT, INSTALL_LIMIT = 240, 420
 #: The calls after the carrying ones, most valuable next, each with a worker timeout below
 #: the call's limit (results are written out after each side and come back in $OUT even
 #: when a call is cut off). Times seen on the H200, 2026-11-28: the machine's start and
-#: call 1, 84 s; calls 2 and 3, 6 s each; ``install``, about 20 s; a vLLM side, about
-#: 100 s (the engine's start with torch.compile and CUDA graphs, then the loads); the CUDA
+#: call 1, 84 s; calls 2 and 3, 6 and 12 s; ``install``, about 20 s; a vLLM side, 100-150 s
+#: (the engine's start with torch.compile and CUDA graphs, then the loads); the CUDA
 #: tests, over 230 s; an hf side, 50-90 s.
 RUN_CALLS = (
     ("python3 benchmarks/gpu_bench.py tests --side-timeout 260 --out $OUT", 290),
