@@ -256,7 +256,7 @@ def emit(folder: Path, args: argparse.Namespace, show: bool = True) -> None:
         if "top" in r.get("profile", {})
     ]
     profiles += [
-        f"\n### {name}: one step's worker thread under cProfile\n\n"
+        f"\n### {name}: one batch in the backend, on its worker thread, under cProfile\n\n"
         f"```\n{r['profile']['python']}\n```"
         for name, r in results.items()
         if "python" in r.get("profile", {})
@@ -406,12 +406,15 @@ class Side:
 
             self.lm = AsyncTransformer(model, tokenizer)
 
-    async def timed_rows(self, contexts: list[list[int]]) -> tuple[float, list]:
+    async def timed_rows(
+        self, contexts: list[list[int]], to_host: bool = True
+    ) -> tuple[float, list]:
         """Seconds until every context's row arrived (requested concurrently), and the rows.
 
         The clock stops when the rows are where the side delivers them (ours: numpy on the
-        host; the reference: tensors on the device, synchronized); they are then moved to
-        the host as float64 numpy rows for sampling, off the clock.
+        host; the reference: tensors on the device, synchronized); with ``to_host`` they
+        are then moved to the host as float64 numpy rows for sampling, off the clock (a
+        profiled step leaves them where they are: the copy would count as its kernels).
         """
         import numpy as np
 
@@ -419,6 +422,8 @@ class Side:
         rows = await asyncio.gather(*(self.lm.next_token_logprobs(c) for c in contexts))
         synchronize(self.device)
         seconds = time.perf_counter() - start
+        if not to_host:
+            return seconds, rows
         if self.side == "ref":
             rows = [r.float().cpu().numpy() for r in rows]
         return seconds, [np.asarray(r, dtype=np.float64) for r in rows]
@@ -555,7 +560,7 @@ async def profile_step(side: Side, particles: int, prompt_len: int) -> dict:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     every_thread = _ExperimentalConfig(profile_all_threads=True)
     with profile(activities=activities, experimental_config=every_thread) as prof:
-        seconds, _ = await side.timed_rows(contexts)
+        seconds, _ = await side.timed_rows(contexts, to_host=False)
     events = prof.key_averages()
     kernel_us = sum(e.self_device_time_total for e in events) if cuda else 0.0
     sort = "self_device_time_total" if cuda else "self_cpu_time_total"
@@ -569,29 +574,28 @@ async def profile_step(side: Side, particles: int, prompt_len: int) -> dict:
     if side.side == "ours":  # where the host time goes, by Python function
         for context in contexts:
             context.append(len(context) % 7)
-        result["python"] = await python_profile(side, contexts)
+        result["python"] = python_profile(side, contexts)
     side.clear()
     return result
 
 
-async def python_profile(side: Side, contexts: list[list[int]]) -> str:
-    """``cProfile`` of one more step on ours' model worker thread (where its batches, the
-    engine's steps included, run), the top functions by their own time.
+def python_profile(side: Side, contexts: list[list[int]]) -> str:
+    """``cProfile`` of one batch of ``contexts`` in ours' backend (``_logprobs_batch``, run
+    on the model's worker thread, the engine's steps included), top functions by own time.
 
     ``torch.profiler`` shows torch's operations only: on the H200 (2026-11-28) they were
-    4.9 ms of a 17 ms step of ``VLLMLM``, and the rest could not be attributed.
+    4.9 ms of a 17 ms step of ``VLLMLM``, and the rest could not be attributed. From
+    Python 3.12 cProfile records every thread: the calling thread's wait for the worker
+    then shows as one lock ``acquire`` as long as the batch; everything else is the worker.
     """
     import cProfile
     import io
     import pstats
 
     profiler = cProfile.Profile()
-    worker = side.lm.worker
-    worker.call(profiler.enable)
-    try:
-        await side.timed_rows(contexts)
-    finally:
-        worker.call(profiler.disable)
+    lm, batch = side.lm, [tuple(c) for c in contexts]
+    variant = lm._variant()
+    lm.worker.call(lambda: profiler.runcall(lm._logprobs_batch, batch, variant))
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
     return text.getvalue()

