@@ -49,7 +49,7 @@ PROMPT_LEN = 160
 logger = logging.getLogger("vllm_sessions_probe")
 
 
-async def sessions(llm, prompt: list[int], particles: int, steps: int, rng) -> list[float]:
+async def async_sessions(llm, prompt: list[int], particles: int, steps: int, rng) -> list[float]:
     """Seconds per step with one streaming-input session per particle."""
     from vllm import SamplingParams
     from vllm.engine.protocol import StreamingInput
@@ -82,7 +82,9 @@ async def sessions(llm, prompt: list[int], particles: int, steps: int, rng) -> l
     return times
 
 
-async def fresh(llm, prompt: list[int], particles: int, steps: int, rng, tag: str) -> list[float]:
+async def async_fresh(
+    llm, prompt: list[int], particles: int, steps: int, rng, tag: str
+) -> list[float]:
     """Seconds per step with a new request per particle holding its whole context."""
     from vllm import SamplingParams
 
@@ -136,7 +138,7 @@ class InProcess:
                     max_tokens=1, temperature=0.0, detokenize=False, skip_clone=True
                 )
                 request_id = f"{tag}-{step}-{i}"
-                self.engine.add_request(request_id, {"prompt_token_ids": context}, params)
+                self.engine.add_request(request_id, {"prompt_token_ids": list(context)}, params)
                 waiting.add(request_id)
             while waiting:
                 waiting -= {out.request_id for out in self.engine.step() if out.finished}
@@ -264,9 +266,9 @@ async def run_async(prompt, args: argparse.Namespace) -> None:
         rng = np.random.default_rng(0)
         for p in args.particles:
             for round_ in range(2):  # alternating, so a drift of the machine shows in both
-                times = await sessions(llm, prompt, p, args.steps, rng)
+                times = await async_sessions(llm, prompt, p, args.steps, rng)
                 report("async", p, "sessions", times)
-                times = await fresh(llm, prompt, p, args.steps, rng, f"r{round_}")
+                times = await async_fresh(llm, prompt, p, args.steps, rng, f"r{round_}")
                 report("async", p, "fresh", times)
     finally:
         llm.shutdown()
