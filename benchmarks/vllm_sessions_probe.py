@@ -50,6 +50,17 @@ PROMPT_LEN = 160
 logger = logging.getLogger("vllm_sessions_probe")
 
 
+def request_params(key: str | None = None):
+    """A single-use ``max_tokens=1`` greedy request's params, as ``VLLMLM`` builds them
+    (``skip_clone``: vLLM takes a shallow copy), tagged for our row capture with ``key``."""
+    from vllm import SamplingParams
+
+    from genlm.backends.vllm._capture import ROW_KEY
+
+    tag = {} if key is None else {"extra_args": {ROW_KEY: key}}
+    return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, skip_clone=True, **tag)
+
+
 async def async_sessions(llm, prompt: list[int], particles: int, steps: int, rng) -> list[float]:
     """Seconds per step with one streaming-input session per particle."""
     from vllm import SamplingParams
@@ -87,14 +98,10 @@ async def async_fresh(
     llm, prompt: list[int], particles: int, steps: int, rng, tag: str
 ) -> list[float]:
     """Seconds per step with a new request per particle holding its whole context."""
-    from vllm import SamplingParams
-
     contexts = [list(prompt) for _ in range(particles)]
 
     async def one(request_id: str, context: list[int]) -> None:
-        # A SamplingParams per request, single-use, as VLLMLM builds them (vLLM then skips
-        # its deep copy, as it does for a session's params).
-        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, skip_clone=True)
+        params = request_params()
         async for _ in llm.generate({"prompt_token_ids": context}, params, request_id=request_id):
             pass
 
@@ -127,97 +134,77 @@ class InProcess:
         self.engine.engine_core.shutdown()
 
     def fresh(self, prompt, particles: int, steps: int, rng, tag: str) -> list[float]:
-        from vllm import SamplingParams
-
         contexts = [list(prompt) for _ in range(particles)]
         times = []
         for step in range(steps):
             start = time.perf_counter()
-            waiting = set()
-            for i, context in enumerate(contexts):
-                params = SamplingParams(
-                    max_tokens=1, temperature=0.0, detokenize=False, skip_clone=True
-                )
-                request_id = f"{tag}-{step}-{i}"
-                self.engine.add_request(request_id, {"prompt_token_ids": list(context)}, params)
-                waiting.add(request_id)
-            while waiting:
-                waiting -= {out.request_id for out in self.engine.step() if out.finished}
+            self._run_fresh({f"{tag}-{step}-{i}": c for i, c in enumerate(contexts)})
             times.append(time.perf_counter() - start)
             for context in contexts:
                 context.append(int(rng.integers(0, 50000)))
         return times
 
     def sessions(self, prompt, particles: int, steps: int, rng) -> list[float]:
-        from vllm import SamplingParams
-
         times = []
         new = [list(prompt) for _ in range(particles)]
         for step in range(steps):
             start = time.perf_counter()
             for i in range(particles):
-                params = SamplingParams(
-                    max_tokens=1, temperature=0.0, detokenize=False, skip_clone=True
-                )
-                self._feed(i, new[i], params)
-            answered: set[str] = set()
-            for _ in range(100):
-                answered |= {out.request_id for out in self.engine.step()}
-                if len(answered) == particles:
-                    break
-            else:
-                raise RuntimeError(f"step {step}: {len(answered)} of {particles} sessions answered")
+                self._feed(i, new[i], request_params())
+            self._await_sessions(particles, step)
             times.append(time.perf_counter() - start)
             new = [[int(rng.integers(0, 50000))] for _ in range(particles)]
-        for request_id in self.internal.values():
-            self.engine.engine_core.abort_requests([request_id])
-        self.internal.clear()
+        self._end_sessions()
         return times
 
     def check_rows(self, prompt, particles: int, steps: int, rng) -> float:
         """The largest difference between the rows our logits processor captures for the
         sessions' inputs and for fresh requests holding the same contexts (one session per
         particle, contexts of different lengths)."""
-        from vllm import SamplingParams
-
-        from genlm.backends.vllm._capture import ROW_KEY
-
-        def params(key: str):
-            return SamplingParams(
-                max_tokens=1,
-                temperature=0.0,
-                detokenize=False,
-                skip_clone=True,
-                extra_args={ROW_KEY: key},
-            )
-
         contexts = [list(prompt[: 40 + 17 * i]) for i in range(particles)]
         worst = 0.0
         for step in range(steps):
             keys = [f"session-{step}-{i}" for i in range(particles)]
             for i, context in enumerate(contexts):
-                self._feed(i, list(context) if step == 0 else context[-1:], params(keys[i]))
-            answered: set[str] = set()
-            while len(answered) < particles:
-                answered |= {out.request_id for out in self.engine.step()}
+                tokens = list(context) if step == 0 else context[-1:]
+                self._feed(i, tokens, request_params(keys[i]))
+            self._await_sessions(particles, step)
             sessions = [self.sink.pop(k) for k in keys]
-            fresh_keys = [f"fresh-{step}-{i}" for i in range(particles)]
-            for key, context in zip(fresh_keys, contexts):
-                self.engine.add_request(key, {"prompt_token_ids": list(context)}, params(key))
-            waiting = set(fresh_keys)
-            while waiting:
-                waiting -= {out.request_id for out in self.engine.step() if out.finished}
-            for got, key in zip(sessions, fresh_keys):
+            fresh = {f"fresh-{step}-{i}": c for i, c in enumerate(contexts)}
+            self._run_fresh(fresh, tagged=True)
+            for got, key in zip(sessions, fresh):
                 want = self.sink.pop(key)
                 if got is None or want is None:
                     raise RuntimeError(f"step {step}: a row was not captured")
                 worst = max(worst, float((got - want).abs().max()))
             for context in contexts:
                 context.append(int(rng.integers(0, 50000)))
-        for request_id in self.internal.values():
-            self.engine.engine_core.abort_requests([request_id])
-        self.internal.clear()
+        self._end_sessions()
         return worst
+
+    def _run_fresh(self, contexts: dict[str, list[int]], tagged: bool = False) -> None:
+        """A new request per ``request id -> context`` (a copy of it: vLLM's output
+        processor may extend the list it is given), stepped until all have finished; with
+        ``tagged``, each asks our row capture for its row under its request id."""
+        for request_id, context in contexts.items():
+            params = request_params(request_id if tagged else None)
+            self.engine.add_request(request_id, {"prompt_token_ids": list(context)}, params)
+        waiting = set(contexts)
+        while waiting:
+            waiting -= {out.request_id for out in self.engine.step() if out.finished}
+
+    def _await_sessions(self, particles: int, step: int) -> None:
+        """Step the engine until every session has answered its input (100 steps at most)."""
+        answered: set[str] = set()
+        for _ in range(100):
+            answered |= {out.request_id for out in self.engine.step()}
+            if len(answered) == particles:
+                return
+        raise RuntimeError(f"step {step}: {len(answered)} of {particles} sessions answered")
+
+    def _end_sessions(self) -> None:
+        self.engine.engine_core.abort_requests(list(self.internal.values()))
+        self.internal.clear()
 
     def _feed(self, particle: int, tokens: list[int], params) -> None:
         """One input for a particle's session, what ``AsyncLLM`` does for each chunk."""
