@@ -19,6 +19,8 @@ runs in its own process with only its folders on ``PYTHONPATH``. The call sequen
     python3 benchmarks/gpu_bench.py run --device cuda --backend hf --out $OUT
     python3 benchmarks/gpu_bench.py tests --out $OUT
     python3 benchmarks/gpu_bench.py table --device cuda   # every result so far
+    # ours on vLLM with sessions=True (VLLMLM's live request per particle), same table
+    python3 benchmarks/gpu_bench.py run --device cuda --backend vllm --sessions --out $OUT
     # anywhere, a few minutes on a CPU: the same pipeline on tiny shapes
     python benchmarks/gpu_bench.py run --device cpu --tiny --python VENV/bin/python
 
@@ -192,6 +194,7 @@ def run_side(python: str, side: str, backend: str, folder: Path, args) -> dict:
     cmd += ["--folder", str(folder), "--device", args.device, "--steps", str(args.steps)]
     cmd += ["--tokenizer", str(args.tokenizer), "--result", str(partial)]
     cmd += ["--tiny"] if args.tiny else []
+    cmd += ["--sessions"] if args.sessions else []
     cmd += [f"--shape={shape}" for shape in args.shape or ()]
     logger.info("running %s (at most %d s)", " ".join(cmd), args.side_timeout)
     error = watch(cmd, side_env(folder, args.device, backend), args.side_timeout, side)
@@ -389,7 +392,7 @@ class Side:
             if side == "ours":
                 from genlm.backends.vllm import VLLMLM
 
-                self.lm = VLLMLM.from_name(path, engine_opts=opts)
+                self.lm = VLLMLM.from_name(path, engine_opts=opts, sessions=args.sessions)
             else:
                 from genlm.backend.llm import AsyncVirtualLM
 
@@ -712,6 +715,8 @@ async def worker_main(args: argparse.Namespace) -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     results = Record(Path(args.result))
     results["versions"] = versions(args.side, args.backend, args.folder)
+    if args.side == "ours" and args.backend == "vllm":
+        results["sessions"] = args.sessions
     results.save()
     await worker_loads(args, tokenizer, results)
     if args.backend == "hf":  # the trie does not depend on the backend: measured once
@@ -752,7 +757,8 @@ def table(folder: Path, args: argparse.Namespace) -> str:
         ours, ref = (r or {} for r in found.values())  # a failed run keeps its earlier rows
         if not any(key in x for x in (ours, ref) for key in ("smc", "bytes", "memory")):
             continue
-        label = f"{NAMES['ours', backend]} / {NAMES['ref', backend]}"
+        name = NAMES["ours", backend] + ("(sessions=True)" if ours.get("sessions") else "")
+        label = f"{name} / {NAMES['ref', backend]}"
         for key in keys(ours, ref, "smc"):
             shape, particles = key.split("/")
             o, r = (x.get("smc", {}).get(key) for x in (ours, ref))
@@ -873,6 +879,11 @@ def main() -> None:
         if name in ("run", "worker"):
             p.add_argument("--backend", action="append", choices=BACKENDS)
             p.add_argument("--shape", action="append", choices=["1B", "8B"], help="only these")
+            p.add_argument(
+                "--sessions",
+                action="store_true",
+                help="ours on vLLM with sessions=True (one live vLLM request per particle)",
+            )
         if name == "worker":
             p.add_argument("--side", choices=["ours", "ref"], required=True)
             p.add_argument("--folder", required=True)

@@ -565,9 +565,11 @@ def write_calls(split: dict, budget: int) -> None:
 #: checks that vLLM's modules import), then the vLLM comparison at once. No eager smoke run
 #: first: on the H200 (2026-11-28) a side that could not start failed within a minute, and
 #: the smoke run would have cost about as much device time as the failure it guards against.
+#: Ours runs with ``sessions=True``: its fresh-request numbers are in ``results/gpu.md``
+#: (2026-11-28), sessions' are the open question.
 INSTALL_AND_RUN = (
     "python3 benchmarks/gpu_kit.py install && python3 benchmarks/gpu_bench.py run "
-    "--device cuda --backend vllm --shape 1B --side-timeout 170 --out $OUT"
+    "--device cuda --backend vllm --shape 1B --sessions --side-timeout 170 --out $OUT"
 )
 PRIME_LIMIT, INSTALL_LIMIT = 240, 420
 #: The calls after the carrying ones, most valuable next, each with a worker timeout below

@@ -12,13 +12,19 @@ Baselines:
   model runner); why, and its GPU comparison (``gpu_bench.py``), are in the hand-written
   ``###`` notes under the table, which a rerun keeps.
 
+With ``--sessions 16 64``: instead, our backend without and with ``sessions=True``
+(vLLM's streaming-input sessions, one live request per particle) on the same load at those
+particle counts, three alternating rounds, printed as a table for the results' notes.
+
 Usage: VLLM_ENABLE_V1_MULTIPROCESSING=0 python benchmarks/vllm_bench.py [--models tiny bench53m]
+[--block-size 32] [--vllm-only] [--sessions 16 64]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -58,10 +64,10 @@ def prompt(vocab_size: int) -> list[int]:
     return [int(t) for t in rng.integers(0, min(vocab_size, 50000), size=PROMPT_LEN)]
 
 
-async def smc_load(next_token_logprobs, vocab_size: int) -> float:
+async def smc_load(next_token_logprobs, vocab_size: int, n_particles: int = N_PARTICLES) -> float:
     """Seconds for the whole load with an async ``next_token_logprobs``."""
     rng = np.random.default_rng(1)
-    particles = [prompt(vocab_size) for _ in range(N_PARTICLES)]
+    particles = [prompt(vocab_size) for _ in range(n_particles)]
     start = time.perf_counter()
     for _ in range(N_STEPS):
         rows = await asyncio.gather(*(next_token_logprobs(p) for p in particles))
@@ -70,11 +76,11 @@ async def smc_load(next_token_logprobs, vocab_size: int) -> float:
     return time.perf_counter() - start
 
 
-def bench_vllm(path: Path, opts: dict) -> dict:
+def bench_vllm(path: Path, opts: dict, sessions: bool = False) -> dict:
     from genlm.backends.vllm import VLLMLM
 
     t0 = time.perf_counter()
-    lm = VLLMLM.from_name(str(path), engine_opts=opts)
+    lm = VLLMLM.from_name(str(path), engine_opts=opts, sessions=sessions)
     startup = time.perf_counter() - t0
     vocab = len(lm.vocab)
     times = []
@@ -83,6 +89,30 @@ def bench_vllm(path: Path, opts: dict) -> dict:
         times.append(asyncio.run(smc_load(lm.next_token_logprobs, vocab)))
     lm.close()
     return {"startup_s": startup, "load_s": times[-1], "route": lm.row_source}
+
+
+def sessions_ab(models: list[str], opts: dict, particles: list[int], rounds: int) -> list[str]:
+    """Table rows: the SMC load's ms per step through ``VLLMLM`` without and with
+    ``sessions=True``, each model and particle count, the two alternating for ``rounds``
+    rounds (a fresh engine each, timed after a warm-up run); every time is listed."""
+    from genlm.backends.vllm import VLLMLM
+
+    rows = []
+    for name, n_particles in itertools.product(models, particles):
+        path = model_path(name)
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _, sessions in itertools.product(range(rounds), (False, True)):
+            lm = VLLMLM.from_name(str(path), engine_opts=opts, sessions=sessions)
+            for _ in range(2):  # a warm-up, then the timed run
+                lm.clear_cache()
+                seconds = asyncio.run(smc_load(lm.next_token_logprobs, len(lm.vocab), n_particles))
+            lm.close()
+            times[sessions].append(seconds / N_STEPS * 1000)
+        cells = [", ".join(f"{t:.1f}" for t in times[s]) for s in (False, True)]
+        ratio = min(times[True]) / min(times[False])
+        rows.append(f"| {name} | {n_particles} | {cells[0]} | {cells[1]} | {ratio:.2f} |")
+        print(rows[-1], flush=True)
+    return rows
 
 
 def bench_hf_backend(path: Path) -> dict | None:
@@ -151,6 +181,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "vllm.md")
     parser.add_argument("--block-size", type=int, help="vLLM KV block size (CPU default 128)")
     parser.add_argument("--vllm-only", action="store_true", help="skip both baselines")
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        nargs="+",
+        metavar="P",
+        help="instead: ours without and with sessions=True at these particle counts, "
+        "printed (not written to --out)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     opts = {
@@ -160,6 +198,12 @@ def main() -> None:
     }
     if args.block_size:
         opts["block_size"] = args.block_size
+    if args.sessions:
+        print(f"{stack_versions()}; engine options `{opts}`; ms per step, every round:")
+        print("| model | particles | without sessions | sessions=True | best with / best without |")
+        print("| --- | --- | --- | --- | --- |")
+        sessions_ab(args.models, opts, args.sessions, rounds=3)
+        return
     rows = []
     for name in args.models:
         path = model_path(name)
