@@ -87,6 +87,18 @@ def test_past_the_caps_the_least_recently_used_idle_session_goes_then_one_offs()
     assert feeds[0].first and len(evicted) == 2 and len(table) == 0
 
 
+def test_sessions_are_counted_in_whole_kv_blocks_and_an_ended_one_is_not_kept():
+    table = SessionTable(4, max_tokens=256, block_size=128)
+    (feed,), _ = table.plan([tuple(range(129))], None)  # two blocks: the whole budget
+    table.commit([feed])
+    assert table.held_tokens == 256
+    feeds, evicted = table.plan([(1000,)], None)
+    assert feeds[0].first and evicted == [feed.session]
+    feeds[0].session.ended = True  # aborted before its batch ended
+    table.commit(feeds)
+    assert len(table) == 0 and table.held_tokens == 0
+
+
 def test_random_batches_keep_the_tables_invariants():
     """Random SMC-like batches (extensions, forks, repeats, variants, caps): every session
     fed is extended to exactly its context, none is fed twice in a batch or evicted while
@@ -228,17 +240,23 @@ def scenario(tiny_path, adapter, tmp_path_factory):
 
     opts = {**ENGINE_OPTS, "max_num_seqs": 4, "block_size": 32}
     out = tmp_path_factory.mktemp("sessions") / "rows.npy"
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     args = [str(tiny_path), json.dumps(opts), str(adapter[0]), str(out)]
+    return _in_a_process(SCENARIO, args), np.load(out)
+
+
+def _in_a_process(script: str, args: list[str]) -> dict:
+    """The JSON report ``script`` prints last, run with ``args`` in a process of its own
+    with an in-process engine (one per process, and the test session's is alive)."""
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run(
-        [sys.executable, "-c", SCENARIO, *args],
+        [sys.executable, "-c", script, *args],
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=240,  # under pytest-timeout's 300 s: the process is killed, not left
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), np.load(out)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_rows_through_sessions_are_transformers_rows(scenario, expected, merged_model):
@@ -279,6 +297,78 @@ def test_sessions_are_fed_capped_and_ended_when_they_must_be(scenario):
     assert report["failure"] == "injected step failure"
     assert report["live_after_failure"] == 0  # every session the failed batch fed ended
     assert report["live_at_close"] == 3 and report["closed_with"] == 0
+
+
+PRESSURE = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    import numpy as np
+    from genlm.backends.vllm import VLLMLM
+
+    path, opts, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    report, asked = {}, []
+    rng = np.random.default_rng(0)
+
+    def ask(lm, contexts):
+        steps = [0]
+        engine = lm.llm.llm_engine
+        real = engine.step
+
+        def counting():
+            steps[0] += 1
+            return real()
+
+        engine.step = counting
+        rows = asyncio.run(lm.batch_next_token_logprobs(contexts))
+        engine.step = real
+        asked.extend(zip(contexts, rows))
+        return steps[0]
+
+    # Eight KV blocks of 128 tokens. Waiting sessions keep theirs; a one-off context longer
+    # than the blocks they leave free can run only once they end.
+    small = {**opts, "max_model_len": 880, "kv_cache_memory_bytes": 2048 * 1024}
+    lm = VLLMLM.from_name(path, engine_opts=small, sessions=True, cache_bytes=0)
+    cache = lm.llm.llm_engine.vllm_config.cache_config
+    report["blocks"] = [cache.num_gpu_blocks, cache.block_size]
+    ask(lm, [[int(t) for t in rng.integers(0, 1000, 160)] for _ in range(3)])
+    report["live_before"] = len(lm._sessions)
+    ask(lm, [[int(t) for t in rng.integers(0, 1000, 700)]])
+    report["live_after"] = len(lm._sessions)
+    lm.close()
+
+    # A long-prefill threshold of 4 tokens a step: three 800-token contexts take some 200
+    # engine steps, each request far below the step's token budget.
+    slow = {**opts, "max_model_len": 880, "max_num_batched_tokens": 1024,
+            "long_prefill_token_threshold": 4}
+    lm = VLLMLM.from_name(path, engine_opts=slow, sessions=True, cache_bytes=0)
+    report["slow_steps"] = ask(lm, [[int(t) for t in rng.integers(0, 1000, 800)] for _ in range(3)])
+    lm.close()
+    report["asked"] = [c for c, _ in asked]
+    np.save(out, np.stack([row for _, row in asked]))
+    print(json.dumps(report))
+    """
+)
+
+
+def test_sessions_give_way_to_a_request_that_needs_their_blocks(tiny_path, expected, tmp_path):
+    """Waiting sessions hold KV blocks: a one-off context needing more than they leave free
+    is still answered (the waiting sessions end), and a batch whose prefill takes hundreds
+    of engine steps (a long-prefill threshold) is not cut off by the step limit. Each row is
+    transformers'."""
+    from .conftest import ENGINE_OPTS
+
+    opts = {k: v for k, v in ENGINE_OPTS.items() if k not in ("enable_lora", "max_lora_rank")}
+    opts["max_num_seqs"] = 4
+    out = tmp_path / "rows.npy"
+    report = _in_a_process(PRESSURE, [str(tiny_path), json.dumps(opts), str(out)])
+    rows = np.load(out)
+    assert report["blocks"] == [8, 128]
+    assert report["live_before"] == 2  # two 160-token sessions: four blocks, half of them
+    assert report["live_after"] == 0
+    assert report["slow_steps"] > 150
+    assert len(report["asked"]) == len(rows) == 7
+    for context, row in zip(report["asked"], rows):
+        np.testing.assert_allclose(row, expected(context), atol=1e-4)
 
 
 def test_the_option_needs_the_in_process_route(tiny_path):

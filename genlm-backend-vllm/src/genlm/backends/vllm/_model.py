@@ -437,16 +437,20 @@ class VLLMLM(BatchedLM):
         """The table of live sessions, capped by this engine's room (see :mod:`._sessions`):
         one request slot fewer than the engine's ``max_num_seqs``, so that a request of its
         own can always be scheduled (a waiting session keeps its slot), and half the KV
-        cache's tokens."""
+        cache, in whole blocks."""
         config = self.llm.llm_engine.vllm_config
         scheduler = config.scheduler_config
         slots = getattr(scheduler, "max_num_active_seqs", None) or scheduler.max_num_seqs
         cache = config.cache_config
         tokens = cache.num_gpu_blocks * cache.block_size // 2 if cache.num_gpu_blocks else None
-        logger.info(
-            "vllm: sessions on: at most %d live, holding at most %s tokens", slots - 1, tokens
+        logger.log(
+            logging.INFO if slots > 1 else logging.WARNING,
+            "vllm: sessions on: at most %d live, holding at most %s KV-cache tokens%s",
+            slots - 1,
+            tokens,
+            "" if slots > 1 else " (max_num_seqs=1 leaves none: raise it for sessions)",
         )
-        return SessionTable(max(slots - 1, 0), tokens)
+        return SessionTable(max(slots - 1, 0), tokens, cache.block_size)
 
     # ---- engine lifecycle (worker thread) ---------------------------------------
 
@@ -601,17 +605,17 @@ class VLLMLM(BatchedLM):
                 else:
                     self._feed_session(request)
                 pending[request.key] = request
-            steps_left = self._session_step_limit(requests)
+            limit = self._session_step_limit(requests)
+            steps = stalled = 0
             while pending:
-                if steps_left is not None:
-                    steps_left -= 1
-                    if steps_left < 0:
-                        raise RuntimeError(
-                            f"vllm: the engine stepped {self._session_step_limit(requests)} "
-                            f"times without answering {len(pending)} requests; a session "
-                            "input may never be answered by this vLLM version: load the "
-                            "model without sessions=True"
-                        )
+                if limit is not None and steps >= limit:
+                    raise RuntimeError(
+                        f"vllm: the engine stepped {limit} times without answering "
+                        f"{len(pending)} requests: with sessions on, either this vLLM version "
+                        "never answers a session's input or the KV cache is too small for "
+                        "the sessions; load the model without sessions=True, or give the "
+                        "engine more KV cache"
+                    )
                 if generation:
                     # Closing marks the worker closed at once (core's close queues the
                     # release on it): the release then runs right after this step instead
@@ -635,23 +639,64 @@ class VLLMLM(BatchedLM):
                     raise RuntimeError(
                         f"vllm: the engine finished without answering {len(pending)} requests"
                     )
+                if limit is not None:
+                    steps += 1
+                    stalled = self._relieve_stall(requests, pending, stalled)
             return done
         finally:
             if pending:
                 engine.abort_request(sorted(pending))
 
     def _session_step_limit(self, requests: list[_EngineRequest]) -> int | None:
-        """The most engine steps a batch with session inputs may take (None without any).
+        """The most engine steps a batch may take with sessions on (None with them off).
 
         Sessions drive vLLM below its documented API; if a vLLM version resumed a session
-        differently and never answered it, the batch would step forever. Ten times the
-        steps its tokens need at the engine's token budget per step, plus one per request
-        and a hundred, leaves room for chunked prefill and preemption."""
-        if all(r.session is None for r in requests):
+        differently and never answered it, or waiting sessions kept the blocks a request
+        needs, the batch would step forever. Ten times the steps its requests need one
+        after another (each at most the engine's token budget, or its long-prefill
+        threshold, per step; a session's whole context counted, in case it is preempted
+        and recomputed), plus one per request and a hundred."""
+        if not self._sessions.max_sessions:
             return None
-        budget = self.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
-        tokens = sum(len(r.prompt) for r in requests)
-        return 100 + 10 * (len(requests) + tokens // max(budget, 1))
+        config = self.llm.llm_engine.vllm_config.scheduler_config
+        per_step = max(config.max_num_batched_tokens, 1)
+        threshold = getattr(config, "long_prefill_token_threshold", 0) or 0
+        if 0 < threshold < per_step:
+            per_step = threshold
+        steps = 0
+        for r in requests:
+            tokens = len(r.prompt) + (len(r.session.tokens) if r.session is not None else 0)
+            steps += -(-tokens // per_step)
+        return 100 + 10 * (len(requests) + steps)
+
+    def _relieve_stall(
+        self, requests: list[_EngineRequest], pending: dict[str, _EngineRequest], stalled: int
+    ) -> int:
+        """End every waiting session once the engine has run nothing for two steps while
+        requests of the batch wait; the steps stalled so far.
+
+        A waiting session keeps its KV blocks, which vLLM never takes back: a request
+        needing more blocks than the sessions leave free would wait forever (the caps of
+        :mod:`._sessions` make that rare, not impossible: a one-off longer than the free
+        blocks). The sessions that answered in this batch are waiting too; their rows are
+        read already, and an ended session is not kept.
+        """
+        if not pending or self.llm.llm_engine.engine_core.engine_core.scheduler.running:
+            return 0
+        if stalled < 1:
+            return stalled + 1
+        waiting = {s.key: s for s in self._sessions.sessions() if s.key not in pending}
+        for r in requests:
+            if r.session is not None and r.key not in pending and not r.session.ended:
+                waiting[r.key] = r.session
+        if waiting:
+            logger.info(
+                "vllm: ending %d waiting sessions: their KV blocks leave no room for the "
+                "batch's requests",
+                len(waiting),
+            )
+            self._end_sessions(list(waiting.values()))
+        return 0
 
     def _engine_has_work(self, engine: Any) -> bool:
         """Whether the engine has a request to run. Waiting sessions are unfinished requests
@@ -715,6 +760,8 @@ class VLLMLM(BatchedLM):
         """Abort ``sessions`` in the engine (their KV blocks go back to the prefix cache)
         and forget them."""
         self._sessions.discard(sessions)
+        for session in sessions:
+            session.ended = True
         admitted = [s.key for s in sessions if s.internal_id is not None]
         if admitted and self.llm is not None:
             self.llm.llm_engine.abort_request(admitted)

@@ -22,8 +22,11 @@ The rules:
 * A waiting session keeps its KV blocks and a slot of vLLM's ``max_num_seqs``: live
   sessions are capped (least recently used evicted first) at one slot fewer than the
   engine has, so that a one-off request (a context over the cap, a sample) can always
-  run, and at half the KV cache's tokens (counted without sharing, so an overestimate).
-  Past the caps a context runs as a one-off request, as without sessions.
+  run, and at half the KV cache (each session's blocks counted whole, shared prefixes
+  included: an overestimate). Past the caps a context runs as a one-off request, as
+  without sessions. The caps are not a guarantee (a long one-off may need more blocks
+  than the waiting sessions leave): the model ends waiting sessions when the engine
+  finds no room to run a batch.
 * A batch that fails ends every session it fed (their state in the engine is unknown).
 """
 
@@ -54,6 +57,8 @@ class Session:
     tokens: tuple[int, ...]
     #: vLLM's internal request id, set when its first input is admitted.
     internal_id: str | None = None
+    #: Set once it is aborted in the engine: it is never fed or kept again.
+    ended: bool = False
 
 
 @attrs.frozen
@@ -76,15 +81,19 @@ class SessionTable:
 
     Args:
         max_sessions: the most sessions alive at once (>= 0; 0 turns sessions off).
-        max_tokens: the most tokens all live sessions may hold, each counted whole (None:
-            no limit).
+        max_tokens: the most KV-cache tokens all live sessions may hold (None: no limit),
+            each session's counted in whole blocks of ``block_size``.
+        block_size: the KV cache's block size in tokens.
     """
 
-    def __init__(self, max_sessions: int, max_tokens: int | None = None):
+    def __init__(self, max_sessions: int, max_tokens: int | None = None, block_size: int = 1):
         if max_sessions < 0:
             raise ValueError(f"max_sessions must be >= 0, got {max_sessions}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.max_sessions = max_sessions
         self.max_tokens = max_tokens
+        self.block_size = block_size
         #: Live sessions by their key, least recently used first.
         self._lru: OrderedDict[str, Session] = OrderedDict()
         #: Live sessions by (variant, length, last token): a lookup hashes no context (a
@@ -98,8 +107,12 @@ class SessionTable:
 
     @property
     def held_tokens(self) -> int:
-        """The tokens all live sessions hold, each counted whole."""
+        """The KV-cache tokens all live sessions hold, each in whole blocks."""
         return self._tokens
+
+    def _cost(self, length: int) -> int:
+        """The KV-cache tokens a session of ``length`` tokens holds: whole blocks."""
+        return -(-length // self.block_size) * self.block_size
 
     def sessions(self) -> list[Session]:
         """Every live session, least recently used first."""
@@ -147,28 +160,33 @@ class SessionTable:
                 feeds[i] = Feed(session, context[-k:])
         evicted: list[Session] = []
         live = len(self._lru)
-        tokens = self._tokens + sum(len(f.tokens) for f in feeds if f is not None and f.session)
+        tokens = self._tokens + sum(
+            self._cost(len(f.session.tokens) + len(f.tokens)) - self._cost(len(f.session.tokens))
+            for f in feeds
+            if f is not None and f.session is not None
+        )
         idle = (s for s in list(self._lru.values()) if s.key not in claimed)
         for i, context in enumerate(contexts):
             if feeds[i] is not None:
                 continue
-            if not self._fits(1, len(context)):  # too large even alone: evict nothing
+            cost = self._cost(len(context))
+            if not self._fits(1, cost):  # too large even alone: evict nothing
                 feeds[i] = Feed(None, context)
                 continue
-            while not self._fits(live + 1, tokens + len(context)):
+            while not self._fits(live + 1, tokens + cost):
                 victim = next(idle, None)
                 if victim is None:
                     break
                 self.discard([victim])
                 evicted.append(victim)
                 live -= 1
-                tokens -= len(victim.tokens)
-            if self._fits(live + 1, tokens + len(context)):
+                tokens -= self._cost(len(victim.tokens))
+            if self._fits(live + 1, tokens + cost):
                 session = Session(f"genlm-session-{next(_ids)}", variant, ())
                 claimed.add(session.key)
                 feeds[i] = Feed(session, context, first=True)
                 live += 1
-                tokens += len(context)
+                tokens += cost
             else:
                 feeds[i] = Feed(None, context)
         return feeds, evicted  # type: ignore[return-value] - every entry set above
@@ -180,17 +198,17 @@ class SessionTable:
 
     def commit(self, feeds: Sequence[Feed]) -> None:
         """Record that every session of ``feeds`` has consumed its input: each now holds its
-        context and is the most recently used."""
+        context and is the most recently used (a session ended meanwhile is left out)."""
         for feed in feeds:
             session = feed.session
-            if session is None:
+            if session is None or session.ended:
                 continue
             self.discard([session])
             session.tokens += feed.tokens
             self._lru[session.key] = session
             index = (session.variant, len(session.tokens), session.tokens[-1])
             self._index.setdefault(index, []).append(session)
-            self._tokens += len(session.tokens)
+            self._tokens += self._cost(len(session.tokens))
 
     def discard(self, sessions: Sequence[Session]) -> None:
         """Forget ``sessions`` (ended in the engine, or about to be)."""
@@ -202,7 +220,7 @@ class SessionTable:
             same.remove(session)
             if not same:
                 del self._index[index]
-            self._tokens -= len(session.tokens)
+            self._tokens -= self._cost(len(session.tokens))
 
     def take_all(self) -> list[Session]:
         """Forget every session; the ones that were live (for the caller to abort)."""
