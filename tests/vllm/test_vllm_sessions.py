@@ -362,8 +362,10 @@ def test_sessions_give_way_to_a_request_that_needs_their_blocks(tiny_path, expec
     out = tmp_path / "rows.npy"
     report = _in_a_process(PRESSURE, [str(tiny_path), json.dumps(opts), str(out)])
     rows = np.load(out)
-    assert report["blocks"] == [8, 128]
-    assert report["live_before"] == 2  # two 160-token sessions: four blocks, half of them
+    blocks, size = report["blocks"]  # 8 of 128 tokens on CPU
+    held = -(-160 // size) * size  # what one 160-token session holds, in whole blocks
+    assert report["live_before"] == min(3, blocks * size // 2 // held) > 0
+    assert 700 > blocks * size - report["live_before"] * held  # the one-off needs theirs
     assert report["live_after"] == 0
     assert report["slow_steps"] > 150
     assert len(report["asked"]) == len(rows) == 7
