@@ -202,7 +202,9 @@ SCENARIO = textwrap.dedent(
     step([p + [7, 8] for p in particles[:2]], variant="adapter")
     report["kinds"] = dict(kinds)
 
-    asyncio.run(lm.batch_sample([particles[0]], max_tokens=3))
+    # A generation many more engine steps long than a row batch's step limit.
+    drawn = asyncio.run(lm.batch_sample([particles[0][:20]], 400, eos_token_ids=[]))
+    report["sampled"] = len(drawn[0])
     report["live_after_sample"] = len(table)
     step([p + [9] for p in particles])
     lm.clear_cache()
@@ -292,6 +294,7 @@ def test_sessions_are_fed_capped_and_ended_when_they_must_be(scenario):
     # First, the prefix-cache check: a session started, fed, and a second one started.
     assert report["kinds"] == {"fed": 1 + 13 + 2 + 2, "new": 2 + 5 + 2, "one-off": 12 + 2}
     assert report["live_after_steps"] == 3
+    assert report["sampled"] == 400  # no step limit cut it short
     assert report["live_after_sample"] == 0  # a generation needs the slots
     assert report["live_after_clear"] == 0  # the prefix cache resets only with none left
     assert report["failure"] == "injected step failure"

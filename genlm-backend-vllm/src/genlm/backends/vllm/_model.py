@@ -605,7 +605,8 @@ class VLLMLM(BatchedLM):
                 else:
                     self._feed_session(request)
                 pending[request.key] = request
-            limit = self._session_step_limit(requests)
+            # A generation runs as many steps as it samples tokens, with no session left.
+            limit = None if generation else self._session_step_limit(requests)
             steps = stalled = 0
             while pending:
                 if limit is not None and steps >= limit:
