@@ -435,9 +435,9 @@ class VLLMLM(BatchedLM):
 
     def _session_table(self) -> SessionTable:
         """The table of live sessions, capped by this engine's room (see :mod:`._sessions`):
-        one request slot fewer than the engine's ``max_num_seqs``, so that a request of its
-        own can always be scheduled (a waiting session keeps its slot), and half the KV
-        cache, in whole blocks."""
+        half its request slots (``max_num_seqs``; a waiting session keeps its slot, and
+        the other half runs one-off requests side by side) and half the KV cache, in whole
+        blocks."""
         config = self.llm.llm_engine.vllm_config
         scheduler = config.scheduler_config
         slots = getattr(scheduler, "max_num_active_seqs", None) or scheduler.max_num_seqs
@@ -446,11 +446,11 @@ class VLLMLM(BatchedLM):
         logger.log(
             logging.INFO if slots > 1 else logging.WARNING,
             "vllm: sessions on: at most %d live, holding at most %s KV-cache tokens%s",
-            slots - 1,
+            slots // 2,
             tokens,
             "" if slots > 1 else " (max_num_seqs=1 leaves none: raise it for sessions)",
         )
-        return SessionTable(max(slots - 1, 0), tokens, cache.block_size)
+        return SessionTable(slots // 2, tokens, cache.block_size, slots)
 
     # ---- engine lifecycle (worker thread) ---------------------------------------
 
@@ -630,19 +630,21 @@ class VLLMLM(BatchedLM):
                             del pending[key]
                         if not pending:
                             break
+                answered = False
                 for output in engine.step():
                     # A session's input is answered by its one output (never `finished`).
                     request = pending.get(output.request_id)
                     if request is not None and (output.finished or request.session is not None):
                         del pending[output.request_id]
                         done[output.request_id] = output
+                        answered = True
                 if pending and not self._engine_has_work(engine):
                     raise RuntimeError(
                         f"vllm: the engine finished without answering {len(pending)} requests"
                     )
                 if limit is not None:
                     steps += 1
-                    stalled = self._relieve_stall(requests, pending, stalled)
+                    stalled = 0 if answered else self._relieve_stall(requests, pending, stalled)
             return done
         finally:
             if pending:
@@ -673,8 +675,10 @@ class VLLMLM(BatchedLM):
     def _relieve_stall(
         self, requests: list[_EngineRequest], pending: dict[str, _EngineRequest], stalled: int
     ) -> int:
-        """End every waiting session once the engine has run nothing for two steps while
-        requests of the batch wait; the steps stalled so far.
+        """After a step that answered none of the batch's requests: end every waiting
+        session once two such steps in a row left nothing running while requests of the
+        batch wait; the steps stalled so far (a request answered within its step is never
+        in ``running`` after it, hence the answered test first).
 
         A waiting session keeps its KV blocks, which vLLM never takes back: a request
         needing more blocks than the sessions leave free would wait forever (the caps of

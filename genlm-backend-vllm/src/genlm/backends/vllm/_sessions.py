@@ -19,14 +19,15 @@ The rules:
 * A session serves at most one context per batch. After resampling, particles sharing
   a parent's context fork: the first feeds the parent's session, the others start new
   sessions on their whole context (prefix-cached by vLLM).
-* A waiting session keeps its KV blocks and a slot of vLLM's ``max_num_seqs``: live
-  sessions are capped (least recently used evicted first) at one slot fewer than the
-  engine has, so that a one-off request (a context over the cap, a sample) can always
-  run, and at half the KV cache (each session's blocks counted whole, shared prefixes
-  included: an overestimate). Past the caps a context runs as a one-off request, as
-  without sessions. The caps are not a guarantee (a long one-off may need more blocks
-  than the waiting sessions leave): the model ends waiting sessions when the engine
-  finds no room to run a batch.
+* A waiting session keeps its KV blocks and one of the engine's request slots
+  (``max_num_seqs``): live sessions are capped (least recently used evicted first) at
+  half the slots and half the KV cache (each session's blocks counted whole, shared
+  prefixes included: an overestimate). Past the caps a context runs as a one-off
+  request, as without sessions, and idle sessions are evicted until the batch's one-offs
+  have a slot each (else they would run one at a time through the slots the sessions
+  leave). The caps are not a guarantee (a long one-off may need more blocks than the
+  waiting sessions leave): the model ends waiting sessions when the engine finds no room
+  to run a batch.
 * A batch that fails ends every session it fed (their state in the engine is unknown).
 """
 
@@ -84,9 +85,17 @@ class SessionTable:
         max_tokens: the most KV-cache tokens all live sessions may hold (None: no limit),
             each session's counted in whole blocks of ``block_size``.
         block_size: the KV cache's block size in tokens.
+        slots: the engine's request slots, which live sessions and a batch's one-off
+            requests share (None: no limit).
     """
 
-    def __init__(self, max_sessions: int, max_tokens: int | None = None, block_size: int = 1):
+    def __init__(
+        self,
+        max_sessions: int,
+        max_tokens: int | None = None,
+        block_size: int = 1,
+        slots: int | None = None,
+    ):
         if max_sessions < 0:
             raise ValueError(f"max_sessions must be >= 0, got {max_sessions}")
         if block_size < 1:
@@ -94,6 +103,7 @@ class SessionTable:
         self.max_sessions = max_sessions
         self.max_tokens = max_tokens
         self.block_size = block_size
+        self.slots = slots
         #: Live sessions by their key, least recently used first.
         self._lru: OrderedDict[str, Session] = OrderedDict()
         #: Live sessions by (variant, length, last token): a lookup hashes no context (a
@@ -189,6 +199,12 @@ class SessionTable:
                 tokens += cost
             else:
                 feeds[i] = Feed(None, context)
+        if self.slots is not None:  # a slot for each one-off, where idle sessions can go
+            one_offs = sum(f.session is None for f in feeds)  # type: ignore[union-attr]
+            while live + one_offs > self.slots and (victim := next(idle, None)) is not None:
+                self.discard([victim])
+                evicted.append(victim)
+                live -= 1
         return feeds, evicted  # type: ignore[return-value] - every entry set above
 
     def _fits(self, sessions: int, tokens: int) -> bool:
