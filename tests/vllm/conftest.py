@@ -10,8 +10,10 @@ from __future__ import annotations
 import copy
 import json
 import os
+import subprocess
+import sys
 import threading
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -37,6 +39,33 @@ ENGINE_OPTS = {
     "max_lora_rank": 8,
     "seed": 0,
 }
+#: :data:`ENGINE_OPTS` without LoRA, for the engines tests start in processes of their own.
+ENGINE_OPTS_NO_LORA = {
+    k: v for k, v in ENGINE_OPTS.items() if k not in ("enable_lora", "max_lora_rank")
+}
+
+
+def run_in_process(
+    script: str, args: list[str], *, multiprocessing: bool = False, timeout: float = 600
+) -> Any:
+    """The JSON report ``script`` prints last, run with ``args`` in a fresh process.
+
+    Only one in-process engine may run in a process, and the test session's own is alive;
+    ``multiprocessing`` sets ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` there (the engine core in
+    a child process). The process gets no stdin (a prompt fails rather than waits), and is
+    killed past ``timeout`` seconds.
+    """
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocessing else "0"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="session")

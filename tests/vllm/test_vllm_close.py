@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
-import subprocess
-import sys
 import textwrap
 import weakref
 from types import SimpleNamespace
@@ -170,22 +167,11 @@ def test_a_closed_or_dropped_model_and_its_engine_are_freed(tiny_path):
 
 
 def _in_a_process(script: str, tiny_path) -> dict:
-    """The JSON report ``script`` prints last, run in a fresh process with an in-process
-    engine of the tiny model (the tests' engine options, without LoRA): only one such
-    engine may run in a process, and the session's own is alive."""
-    from .conftest import ENGINE_OPTS
+    """:func:`run_in_process` with an in-process engine of the tiny model (the tests'
+    engine options, without LoRA)."""
+    from .conftest import ENGINE_OPTS_NO_LORA, run_in_process
 
-    opts = {k: v for k, v in ENGINE_OPTS.items() if k not in ("enable_lora", "max_lora_rank")}
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    proc = subprocess.run(
-        [sys.executable, "-c", script, str(tiny_path), json.dumps(opts)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_in_process(script, [str(tiny_path), json.dumps(ENGINE_OPTS_NO_LORA)])
 
 
 CLOSE_WHILE_SAMPLING = textwrap.dedent(

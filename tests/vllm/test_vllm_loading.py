@@ -4,10 +4,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -32,7 +29,7 @@ def test_a_model_with_its_own_configuration_code_loads_with_trust_remote_code(
     ``engine_opts={"trust_remote_code": True}``, as ``vllm.LLM`` takes it, and gives the
     weights' rows (the backend read its configuration without the option: transformers
     refused, or asked at the terminal)."""
-    from .conftest import ENGINE_OPTS
+    from .conftest import ENGINE_OPTS_NO_LORA, run_in_process
 
     model = tmp_path / "custom"
     shutil.copytree(tiny_path, model)
@@ -43,15 +40,6 @@ def test_a_model_with_its_own_configuration_code_loads_with_trust_remote_code(
         "from transformers import LlamaConfig\n\n\n"
         "class Custom(LlamaConfig):\n    model_type = 'customllama'\n"
     )
-    opts = {k: v for k, v in ENGINE_OPTS.items() if k not in ("enable_lora", "max_lora_rank")}
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(model), json.dumps({**opts, "trust_remote_code": True})],
-        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    row = np.array(json.loads(proc.stdout.strip().splitlines()[-1]))
+    opts = {**ENGINE_OPTS_NO_LORA, "trust_remote_code": True}
+    row = np.array(run_in_process(SCRIPT, [str(model), json.dumps(opts)]))
     np.testing.assert_allclose(row, expected([1, 2, 3]), atol=1e-4)

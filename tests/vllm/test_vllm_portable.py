@@ -4,9 +4,6 @@ child process, as with tensor/pipeline parallelism and Ray, and a clean shutdown
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -44,19 +41,13 @@ SCRIPT = textwrap.dedent(
 def test_portable_route_in_a_multiprocess_engine(tiny_path, expected, tmp_path):
     """With VLLM_ENABLE_V1_MULTIPROCESSING=1, rows come by the logprobs route, equal
     transformers', and aclose shuts the engine and its child process down."""
-    from .conftest import ENGINE_OPTS
+    from .conftest import ENGINE_OPTS_NO_LORA, run_in_process
 
-    opts = {k: v for k, v in ENGINE_OPTS.items() if k not in ("enable_lora", "max_lora_rank")}
     rng = np.random.default_rng(7)
     contexts = [[int(t) for t in rng.integers(0, 50257, size=n)] for n in (1, 17, 40, 75)]
     out = tmp_path / "rows.npz"
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    args = [str(tiny_path), json.dumps(opts), json.dumps(contexts), str(out)]
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, *args], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    args = [str(tiny_path), json.dumps(ENGINE_OPTS_NO_LORA), json.dumps(contexts), str(out)]
+    report = run_in_process(SCRIPT, args, multiprocessing=True)
     assert report == {
         "route": "logprobs",
         "client": "SyncMPClient",

@@ -11,16 +11,15 @@ batch and a close with sessions waiting.
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 
 from genlm.backends.vllm._sessions import MAX_EXTENSION, SessionTable
+
+from .conftest import run_in_process
 
 # ---- the table alone -------------------------------------------------------------------
 
@@ -281,22 +280,12 @@ def scenario(tiny_path, adapter, tmp_path_factory):
     opts = {**ENGINE_OPTS, "max_num_seqs": 4, "block_size": 32}
     out = tmp_path_factory.mktemp("sessions") / "rows.npy"
     args = [str(tiny_path), json.dumps(opts), str(adapter[0]), str(out)]
-    return _in_a_process(SCENARIO, args), np.load(out)
+    return run_in_process(SCENARIO, args, timeout=KILL_AFTER_S), np.load(out)
 
 
-def _in_a_process(script: str, args: list[str]) -> dict:
-    """The JSON report ``script`` prints last, run with ``args`` in a process of its own
-    with an in-process engine (one per process, and the test session's is alive)."""
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    proc = subprocess.run(
-        [sys.executable, "-c", script, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,  # under pytest-timeout's 300 s: the process is killed, not left
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+#: Seconds a test's own process may run: under pytest-timeout's 300 s, so the process is
+#: killed, not left.
+KILL_AFTER_S = 240
 
 
 def test_rows_through_sessions_are_transformers_rows(scenario, expected, merged_model):
@@ -398,12 +387,12 @@ def test_sessions_give_way_to_a_request_that_needs_their_blocks(tiny_path, expec
     is still answered (the waiting sessions end), and a batch whose prefill takes hundreds
     of engine steps (a long-prefill threshold) is not cut off by the step limit. Each row is
     transformers'."""
-    from .conftest import ENGINE_OPTS
+    from .conftest import ENGINE_OPTS_NO_LORA
 
-    opts = {k: v for k, v in ENGINE_OPTS.items() if k not in ("enable_lora", "max_lora_rank")}
-    opts["max_num_seqs"] = 4
+    opts = {**ENGINE_OPTS_NO_LORA, "max_num_seqs": 4}
     out = tmp_path / "rows.npy"
-    report = _in_a_process(PRESSURE, [str(tiny_path), json.dumps(opts), str(out)])
+    args = [str(tiny_path), json.dumps(opts), str(out)]
+    report = run_in_process(PRESSURE, args, timeout=KILL_AFTER_S)
     rows = np.load(out)
     blocks, size = report["blocks"]  # 8 of 128 tokens on CPU
     held = -(-160 // size) * size  # what one 160-token session holds, in whole blocks
