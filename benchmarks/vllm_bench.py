@@ -76,7 +76,9 @@ async def smc_load(next_token_logprobs, vocab_size: int, n_particles: int = N_PA
     return time.perf_counter() - start
 
 
-def bench_vllm(path: Path, opts: dict, sessions: bool = False) -> dict:
+def bench_vllm(
+    path: Path, opts: dict, sessions: bool = False, n_particles: int = N_PARTICLES
+) -> dict:
     from genlm.backends.vllm import VLLMLM
 
     t0 = time.perf_counter()
@@ -86,7 +88,7 @@ def bench_vllm(path: Path, opts: dict, sessions: bool = False) -> dict:
     times = []
     for _ in range(2):  # a warm-up, then the timed run
         lm.clear_cache()
-        times.append(asyncio.run(smc_load(lm.next_token_logprobs, vocab)))
+        times.append(asyncio.run(smc_load(lm.next_token_logprobs, vocab, n_particles)))
     lm.close()
     return {"startup_s": startup, "load_s": times[-1], "route": lm.row_source}
 
@@ -95,18 +97,12 @@ def sessions_ab(models: list[str], opts: dict, particles: list[int], rounds: int
     """Table rows: the SMC load's ms per step through ``VLLMLM`` without and with
     ``sessions=True``, each model and particle count, the two alternating for ``rounds``
     rounds (a fresh engine each, timed after a warm-up run); every time is listed."""
-    from genlm.backends.vllm import VLLMLM
-
     rows = []
     for name, n_particles in itertools.product(models, particles):
         path = model_path(name)
         times: dict[bool, list[float]] = {False: [], True: []}
         for _, sessions in itertools.product(range(rounds), (False, True)):
-            lm = VLLMLM.from_name(str(path), engine_opts=opts, sessions=sessions)
-            for _ in range(2):  # a warm-up, then the timed run
-                lm.clear_cache()
-                seconds = asyncio.run(smc_load(lm.next_token_logprobs, len(lm.vocab), n_particles))
-            lm.close()
+            seconds = bench_vllm(path, opts, sessions, n_particles)["load_s"]
             times[sessions].append(seconds / N_STEPS * 1000)
         cells = [", ".join(f"{t:.1f}" for t in times[s]) for s in (False, True)]
         ratio = min(times[True]) / min(times[False])

