@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from genlm.core import BackendError, ModelClosedError
-from genlm.core.backend import AutoBatcher, ModelWorker
+from genlm.core.backend import AutoBatcher, ModelWorker, Requeue
 from genlm.core.mock import MockLM, mock_logprobs
 
 VOCAB = [bytes([b]) for b in range(32)]
@@ -352,6 +352,48 @@ class TestAutoBatcherDirectly:
 
         with pytest.raises(BackendError, match=r"drops_one returned 1 results for a batch of 2"):
             run(main())
+        worker.close()
+
+    def test_a_run_that_requeues_lets_another_batch_through_then_delivers(self):
+        """run_batch returning Requeue: a batch of another batcher on the same worker runs
+        in between, the first batch's waiters get the last part's results (checked for
+        their count, as a plain run's), and run_sync takes the same path."""
+        worker = ModelWorker("test")
+        log, gate = [], threading.Event()
+
+        def in_two_parts(items):
+            gate.wait(5)
+            log.append(("first part", list(items)))
+
+            def rest(keep):
+                log.append(("rest", list(items)))
+                return [10 * x for x in items][:keep]
+
+            return Requeue(rest, (len(items),))
+
+        def quick(items):
+            log.append(("quick", list(items)))
+            return items
+
+        slow, fast = AutoBatcher(in_two_parts, worker), AutoBatcher(quick, worker)
+
+        async def main():
+            first = asyncio.gather(*(slow.submit(x) for x in [1, 2]))
+            await asyncio.sleep(0)  # the slow batch is handed to the worker first
+            second = asyncio.gather(fast.submit(7))
+            await asyncio.sleep(0)
+            gate.set()
+            return await asyncio.wait_for(asyncio.gather(first, second), 5)
+
+        assert run(main()) == [[10, 20], [7]]
+        assert log == [("first part", [1, 2]), ("quick", [7]), ("rest", [1, 2])]
+        assert slow.run_sync([3]) == [30]
+
+        def short_rest(items):
+            return Requeue(lambda: items[:-1])
+
+        with pytest.raises(BackendError, match="short_rest returned 1 results for a batch of 2"):
+            AutoBatcher(short_rest, worker).run_sync([1, 2])
         worker.close()
 
     def test_aclose_waits_for_every_running_batch_and_a_cancelled_one_leaves_the_rest(self, gated):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from support.faulty import within
 
 from genlm.core import BackendError, ModelClosedError
-from genlm.core.backend import ModelWorker
+from genlm.core.backend import ModelWorker, Requeue
 
 #: What a backend may raise that a future cannot carry, or that is no exception.
 UNTRANSPORTABLE = [
@@ -381,3 +381,82 @@ def test_an_idle_worker_holds_no_reference_to_its_last_call():
     assert {name: wait_collected(ref) for name, ref in refs.items()} == dict.fromkeys(refs, True)
     assert_serving(worker)
     worker.close()
+
+
+class TestRequeue:
+    """A call returning ``Requeue`` lets the calls queued meanwhile through, then finishes;
+    its caller gets the last part's outcome."""
+
+    @staticmethod
+    def parts(log, gate, name, n):
+        """A call of ``n`` parts, each logged; the first waits for ``gate`` so that the test
+        can queue other calls behind it."""
+
+        def part(i):
+            if i == 0:
+                gate.wait(5)
+            log.append(f"{name}{i}")
+            return Requeue(part, (i + 1,)) if i + 1 < n else f"{name} done"
+
+        return part
+
+    def test_the_rest_runs_behind_the_calls_queued_meanwhile(self):
+        worker = ModelWorker("test")
+        log, gate = [], threading.Event()
+        long = worker.submit(self.parts(log, gate, "a", 3), 0)
+        other = worker.submit(log.append, "b")
+        gate.set()
+        assert long.result(timeout=5) == "a done"
+        assert other.result(timeout=5) is None
+        # a0 made way for b; with nothing queued behind a1, a2 runs right after it.
+        assert log == ["a0", "b", "a1", "a2"]
+        worker.close()
+
+    def test_a_failing_part_reaches_the_caller(self):
+        worker = ModelWorker("test")
+
+        def fail():
+            raise ValueError("second part")
+
+        with pytest.raises(ValueError, match="second part"):
+            worker.submit(lambda: Requeue(fail)).result(timeout=5)
+        assert_serving(worker)
+        worker.close()
+
+    def test_a_part_requeued_after_close_is_refused_and_not_run(self):
+        """close() while the first part runs: its caller gets ModelClosedError, the rest
+        never runs, and the calls queued before the close still run."""
+        worker = ModelWorker("test")
+        log, gate = [], threading.Event()
+        long = worker.submit(self.parts(log, gate, "a", 2), 0)
+        queued = worker.submit(log.append, "b")
+        worker.close(wait=False)
+        gate.set()
+        with pytest.raises(ModelClosedError):
+            long.result(timeout=5)
+        assert queued.result(timeout=5) is None
+        within(5, worker.close)
+        assert log == ["a0", "b"]
+
+    def test_on_the_worker_thread_call_finishes_it_inline(self):
+        worker = ModelWorker("test")
+        log = []
+        done = threading.Event()
+        done.set()
+        nested = worker.call(lambda: worker.call(self.parts(log, done, "a", 3), 0))
+        assert (nested, log) == ("a done", ["a0", "a1", "a2"])
+        worker.close()
+
+    def test_waiting_calls_are_seen(self):
+        """The first of two queued calls sees the second behind it; the second, nothing."""
+        worker = ModelWorker("test")
+        gate = threading.Event()
+
+        def look():
+            gate.wait(5)
+            return worker.has_waiting_calls()
+
+        first, second = worker.submit(look), worker.submit(look)
+        gate.set()
+        assert (first.result(timeout=5), second.result(timeout=5)) == (True, False)
+        worker.close()

@@ -65,7 +65,7 @@ import attrs
 
 from genlm.core._errors import BackendError, ModelClosedError
 from genlm.core._validation import checked_count, checked_seconds
-from genlm.core._worker import ModelWorker
+from genlm.core._worker import ModelWorker, Requeue
 
 logger = logging.getLogger(__name__)
 
@@ -216,7 +216,9 @@ class AutoBatcher(Generic[I, R]):
             its batcher passes its method as a ``weakref.WeakMethod``, so that the batcher
             does not keep it alive (dropped without ``close()``, it is freed by reference
             counting alone); a batch that runs after the model was freed fails its waiters
-            with :class:`~genlm.core.ModelClosedError`.
+            with :class:`~genlm.core.ModelClosedError`. A long run may return a
+            :class:`~genlm.core.backend.Requeue` to let the worker's other calls through;
+            the batch stays in flight until its last part returns the results.
         worker: the model's worker thread.
         max_batch_size: most distinct items in one batch.
         max_wait_s: how long a partial batch waits for company after its oldest request
@@ -244,7 +246,7 @@ class AutoBatcher(Generic[I, R]):
 
     def __init__(
         self,
-        run_batch: Callable[[list[I]], Sequence[R]] | weakref.WeakMethod,
+        run_batch: Callable[[list[I]], Sequence[R] | Requeue] | weakref.WeakMethod,
         worker: ModelWorker,
         *,
         max_batch_size: int = 32,
@@ -541,7 +543,7 @@ class AutoBatcher(Generic[I, R]):
             return
         state.running += 1
 
-    def _pick_up_and_run(self, batch: list[_Entry]) -> tuple[list[_Entry], Sequence[R]]:
+    def _pick_up_and_run(self, batch: list[_Entry]) -> tuple[list[_Entry], Sequence[R]] | Requeue:
         """Worker-thread side: skip entries nobody waits for any more, run the rest."""
         with self._lock:
             live = []
@@ -557,7 +559,16 @@ class AutoBatcher(Generic[I, R]):
             run_batch = run_batch()
             if run_batch is None:
                 raise ModelClosedError("the model was dropped before this request ran")
-        results = run_batch([e.item for e in live])
+        return self._outcome(live, run_batch([e.item for e in live]), run_batch)
+
+    def _outcome(
+        self, live: list[_Entry], results: Sequence[R] | Requeue, run_batch: Callable[..., Any]
+    ) -> tuple[list[_Entry], Sequence[R]] | Requeue:
+        """The batch's outcome once ``run_batch`` has returned: its results, checked, or,
+        for a :class:`Requeue` (a long run making way on the worker), the rest of the run
+        requeued, whose results are checked when it ends."""
+        if type(results) is Requeue:
+            return Requeue(self._resume, (live, results, run_batch))
         if len(results) != len(live):
             name = getattr(run_batch, "__qualname__", repr(run_batch))
             raise BackendError(
@@ -565,6 +576,12 @@ class AutoBatcher(Generic[I, R]):
                 "run_batch must return one result per item"
             )
         return live, results
+
+    def _resume(
+        self, live: list[_Entry], later: Requeue, run_batch: Callable[..., Any]
+    ) -> tuple[list[_Entry], Sequence[R]] | Requeue:
+        """Run the requeued rest of a batch's run (worker thread)."""
+        return self._outcome(live, later.fn(*later.args), run_batch)
 
     def _finish(
         self,

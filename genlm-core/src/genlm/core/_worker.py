@@ -23,6 +23,12 @@ Guarantees (tests/core/test_worker.py):
   accepted before ``close`` runs before the thread stops; one after it raises
   :class:`ModelClosedError`. No call is left waiting on a stopped thread.
 * **A cancelled** :meth:`ModelWorker.submit` **future is skipped** if it had not started.
+* **A long call can make way.** A call that returns :class:`Requeue` has the rest of its
+  work queued behind the calls waiting now (:meth:`ModelWorker.has_waiting_calls`); its
+  caller gets the outcome of the last part. So an engine run of many steps (vLLM's
+  generation) lets a row batch through between two steps instead of holding the thread
+  to its end. A part requeued once the worker is closed is not run: its caller gets
+  :class:`ModelClosedError`.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import attrs
+
 from genlm.core._errors import BackendError, ModelClosedError
 
 logger = logging.getLogger(__name__)
@@ -49,6 +57,17 @@ _STOP = object()
 
 #: Deliver the outcome of one call: ``(result, None)`` or ``(None, exception)``.
 Deliver = Callable[[Any, "BaseException | None"], None]
+
+
+@attrs.frozen
+class Requeue:
+    """What a worker call returns to finish later: ``fn(*args)`` is queued behind the calls
+    waiting now and runs in the same context, and the caller gets its outcome (which may
+    be another ``Requeue``). The call must have made progress first (e.g. one engine
+    step), so that two calls requeuing in turn still both advance."""
+
+    fn: Callable[..., Any]
+    args: tuple = ()
 
 
 def _always() -> bool:
@@ -188,9 +207,27 @@ class ModelWorker:
             except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller
                 deliver(None, self._transportable(exc))
             else:
-                deliver(result, None)
+                if type(result) is Requeue:
+                    self._requeue(ctx, result, deliver)
+                else:
+                    deliver(result, None)
         except BaseException:  # noqa: BLE001 - a delivery failure must not stop the worker
             logger.exception("%s: could not deliver the outcome of %r", self.name, fn)
+
+    def _requeue(self, ctx: contextvars.Context, later: Requeue, deliver: Deliver) -> None:
+        """Queue the rest of a call behind the calls waiting now, with its context and its
+        delivery; once closed, deliver :class:`ModelClosedError` instead (the thread stops
+        after the calls queued before the close)."""
+        with self._lock:
+            if not self._closed:
+                self._queue.put((ctx, later.fn, later.args, _always, deliver))
+                return
+        deliver(None, ModelClosedError(f"{self.name} is closed"))
+
+    def has_waiting_calls(self) -> bool:
+        """Whether a call is queued behind the running one (a long call may then return
+        :class:`Requeue` to let it through). True once closed, with the stop queued."""
+        return not self._queue.empty()
 
     def _transportable(self, exc: BaseException) -> BaseException:
         """``exc`` itself, or a :class:`BackendError` from it if a future cannot carry it."""
@@ -230,7 +267,7 @@ class ModelWorker:
         """Run ``fn(*args)`` on the worker and block until it finishes.
 
         Called from the worker thread itself (a backend calling back into the model),
-        it runs inline instead of deadlocking.
+        it runs inline instead of deadlocking, a :class:`Requeue` it returns too.
 
         Args:
             fn: the function to run on the worker thread.
@@ -244,7 +281,10 @@ class ModelWorker:
             BaseException: whatever ``fn`` raised (see the module docstring).
         """
         if self.on_worker_thread():
-            return fn(*args)
+            result = fn(*args)
+            while type(result) is Requeue:  # nothing runs in between: finish it here
+                result = result.fn(*result.args)
+            return result
         return self.submit(fn, *args).result()
 
     def run_async(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:

@@ -6,7 +6,7 @@ besides: the base class :class:`BatchedLM` and its hooks (``_logprobs_batch``,
 ``_variant``, ``_served_variants``, ``_check_variant``, ``_clear_backend_cache``,
 ``_close_backend``), the
 request check :meth:`BatchedLM.validate_request` and the ``Request`` it returns, the
-worker thread, the scheduler, the
+worker thread (and ``Requeue``, a long call's way to let others through), the scheduler, the
 caches and the byte-bounded LRU under them, the row planner for KV reuse, the plugin
 registry, ``BackendSpec``, the plugin API version it declares (``PLUGIN_API``) and
 ``backend_hook`` (a plugin's registration hook made from its specs), and small helpers
@@ -66,6 +66,7 @@ if _TYPE_CHECKING:
     from genlm.core._validation import checked_seconds as checked_seconds
     from genlm.core._validation import validate_context as validate_context
     from genlm.core._worker import ModelWorker as ModelWorker
+    from genlm.core._worker import Requeue as Requeue
 
 _EXPORTS = _type_checking_exports(__file__)
 
