@@ -7,6 +7,7 @@ the environment), and nox sets it too.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import os
@@ -162,6 +163,38 @@ def hold_steps(engine, monkeypatch) -> GatedSteps:
 
     monkeypatch.setattr(engine, "step", gated_step)
     return gate
+
+
+def unfinished_at_row_admissions(engine, monkeypatch) -> list[int]:
+    """From now on, for each row request added to ``engine``: how many requests the engine
+    held unfinished just before (read from the engine, whatever the backend's code)."""
+    add = engine.add_request
+    seen: list[int] = []
+
+    def recording_add(request_id, *args, **kwargs):
+        if request_id.startswith("genlm-row-"):
+            seen.append(engine.get_num_unfinished_requests())
+        return add(request_id, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "add_request", recording_add)
+    return seen
+
+
+async def rows_during_a_generation(lm, gate, contexts, generation):
+    """Start ``generation`` (a coroutine), hold it after its first engine step, ask for the
+    rows of ``contexts`` once their batch waits on the worker, then let the steps go on;
+    the rows, whether the generation was still unfinished when they came, and its tokens."""
+    task = asyncio.create_task(generation)
+    await asyncio.to_thread(gate.started.wait, 60)
+    rows = asyncio.gather(*(lm.next_token_logprobs(c) for c in contexts))
+    for _ in range(6000):  # the batch reaches the worker's queue behind the held step
+        if lm.worker.has_waiting_calls():
+            break
+        await asyncio.sleep(0.01)
+    gate.proceed.set()
+    rows = await asyncio.wait_for(rows, 120)
+    running = not task.done()
+    return rows, running, await asyncio.wait_for(task, 300)
 
 
 #: The LoRA adapter of the tests: its rank, scale and target modules.

@@ -32,6 +32,7 @@ class FakeLLM:
 def closing_model(llm: FakeLLM) -> _model.VLLMLM:
     lm = object.__new__(_model.VLLMLM)  # only the state _close_backend touches
     lm.llm, lm._sink, lm._sessions = llm, RowSink(), SessionTable(0)
+    lm._live, lm._answered = {}, {}
     lm._sink.put("row", object())
     return lm
 

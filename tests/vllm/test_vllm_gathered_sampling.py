@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 
-from .conftest import hold_steps
-from .test_vllm_logprobs import distinct_contexts
+import numpy as np
+
+from .conftest import hold_steps, rows_during_a_generation, unfinished_at_row_admissions
+from .test_vllm_logprobs import ATOL, distinct_contexts
 
 
 def greedy_alone(lm, prompt: list[int], max_tokens: int, eos: list[int]) -> list[int]:
@@ -138,3 +141,70 @@ def test_the_facades_batch_sample_is_one_engine_run(vllm_lm, runs):
     for tokens, alone in zip(drawn, full):
         stop = alone.index(full[0][1]) if full[0][1] in alone else len(alone)
         assert tokens == alone[:stop]
+
+
+def test_a_row_batch_runs_between_two_steps_of_a_generation(vllm_lm, expected, monkeypatch):
+    """Rows asked for while an unseeded generation runs are computed beside it, between two
+    of its steps, not after its 300 steps; they equal transformers' rows, and the
+    generation still draws all its tokens. The row batch used to wait for the generation's
+    end on the worker."""
+    engine = vllm_lm.llm.llm_engine
+    vllm_lm.clear_cache()
+    gate = hold_steps(engine, monkeypatch)
+    beside = unfinished_at_row_admissions(engine, monkeypatch)
+    prompt, *contexts = distinct_contexts(4, seed=13)
+    generation = vllm_lm.sample(prompt, 300, [], temperature=1.0)
+    rows, running, tokens = asyncio.run(
+        rows_during_a_generation(vllm_lm, gate, contexts, generation)
+    )
+    assert running and len(tokens) == 300
+    assert len(beside) == 3 and min(beside) >= 1  # the generation's request was in the engine
+    for context, row in zip(contexts, rows):
+        np.testing.assert_allclose(row, expected(context), atol=ATOL)
+
+
+def test_a_generation_cancelled_while_it_made_way_is_aborted(vllm_lm, monkeypatch):
+    """Cancelled while a row batch runs between two of its steps, a generation's request is
+    aborted when the generation resumes: the engine is left with nothing to run, after far
+    fewer steps than the 300 tokens asked for, and the rows are answered."""
+    engine = vllm_lm.llm.llm_engine
+    vllm_lm.clear_cache()
+    add, step = engine.add_request, engine.step
+    stepped, rows_in, held, release = (threading.Event() for _ in range(4))
+    steps: list[int] = []
+
+    def recording_add(request_id, *args, **kwargs):
+        if request_id.startswith("genlm-row-"):
+            rows_in.set()
+        return add(request_id, *args, **kwargs)
+
+    def holding_step():
+        steps.append(1)
+        outputs = step()
+        stepped.set()
+        if rows_in.is_set() and not held.is_set():  # the row batch's first step
+            held.set()
+            release.wait(60)
+        return outputs
+
+    monkeypatch.setattr(engine, "add_request", recording_add)
+    monkeypatch.setattr(engine, "step", holding_step)
+    prompt, context = distinct_contexts(2, seed=15)
+
+    async def cancel_while_rows_run():
+        generation = asyncio.create_task(vllm_lm.sample(prompt, 300, [], temperature=1.0))
+        await asyncio.to_thread(stepped.wait, 60)
+        rows = asyncio.ensure_future(vllm_lm.next_token_logprobs(context))
+        await asyncio.to_thread(held.wait, 60)
+        generation.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await generation
+        release.set()
+        row = await asyncio.wait_for(rows, 120)
+        # Queued behind the generation's rest: runs once it has stopped.
+        left = await vllm_lm.worker.run_async(engine.has_unfinished_requests)
+        return row, left
+
+    row, left = asyncio.run(cancel_while_rows_run())
+    assert held.is_set() and not left and len(steps) < 300
+    assert row.shape == (len(vllm_lm.vocab),)

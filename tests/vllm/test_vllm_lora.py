@@ -7,6 +7,9 @@ import asyncio
 import numpy as np
 import pytest
 
+from .conftest import hold_steps, rows_during_a_generation, unfinished_at_row_admissions
+from .test_vllm_logprobs import distinct_contexts
+
 torch = pytest.importorskip("torch")
 
 
@@ -156,3 +159,22 @@ def test_adapters_added_from_several_threads_get_distinct_ids(vllm_lm, adapter, 
     ids = [vllm_lm._lora_request(name).lora_int_id for name in vllm_lm._served_variants()]
     assert len(ids) == before + threads * per_thread + 1
     assert len(set(ids)) == len(ids)
+
+
+def test_rows_of_another_adapter_wait_for_a_generation_to_end(
+    vllm_lm, registered, merged_model, expected, monkeypatch
+):
+    """vLLM's CPU LoRA kernels apply the loaded adapter to a base-model request stepped
+    beside an adapter's (vllm-project/vllm#48421): base rows asked for while an adapter's
+    generation runs are added once the generation has ended (the engine holds nothing
+    else then) and equal transformers' base rows; the generation draws all its tokens."""
+    engine = vllm_lm.llm.llm_engine
+    vllm_lm.clear_cache()
+    gate = hold_steps(engine, monkeypatch)
+    beside = unfinished_at_row_admissions(engine, monkeypatch)
+    prompt, *contexts = distinct_contexts(3, seed=14)
+    generation = vllm_lm.sample(prompt, 40, [], temperature=1.0, variant=registered)
+    rows, _, tokens = asyncio.run(rows_during_a_generation(vllm_lm, gate, contexts, generation))
+    assert len(tokens) == 40 and len(beside) == 2 and beside[0] == 0
+    for context, row in zip(contexts, rows):
+        np.testing.assert_allclose(row, expected(context), atol=1e-4)

@@ -58,6 +58,7 @@ from genlm.core.backend import (
     CURRENT_VARIANT,
     AutoBatcher,
     BatchedLM,
+    Requeue,
     check_sampling_args,
     eos_id_set,
     resolve_model_path,
@@ -311,6 +312,12 @@ class VLLMLM(BatchedLM):
         self.llm = None
         #: Live resumable requests (see :mod:`._sessions`); none unless ``sessions``.
         self._sessions = SessionTable(0)
+        #: Every request in the engine not yet answered, by key, whichever run added it: a
+        #: run's steps advance the others' requests too (a generation makes way for row
+        #: batches between its steps, see :meth:`_generation_steps`).
+        self._live: dict[str, _EngineRequest] = {}
+        #: Outputs that another run's step answered, until their own run reads them.
+        self._answered: dict[str, Any] = {}
         #: What the engine serves, asked once (vLLM asks its core at every request).
         self._tasks: Any = None
         #: Unseeded sample calls, batched by core's scheduler as row requests are: the calls
@@ -488,7 +495,9 @@ class VLLMLM(BatchedLM):
                 gc.unfreeze()
 
     def _clear_backend_cache(self) -> None:
-        # A live session holds KV blocks, and vLLM resets no prefix cache while any is held.
+        # A live session or a generation's request holds KV blocks, and vLLM resets no
+        # prefix cache while any is held: a generation that made way runs to its end first.
+        self._finish_others()
         self._end_sessions(self._sessions.take_all())
         self.llm.reset_prefix_cache()
         if self._sink is not None:
@@ -504,6 +513,8 @@ class VLLMLM(BatchedLM):
         """
         llm, self.llm = self.llm, None
         self._sessions.take_all()  # they end with the engine
+        self._live.clear()
+        self._answered.clear()
         if llm is None:
             return
         try:
@@ -575,38 +586,23 @@ class VLLMLM(BatchedLM):
         row[np.asarray(flat.token_ids[start:end])] = flat.logprobs[start:end]
         return row
 
-    def _run(self, requests: list[_EngineRequest], *, generation: bool = False) -> dict[str, Any]:
-        """Add every request, each under its own adapter, and step until all have finished;
-        outputs by request key.
-
-        A generation (``generation=True``: unseeded samples, many steps each) stops between
-        engine steps rather than run to its end, so that the worker is free again: it aborts
-        a request once its ``abandoned`` is set (its caller was cancelled; its output is
-        missing then, and nobody reads it), the others running on, and every unfinished
-        request once the model is closing, which it raises. A row batch finishes, as core
-        lets every batch handed to the worker finish.
+    def _run(self, requests: list[_EngineRequest]) -> dict[str, Any]:
+        """A row batch's engine run: add every request, each under its own adapter, and step
+        until all are answered; outputs by request key. It runs to its end, as core lets
+        every batch handed to the worker finish; the requests of a generation that made
+        way for it (:meth:`_generation_steps`) advance with its steps.
 
         Raises:
-            ModelClosedError: a generation was stopped by the model's close.
-            RuntimeError: the engine finished without answering every request.
+            RuntimeError: the engine finished without answering every request, or, with
+                sessions on, a request was never answered (the step limit).
         """
         engine = self.llm.llm_engine
+        self._make_room(requests)
         pending: dict[str, _EngineRequest] = {}
         done: dict[str, Any] = {}
         try:
-            for request in requests:
-                if request.session is None:
-                    engine.add_request(
-                        request.key,
-                        {"prompt_token_ids": request.prompt},
-                        request.params,
-                        lora_request=request.lora,
-                    )
-                else:
-                    self._feed_session(request)
-                pending[request.key] = request
-            # A generation runs as many steps as it samples tokens, with no session left.
-            limit = None if generation else self._session_step_limit(requests)
+            self._admit(requests, pending)
+            limit = self._session_step_limit(requests)
             steps = stalled = 0
             while pending:
                 if limit is not None and steps >= limit:
@@ -617,38 +613,96 @@ class VLLMLM(BatchedLM):
                         "the sessions; load the model without sessions=True, or give the "
                         "engine more KV cache"
                     )
-                if generation:
-                    # Closing marks the worker closed at once (core's close queues the
-                    # release on it): the release then runs right after this step instead
-                    # of after the whole generation.
-                    if self.worker.closed:
-                        raise ModelClosedError(f"{self.name} is closed")
-                    abandoned = [k for k, r in pending.items() if r.abandoned.is_set()]
-                    if abandoned:
-                        engine.abort_request(abandoned)
-                        for key in abandoned:
-                            del pending[key]
-                        if not pending:
-                            break
-                answered = False
-                for output in engine.step():
-                    # A session's input is answered by its one output (never `finished`).
-                    request = pending.get(output.request_id)
-                    if request is not None and (output.finished or request.session is not None):
-                        del pending[output.request_id]
-                        done[output.request_id] = output
-                        answered = True
-                if pending and not self._engine_has_work(engine):
-                    raise RuntimeError(
-                        f"vllm: the engine finished without answering {len(pending)} requests"
-                    )
+                answered = self._step(engine, pending, done)
                 if limit is not None:
                     steps += 1
                     stalled = 0 if answered else self._relieve_stall(requests, pending, stalled)
             return done
         finally:
             if pending:
-                engine.abort_request(sorted(pending))
+                self._abort(pending)
+
+    def _admit(self, requests: list[_EngineRequest], pending: dict[str, _EngineRequest]) -> None:
+        """Add ``requests`` to the engine (a session's input through :meth:`_feed_session`),
+        each into ``pending`` and :attr:`_live` once added."""
+        engine = self.llm.llm_engine
+        for request in requests:
+            if request.session is None:
+                engine.add_request(
+                    request.key,
+                    {"prompt_token_ids": request.prompt},
+                    request.params,
+                    lora_request=request.lora,
+                )
+            else:
+                self._feed_session(request)
+            pending[request.key] = self._live[request.key] = request
+
+    def _step(self, engine: Any, pending: dict[str, _EngineRequest], done: dict[str, Any]) -> bool:
+        """One engine step: each request it answers leaves :attr:`_live`, its output going
+        to ``done`` if it is in ``pending`` (the stepping run's), else to
+        :attr:`_answered` for its own run; whether the step answered one of ``pending``.
+
+        Raises:
+            RuntimeError: requests of ``pending`` wait and the engine has nothing to run.
+        """
+        answered = False
+        for output in engine.step():
+            key = output.request_id
+            request = self._live.get(key)
+            # A session's input is answered by its one output (never `finished`).
+            if request is None or not (output.finished or request.session is not None):
+                continue
+            del self._live[key]
+            if pending.pop(key, None) is not None:
+                done[key] = output
+                answered = True
+            else:
+                self._answered[key] = output
+        if pending and not self._engine_has_work(engine):
+            raise RuntimeError(
+                f"vllm: the engine finished without answering {len(pending)} requests"
+            )
+        return answered
+
+    def _abort(self, keys: Collection[str]) -> None:
+        """Abort the requests of ``keys`` in the engine and forget them."""
+        for key in keys:
+            self._live.pop(key, None)
+            self._answered.pop(key, None)
+        if self.llm is not None:
+            self.llm.llm_engine.abort_request(sorted(keys))
+
+    def _make_room(self, requests: list[_EngineRequest]) -> None:
+        """Step the requests of other runs to their end first (:meth:`_finish_others`)
+        when ``requests`` may not run beside them: with sessions on (their caps and stall
+        relief count on nothing else in the engine), or under another adapter than theirs
+        (vLLM's CPU LoRA kernels apply the loaded adapter to a base-model request stepped
+        beside an adapter's, vllm-project/vllm#48421)."""
+        lora = requests[0].lora if requests else None
+        if self._live and (
+            self._sessions.max_sessions or any(r.lora is not lora for r in self._live.values())
+        ):
+            self._finish_others()
+
+    def _finish_others(self) -> None:
+        """Step the engine until no request of another run is left in it. Requests
+        abandoned by their callers are aborted on the way, and all of them once the model
+        is closing (their runs raise then)."""
+        engine = self.llm.llm_engine
+        while self._live:
+            if self.worker.closed:
+                self._abort(list(self._live))
+                return
+            abandoned = [k for k, r in self._live.items() if r.abandoned and r.abandoned.is_set()]
+            if abandoned:
+                self._abort(abandoned)
+                continue
+            self._step(engine, {}, {})
+            if self._live and not self._engine_has_work(engine):
+                raise RuntimeError(
+                    f"vllm: the engine finished without answering {len(self._live)} requests"
+                )
 
     def _session_step_limit(self, requests: list[_EngineRequest]) -> int | None:
         """The most engine steps a batch may take with sessions on (None with them off).
@@ -776,17 +830,77 @@ class VLLMLM(BatchedLM):
         if admitted and self.llm is not None:
             self.llm.llm_engine.abort_request(admitted)
 
-    def _generate(self, calls: list[_Generation]) -> list[list[list[int]] | None]:
+    def _generate(self, calls: list[_Generation]) -> list[list[list[int]] | None] | Requeue:
         """Worker side of :attr:`_generations`: the requests of every call in one engine
-        run; each call's new tokens per prompt, or None for a call abandoned before all its
-        requests finished (nobody reads it)."""
+        run (:meth:`_generation_steps`)."""
         requests = [request for call in calls for request in call.requests]
         # Waiting sessions hold request slots the generation's requests need.
         self._end_sessions(self._sessions.take_all())
-        outputs = self._run(requests, generation=True)
+        self._make_room(requests)
+        pending: dict[str, _EngineRequest] = {}
+        try:
+            self._admit(requests, pending)
+        except BaseException:
+            self._abort(pending)
+            raise
+        return self._generation_steps(calls, pending, {}, stepped=False)
+
+    def _generation_steps(
+        self,
+        calls: list[_Generation],
+        pending: dict[str, _EngineRequest],
+        done: dict[str, Any],
+        stepped: bool = True,
+    ) -> list[list[list[int]] | None] | Requeue:
+        """Step a generation until its requests are answered; each call's new tokens per
+        prompt, or None for a call abandoned before all its requests finished (nobody
+        reads it).
+
+        A generation runs as many steps as it samples tokens, so between two steps it
+        makes way: it returns a :class:`Requeue` of its rest when another call waits on
+        the worker (a row batch, whose steps advance this generation's requests too, see
+        :meth:`_step`), after at least one step of its own. Between steps it aborts the
+        requests whose ``abandoned`` is set (their caller was cancelled), the others
+        running on, and every unfinished one once the model is closing, which it raises.
+
+        Raises:
+            ModelClosedError: the generation was stopped by the model's close.
+            RuntimeError: the engine finished without answering every request.
+        """
+        made_way = False
+        try:
+            for key, request in list(pending.items()):  # answered or aborted by other runs
+                if key in self._answered:
+                    done[key] = self._answered.pop(key)
+                elif key in self._live:
+                    continue
+                elif not request.abandoned.is_set():  # aborted because the model is closing
+                    raise ModelClosedError(f"{self.name} is closed")
+                del pending[key]
+            engine = self.llm.llm_engine if pending else None
+            while pending:
+                # Closing marks the worker closed at once (core's close queues the
+                # release on it): the release then runs right after this step instead
+                # of after the whole generation.
+                if self.worker.closed:
+                    raise ModelClosedError(f"{self.name} is closed")
+                abandoned = [k for k, r in pending.items() if r.abandoned.is_set()]
+                if abandoned:
+                    self._abort(abandoned)
+                    for key in abandoned:
+                        del pending[key]
+                    continue
+                if stepped and self.worker.has_waiting_calls():
+                    made_way = True
+                    return Requeue(self._generation_steps, (calls, pending, done))
+                self._step(engine, pending, done)
+                stepped = True
+        finally:
+            if pending and not made_way:
+                self._abort(pending)
         return [
-            [list(outputs[r.key].outputs[0].token_ids) for r in call.requests]
-            if all(r.key in outputs for r in call.requests)
+            [list(done[r.key].outputs[0].token_ids) for r in call.requests]
+            if all(r.key in done for r in call.requests)
             else None
             for call in calls
         ]
