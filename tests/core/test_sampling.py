@@ -112,6 +112,29 @@ def test_eos_ids_stop_a_draw_whatever_integers_they_are():
     lm.close()
 
 
+def test_boolean_eos_ids_are_refused_before_any_work():
+    """Booleans are not EOS ids: ``[True]`` was read as id 1 and a boolean mask over the
+    vocabulary as ids 0 and 1. sample, batch_sample and smc refuse them (a list of bools,
+    a numpy mask, numpy bools), naming the argument, before any request."""
+    lm = MockLM(VOCAB)
+    mask = np.zeros(len(VOCAB), dtype=bool)
+    mask[3] = True
+    for eos in ([True], mask, [np.True_], [3, False]):
+        with pytest.raises(TypeError, match="eos_token_ids must be integer token ids, got bool"):
+            asyncio.run(lm.sample([0], 6, eos))
+        with pytest.raises(TypeError, match="flatnonzero"):
+            asyncio.run(lm.batch_sample([[0], [1]], 6, eos))
+        with pytest.raises(TypeError, match="eos_token_ids"):
+            asyncio.run(smc(lm, [0], eos_token_ids=eos))
+    assert lm.batches == []
+    greedy = asyncio.run(lm.sample([0], 6, [], temperature=0))
+    stop = np.flatnonzero(np.arange(len(VOCAB)) == greedy[1])  # the fix the message names
+    assert (
+        asyncio.run(lm.sample([0], 6, stop, temperature=0)) == greedy[: greedy.index(greedy[1]) + 1]
+    )
+    lm.close()
+
+
 def test_eos_ids_given_as_bytes_are_refused_before_any_work():
     """Bytes are not EOS ids: iterating them gives ints, so ``b"\\x03"`` stopped draws at
     token 3 (the byte read as an id). sample, batch_sample and smc refuse them, in every

@@ -103,8 +103,9 @@ def eos_id_set(eos_token_ids: Iterable[int] | None, default: Iterable[int]) -> f
 
     Raises:
         TypeError: a bare int (``eos_token_ids=2``): a list of ids is meant; bytes (each
-            byte would be read as a token id: EOS strings are genlm-bytes' ``eos=``); or an
-            id that is not an integer (a float).
+            byte would be read as a token id: EOS strings are genlm-bytes' ``eos=``); an
+            id that is not an integer (a float); or booleans (``[True]`` would be id 1, a
+            boolean mask ids 0 and 1).
     """
     if eos_token_ids is None:
         return frozenset(default)
@@ -116,8 +117,17 @@ def eos_id_set(eos_token_ids: Iterable[int] | None, default: Iterable[int]) -> f
             f"{bytes(eos_token_ids)[:40]!r} (its bytes would be read as ids); "
             "for the id of a token's bytes see lm.vocab"
         )
+    ids = list(eos_token_ids)
+    if str(getattr(eos_token_ids, "dtype", "")) in ("bool", "torch.bool") or any(
+        isinstance(t, (bool, np.bool_)) for t in ids
+    ):
+        raise TypeError(
+            f"eos_token_ids must be integer token ids, got booleans {eos_token_ids!r} (True "
+            "would be read as id 1); for a boolean mask over the vocabulary pass "
+            "numpy.flatnonzero(mask)"
+        )
     try:
-        return frozenset(map(operator.index, eos_token_ids))
+        return frozenset(map(operator.index, ids))
     except TypeError:
         raise TypeError(f"eos_token_ids must be integer token ids, got {eos_token_ids!r}") from None
 
