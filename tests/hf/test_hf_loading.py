@@ -96,6 +96,16 @@ def test_rows_are_as_wide_as_the_models_logits(check, reference, device_rows):
         lm.close()
 
 
+def test_a_tokenizer_wider_than_the_models_logits_is_refused():
+    """stories260K cut to 500 logits for its 512-token tokenizer: a ValueError naming both
+    sizes at construction, not rows too narrow for the vocabulary's ids."""
+    tok = transformers.AutoTokenizer.from_pretrained(STORIES)
+    model = transformers.AutoModelForCausalLM.from_pretrained(STORIES).eval()
+    model.resize_token_embeddings(500)
+    with pytest.raises(ValueError, match="500 output logits but its tokenizer has 512 tokens"):
+        HFLM(model, tok, cache_bytes=0)
+
+
 def test_padded_rows_under_a_lora_adapter_are_full_width(reference):
     """An adapter on a padded model gives full-width rows equal to the adapted model's."""
     peft = pytest.importorskip("peft")
