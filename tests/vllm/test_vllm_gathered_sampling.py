@@ -208,3 +208,61 @@ def test_a_generation_cancelled_while_it_made_way_is_aborted(vllm_lm, monkeypatc
     row, left = asyncio.run(cancel_while_rows_run())
     assert held.is_set() and not left and len(steps) < 300
     assert row.shape == (len(vllm_lm.vocab),)
+
+
+def test_generations_of_two_event_loops_both_advance(vllm_lm):
+    """A generation on each of two event loops (threads): each makes way for the other
+    between its steps, and both draw all their tokens. Each part of a generation takes an
+    engine step before it may make way again; the two once handed the worker back and
+    forth without stepping, forever."""
+    prompts = distinct_contexts(2, seed=16)
+    drawn: dict[int, list[int]] = {}
+
+    def generate(i):
+        drawn[i] = asyncio.run(vllm_lm.sample(prompts[i], 60, [], temperature=1.0))
+
+    threads = [threading.Thread(target=generate, args=(i,), daemon=True) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert {i: len(tokens) for i, tokens in drawn.items()} == {0: 60, 1: 60}
+    assert not vllm_lm.llm.llm_engine.has_unfinished_requests()
+
+
+def test_a_cancel_stops_a_generation_that_a_waiting_row_batch_steps(vllm_lm, monkeypatch):
+    """A generation filling the engine's request slots (``max_num_seqs=2``, two prompts): a
+    row batch waits for a slot, stepping the generation's requests along. Cancelling the
+    generation aborts them at the batch's next step, as the generation's own run would,
+    and the row comes at once; the batch used to step the cancelled generation to its end."""
+    engine = vllm_lm.llm.llm_engine
+    vllm_lm.clear_cache()
+    step, steps = engine.step, []
+
+    def counting_step():
+        steps.append(1)
+        return step()
+
+    monkeypatch.setattr(engine, "step", counting_step)
+    *prompts, context = distinct_contexts(3, seed=17)
+
+    async def cancel_while_rows_wait():
+        generation = asyncio.create_task(vllm_lm.batch_sample(prompts, 300, [], temperature=1.0))
+        while len(steps) < 3:
+            await asyncio.sleep(0.001)
+        rows = asyncio.ensure_future(vllm_lm.next_token_logprobs(context))
+        for _ in range(60000):  # until the row request is in the engine, waiting for a slot
+            if any(key.startswith("genlm-row-") for key in vllm_lm._live):
+                break
+            await asyncio.sleep(0.001)
+        cancelled_at = len(steps)
+        generation.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await generation
+        row = await asyncio.wait_for(rows, 120)
+        return cancelled_at, len(steps), row
+
+    cancelled_at, answered_at, row = asyncio.run(cancel_while_rows_wait())
+    assert answered_at - cancelled_at <= 3, (cancelled_at, answered_at)
+    assert row.shape == (len(vllm_lm.vocab),)
+    assert not engine.has_unfinished_requests()

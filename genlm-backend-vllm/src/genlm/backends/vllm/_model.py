@@ -590,7 +590,8 @@ class VLLMLM(BatchedLM):
         """A row batch's engine run: add every request, each under its own adapter, and step
         until all are answered; outputs by request key. It runs to its end, as core lets
         every batch handed to the worker finish; the requests of a generation that made
-        way for it (:meth:`_generation_steps`) advance with its steps.
+        way for it (:meth:`_generation_steps`) advance with its steps, and those nobody
+        waits for any more stop at its next step (:meth:`_abort_left_behind`).
 
         Raises:
             RuntimeError: the engine finished without answering every request, or, with
@@ -613,6 +614,8 @@ class VLLMLM(BatchedLM):
                         "the sessions; load the model without sessions=True, or give the "
                         "engine more KV cache"
                     )
+                if len(self._live) > len(pending):  # a generation's requests step along
+                    self._abort_left_behind()
                 answered = self._step(engine, pending, done)
                 if limit is not None:
                     steps += 1
@@ -643,6 +646,8 @@ class VLLMLM(BatchedLM):
         to ``done`` if it is in ``pending`` (the stepping run's), else to
         :attr:`_answered` for its own run; whether the step answered one of ``pending``.
 
+        Other runs' requests that the engine no longer runs are answered with None.
+
         Raises:
             RuntimeError: requests of ``pending`` wait and the engine has nothing to run.
         """
@@ -659,11 +664,30 @@ class VLLMLM(BatchedLM):
                 answered = True
             else:
                 self._answered[key] = output
-        if pending and not self._engine_has_work(engine):
-            raise RuntimeError(
-                f"vllm: the engine finished without answering {len(pending)} requests"
-            )
+        if self._live and not self._engine_has_work(engine):
+            # Other runs' requests the engine dropped: their runs raise (an output of None).
+            for key in [k for k in self._live if k not in pending]:
+                del self._live[key]
+                self._answered[key] = None
+            if pending:
+                raise RuntimeError(
+                    f"vllm: the engine finished without answering {len(pending)} requests"
+                )
         return answered
+
+    def _abort_left_behind(self) -> None:
+        """Abort the generations' requests nobody waits for any more, those whose caller
+        was cancelled, or all of them once the model is closing (their runs raise then),
+        so that a run stepping them along (a row batch waiting for room they hold) stops
+        them at its next step as their own run would."""
+        closing = self.worker.closed
+        gone = [
+            k
+            for k, r in self._live.items()
+            if r.abandoned is not None and (closing or r.abandoned.is_set())
+        ]
+        if gone:
+            self._abort(gone)
 
     def _abort(self, keys: Collection[str]) -> None:
         """Abort the requests of ``keys`` in the engine and forget them."""
@@ -690,19 +714,11 @@ class VLLMLM(BatchedLM):
         abandoned by their callers are aborted on the way, and all of them once the model
         is closing (their runs raise then)."""
         engine = self.llm.llm_engine
-        while self._live:
-            if self.worker.closed:
-                self._abort(list(self._live))
+        while True:
+            self._abort_left_behind()
+            if not self._live:
                 return
-            abandoned = [k for k, r in self._live.items() if r.abandoned and r.abandoned.is_set()]
-            if abandoned:
-                self._abort(abandoned)
-                continue
             self._step(engine, {}, {})
-            if self._live and not self._engine_has_work(engine):
-                raise RuntimeError(
-                    f"vllm: the engine finished without answering {len(self._live)} requests"
-                )
 
     def _session_step_limit(self, requests: list[_EngineRequest]) -> int | None:
         """The most engine steps a batch may take with sessions on (None with them off).
@@ -850,7 +866,7 @@ class VLLMLM(BatchedLM):
         calls: list[_Generation],
         pending: dict[str, _EngineRequest],
         done: dict[str, Any],
-        stepped: bool = True,
+        stepped: bool,
     ) -> list[list[list[int]] | None] | Requeue:
         """Step a generation until its requests are answered; each call's new tokens per
         prompt, or None for a call abandoned before all its requests finished (nobody
@@ -872,6 +888,10 @@ class VLLMLM(BatchedLM):
             for key, request in list(pending.items()):  # answered or aborted by other runs
                 if key in self._answered:
                     done[key] = self._answered.pop(key)
+                    if done[key] is None:
+                        raise RuntimeError(
+                            f"vllm: the engine finished without answering request {key}"
+                        )
                 elif key in self._live:
                     continue
                 elif not request.abandoned.is_set():  # aborted because the model is closing
@@ -892,7 +912,9 @@ class VLLMLM(BatchedLM):
                     continue
                 if stepped and self.worker.has_waiting_calls():
                     made_way = True
-                    return Requeue(self._generation_steps, (calls, pending, done))
+                    # The rest steps once before it may make way again: two generations
+                    # (one per event loop) making way for each other both advance.
+                    return Requeue(self._generation_steps, (calls, pending, done, False))
                 self._step(engine, pending, done)
                 stepped = True
         finally:
