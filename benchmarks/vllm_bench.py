@@ -16,8 +16,12 @@ With ``--sessions 16 64``: instead, our backend without and with ``sessions=True
 (vLLM's streaming-input sessions, one live request per particle) on the same load at those
 particle counts, three alternating rounds, printed as a table for the results' notes.
 
+With ``--rows-during-generation 300``: instead, how long a batch of 8 rows asked for 50 ms
+into an unseeded generation (4 prompts of that many tokens) waits, against the
+generation's own time alone and with the rows, three runs each, printed.
+
 Usage: VLLM_ENABLE_V1_MULTIPROCESSING=0 python benchmarks/vllm_bench.py [--models tiny bench53m]
-[--block-size 32] [--vllm-only] [--sessions 16 64]
+[--block-size 32] [--vllm-only] [--sessions 16 64] [--rows-during-generation 100 300]
 """
 
 from __future__ import annotations
@@ -111,6 +115,55 @@ def sessions_ab(models: list[str], opts: dict, particles: list[int], rounds: int
     return rows
 
 
+async def _generation_alone(lm, prompts: list[list[int]], tokens: int) -> float:
+    """Seconds of an unseeded generation of ``tokens`` tokens per prompt (no EOS)."""
+    start = time.perf_counter()
+    await lm.batch_sample(prompts, tokens, [], temperature=1.0)
+    return time.perf_counter() - start
+
+
+async def _rows_during(
+    lm, prompts: list[list[int]], contexts: list[list[int]], tokens: int
+) -> tuple[float, float]:
+    """Seconds until the rows of ``contexts``, asked for 50 ms into that generation, came,
+    and until the generation ended (from its start)."""
+    generation = asyncio.create_task(lm.batch_sample(prompts, tokens, [], temperature=1.0))
+    await asyncio.sleep(0.05)
+    start = time.perf_counter()
+    await lm.batch_next_token_logprobs(contexts)
+    rows_s = time.perf_counter() - start
+    await generation
+    return rows_s, time.perf_counter() - start + 0.05
+
+
+def rows_during_generation(models: list[str], opts: dict, lengths: list[int]) -> list[str]:
+    """Table rows: per model and generation length, milliseconds of an unseeded generation
+    of 4 prompts alone, and of 8 rows asked for 50 ms into one (until they came, and until
+    the generation ended); three runs each after a warm-up, every time listed."""
+    from genlm.backends.vllm import VLLMLM
+
+    rows = []
+    for name in models:
+        lm = VLLMLM.from_name(str(model_path(name)), engine_opts=opts, cache_bytes=0)
+        rng = np.random.default_rng(0)
+        vocab = min(len(lm.vocab), 50000)
+        prompts = [[int(t) for t in rng.integers(0, vocab, 20)] for _ in range(4)]
+        contexts = [[int(t) for t in rng.integers(0, vocab, 30)] for _ in range(8)]
+
+        asyncio.run(_rows_during(lm, prompts, contexts, 5))  # warm-up
+        for tokens in lengths:
+            solo = [asyncio.run(_generation_alone(lm, prompts, tokens)) for _ in range(3)]
+            mixed = [asyncio.run(_rows_during(lm, prompts, contexts, tokens)) for _ in range(3)]
+            cells = [
+                ", ".join(f"{t * 1000:.0f}" for t in sorted(times))
+                for times in (solo, [r for r, _ in mixed], [g for _, g in mixed])
+            ]
+            rows.append(f"| {name} | {tokens} | {' | '.join(cells)} |")
+            print(rows[-1], flush=True)
+        lm.close()
+    return rows
+
+
 def bench_hf_backend(path: Path) -> dict | None:
     """Our hf backend (KV reuse across steps), if it is installed."""
     try:
@@ -185,6 +238,14 @@ def main() -> None:
         help="instead: ours without and with sessions=True at these particle counts, "
         "printed (not written to --out)",
     )
+    parser.add_argument(
+        "--rows-during-generation",
+        type=int,
+        nargs="+",
+        metavar="TOKENS",
+        help="instead: how long rows asked for during generations of these lengths wait, "
+        "printed (not written to --out)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     opts = {
@@ -194,6 +255,12 @@ def main() -> None:
     }
     if args.block_size:
         opts["block_size"] = args.block_size
+    if args.rows_during_generation:
+        print(f"{stack_versions()}; engine options `{opts}`; ms, every run:")
+        print("| model | tokens | generation alone | rows during it | generation with the rows |")
+        print("| --- | --- | --- | --- | --- |")
+        rows_during_generation(args.models, opts, args.rows_during_generation)
+        return
     if args.sessions:
         print(f"{stack_versions()}; engine options `{opts}`; ms per step, every round:")
         print("| model | particles | without sessions | sessions=True | best with / best without |")
