@@ -99,7 +99,7 @@ _IN_PROCESS_LOCK = threading.Lock()
 
 
 class _EngineRequest(NamedTuple):
-    """One vLLM request of an engine run (:meth:`VLLMLM._run`)."""
+    """One vLLM request of an engine run (:meth:`VLLMLM._run`, :meth:`VLLMLM._generate`)."""
 
     #: vLLM's request id, the key of its output.
     key: str
@@ -1052,8 +1052,8 @@ class VLLMLM(BatchedLM):
         GPU samplers, and vLLM 0.32's CPU build fails a seeded request whose prompt is
         prefilled in chunks ("CPU Generator does not use offset").
         If the caller is cancelled, its requests are aborted at the run's next engine step
-        while the other calls' run on; if the model is closed, the run stops there (see
-        :meth:`_run`).
+        while the other calls' run on; if the model is closed, the run stops there, also
+        while a row batch steps it (see :meth:`_generation_steps`, :meth:`_abort_left_behind`).
         """
         requests = self.validate_requests(prompts, variant)
         # Ids outside the vocabulary are never drawn, so they stop nothing, as in core's
