@@ -690,12 +690,12 @@ class VLLMLM(BatchedLM):
             self._abort(gone)
 
     def _abort(self, keys: Collection[str]) -> None:
-        """Abort the requests of ``keys`` in the engine and forget them."""
+        """Abort the requests of ``keys`` still in the engine and forget them all."""
+        live = sorted(k for k in keys if self._live.pop(k, None) is not None)
         for key in keys:
-            self._live.pop(key, None)
             self._answered.pop(key, None)
-        if self.llm is not None:
-            self.llm.llm_engine.abort_request(sorted(keys))
+        if live and self.llm is not None:
+            self.llm.llm_engine.abort_request(live)
 
     def _make_room(self, requests: list[_EngineRequest]) -> None:
         """Step the requests of other runs to their end first (:meth:`_finish_others`)
@@ -877,7 +877,8 @@ class VLLMLM(BatchedLM):
         the worker (a row batch, whose steps advance this generation's requests too, see
         :meth:`_step`), after at least one step of its own. Between steps it aborts the
         requests whose ``abandoned`` is set (their caller was cancelled), the others
-        running on, and every unfinished one once the model is closing, which it raises.
+        running on, and every unfinished one once the model is closing, which it raises
+        (:meth:`_abort_left_behind`, :meth:`_collect`: the same whichever run steps it).
 
         Raises:
             ModelClosedError: the generation was stopped by the model's close.
@@ -885,37 +886,20 @@ class VLLMLM(BatchedLM):
         """
         made_way = False
         try:
-            for key, request in list(pending.items()):  # answered or aborted by other runs
-                if key in self._answered:
-                    done[key] = self._answered.pop(key)
-                    if done[key] is None:
-                        raise RuntimeError(
-                            f"vllm: the engine finished without answering request {key}"
-                        )
-                elif key in self._live:
-                    continue
-                elif not request.abandoned.is_set():  # aborted because the model is closing
-                    raise ModelClosedError(f"{self.name} is closed")
-                del pending[key]
-            engine = self.llm.llm_engine if pending else None
-            while pending:
-                # Closing marks the worker closed at once (core's close queues the
-                # release on it): the release then runs right after this step instead
-                # of after the whole generation.
-                if self.worker.closed:
-                    raise ModelClosedError(f"{self.name} is closed")
-                abandoned = [k for k, r in pending.items() if r.abandoned.is_set()]
-                if abandoned:
-                    self._abort(abandoned)
-                    for key in abandoned:
-                        del pending[key]
-                    continue
+            while True:
+                # Closing marks the worker closed at once (core's close queues the release
+                # on it): the release then runs right after this step instead of after the
+                # whole generation.
+                self._abort_left_behind()
+                self._collect(pending, done)
+                if not pending:
+                    break
                 if stepped and self.worker.has_waiting_calls():
                     made_way = True
                     # The rest steps once before it may make way again: two generations
                     # (one per event loop) making way for each other both advance.
                     return Requeue(self._generation_steps, (calls, pending, done, False))
-                self._step(engine, pending, done)
+                self._step(self.llm.llm_engine, pending, done)
                 stepped = True
         finally:
             if pending and not made_way:
@@ -926,6 +910,25 @@ class VLLMLM(BatchedLM):
             else None
             for call in calls
         ]
+
+    def _collect(self, pending: dict[str, _EngineRequest], done: dict[str, Any]) -> None:
+        """Settle the requests of ``pending`` that are no longer in the engine: an output
+        another run's step answered goes to ``done``; one aborted as abandoned is dropped.
+
+        Raises:
+            ModelClosedError: one was aborted because the model is closing.
+            RuntimeError: the engine dropped one (answered None by :meth:`_step`).
+        """
+        for key, request in list(pending.items()):
+            if key in self._live:
+                continue
+            if key in self._answered:
+                done[key] = self._answered.pop(key)
+                if done[key] is None:
+                    raise RuntimeError(f"vllm: the engine finished without answering request {key}")
+            elif not request.abandoned.is_set():
+                raise ModelClosedError(f"{self.name} is closed")
+            del pending[key]
 
     # ---- sampling ------------------------------------------------------------------
 
