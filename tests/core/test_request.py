@@ -5,8 +5,12 @@ was built) and the Python class it replaces.
 """
 
 import gc
+import os
 import pickle
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -47,6 +51,59 @@ def test_a_request_behaves_as_its_tuple(impl, variant, ids):
 def test_request_is_the_c_type_where_the_extension_was_built():
     """``_ids`` holds both the C validation pass and the C ``Request``: with one, the other."""
     assert (Request is not _request._PyRequest) == (_validation._first_doubt is not None)
+
+
+@pytest.mark.parametrize("ids_file", ["absent", "damaged"])
+def test_an_ids_extension_that_fails_to_load_is_reported_and_python_does_the_work(
+    ids_file, tmp_path
+):
+    """A copy of genlm.core without ``_ids`` checks contexts in Python, silently (no
+    compiler is an expected install); one whose ``_ids`` file is there but cannot load (in
+    the field, a wheel built for a newer glibc) also works in Python, and warns once at
+    import with the loader's own error, so a user learns why every call is slower."""
+    package = tmp_path / "genlm" / "core"
+    shutil.copytree(Path(_request.__file__).parent, package)
+    for built in package.glob("_ids*.so"):
+        built.unlink()
+    if ids_file == "damaged":
+        (package / "_ids.abi3.so").write_text("not a shared library")
+    script = """
+import importlib, logging
+try:
+    importlib.import_module("genlm.core._ids")
+except ImportError as exc:
+    print("CAUSE", exc)
+from genlm.core import InvalidContextError, _model, _request, _validation
+from genlm.core.mock import MockLM
+lm = MockLM([bytes([b]) for b in range(8)])
+request = lm.validate_request([1, 2])
+assert type(request) is _request._PyRequest and request == (request[0], (1, 2))
+assert _model._make_request is None and _validation._first_doubt is None
+try:
+    lm.validate_request([1, 8])
+except InvalidContextError as exc:
+    print("REFUSED", exc)
+lm.close()
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
+    assert "8" in lines["REFUSED"]  # the out-of-range id, named by the Python checks
+    if ids_file == "absent":
+        assert "No module named 'genlm.core._ids'" in lines["CAUSE"]
+        assert run.stderr == ""
+    else:
+        cause = lines["CAUSE"]
+        assert cause and "No module named" not in cause
+        [warning] = run.stderr.splitlines()
+        assert "(genlm.core._ids) is installed but failed to load" in warning
+        assert cause in warning and "not built" not in warning
 
 
 @implementations

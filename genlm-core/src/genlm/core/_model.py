@@ -29,6 +29,7 @@ from genlm.core._errors import (
     ModelClosedError,
     UnknownVariantError,
 )
+from genlm.core._extensions import ids
 from genlm.core._gather import gather_all
 from genlm.core._output_cache import OutputCache
 from genlm.core._request import Request
@@ -55,10 +56,9 @@ from genlm.core._validation import checked_count, is_integer, is_unordered, vali
 from genlm.core._vocab import Vocabulary
 from genlm.core._worker import ModelWorker
 
-try:
-    from genlm.core._ids import make_request as _make_request
-except ImportError:  # built without a C compiler: validate_context checks in Python
-    _make_request = None
+#: Checks, copies and hashes a context in one C pass, where ``_ids`` loads; else None and
+#: ``validate_context`` checks in Python.
+_make_request = None if ids is None else ids.make_request
 
 logger = logging.getLogger(__name__)
 

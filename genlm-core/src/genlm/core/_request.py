@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator
 from typing import Any
 
+from genlm.core._extensions import ids
+
 __all__ = ["Request"]
 
 
@@ -78,10 +80,9 @@ def _use_the_c_type() -> None:
     At run time only (static readers see the class), and it keeps the class's behaviour.
     """
     global Request
-    try:
-        from genlm.core._ids import Request
-    except ImportError:  # built without a C compiler
+    if ids is None:  # not built, or failing to load (``_extensions`` said why)
         return
+    Request = ids.Request
     # Pickle finds a class by its qualified name: the Python class's must stay its own.
     _PyRequest.__qualname__ = "_PyRequest"
 

@@ -105,7 +105,6 @@ Special tokens
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import os
 import sys
@@ -113,36 +112,20 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
-from types import ModuleType
 from typing import Literal
 
 import numpy as np
 
+from genlm.core._extensions import load_extension, unavailable
 from genlm.core._rows import check_real as _check_real
 from genlm.core._rows import is_torch as _is_torch
 from genlm.core._validation import check_token_bytes, checked_count, is_integer
 
 _KERNEL = "genlm.core._trie_kernel"
 
-
-def _load_kernel() -> tuple[ModuleType | None, Exception | None]:
-    """The C kernel module, or None and the error that stopped a present one from loading.
-
-    Only a module that is absent was not built (no C compiler at install); one that is
-    there but fails to load (a damaged file, a wheel built for a newer glibc or another
-    machine) keeps its own error, which the log and ``kernel="c"``'s error show.
-    """
-    try:
-        return importlib.import_module(_KERNEL), None
-    except ModuleNotFoundError as exc:
-        return None, None if exc.name == _KERNEL else exc
-    except (ImportError, OSError) as exc:
-        return None, exc
-
-
 #: The numpy kernel does the work where this is None; ``_kernel_error`` then says whether
 #: the C one was not built (None) or failed to load (its error).
-_trie_kernel, _kernel_error = _load_kernel()
+_trie_kernel, _kernel_error = load_extension(_KERNEL)
 
 __all__ = ["EOS_EDGE", "TokenByteTrie", "set_trie_pool_limit"]
 
@@ -736,12 +719,7 @@ def _log_installed_kernel() -> None:
 
 def _kernel_unavailable() -> str:
     """Why the C kernel is not used: not built, or present and failing with its own error."""
-    if _kernel_error is None:
-        return "the trie's C kernel was not built (no C compiler when genlm-core was installed)"
-    return (
-        f"the trie's C kernel ({_KERNEL}) is installed but failed to load: "
-        f"{type(_kernel_error).__name__}: {_kernel_error}"
-    )
+    return unavailable(_KERNEL, "the trie's C kernel", _kernel_error)
 
 
 def _usable_cpus() -> int:

@@ -16,11 +16,10 @@ from collections.abc import Set as AbstractSet
 import numpy as np
 
 from genlm.core._errors import InvalidContextError
+from genlm.core._extensions import ids
 
-try:
-    from genlm.core._ids import first_doubt as _first_doubt
-except ImportError:  # not built (no C compiler at install): the Python checks alone
-    _first_doubt = None
+#: The C pass over a context's ids, where ``_ids`` loads; else the Python checks alone.
+_first_doubt = None if ids is None else ids.first_doubt
 
 __all__ = ["validate_context"]
 
