@@ -167,6 +167,26 @@ def test_mock_async_lm_rows_are_core_mock_rows():
     mock.close()
 
 
+@pytest.mark.parametrize(
+    ("call", "method"),
+    [
+        (lambda llm: llm.add_new_lora("/nowhere", "a"), "add_lora"),
+        (lambda llm: llm.remove_lora("a"), "remove_lora"),
+        (lambda llm: llm.set_lora(lora_name="a"), "set_lora"),
+        (lambda llm: llm.clear_lora(), "clear_lora"),
+    ],
+)
+def test_adapter_calls_on_a_model_without_adapters_name_what_is_missing(call, method):
+    """The facade's adapter calls go to the core model's; where it has none (the mock,
+    mlx), the error names the facade, the core model and the missing method."""
+    mock = MockAsyncLM.from_name("stories260K")
+    try:
+        with pytest.raises(NotImplementedError, match=f"MockAsyncLM over MockLM .*\\({method}\\)"):
+            call(mock)
+    finally:
+        mock.close()
+
+
 def test_core_smc_runs_on_a_facade_model_as_on_its_core_model():
     # A facade model's rows are torch tensors by default; core's smc asks for numpy by name.
     from genlm.core.smc import smc

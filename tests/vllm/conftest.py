@@ -202,14 +202,13 @@ RANK, ALPHA = 8, 16
 TARGETS = ("q_proj", "v_proj")
 
 
-@pytest.fixture(scope="session")
-def adapter(tmp_path_factory, hf_model):
-    """A PEFT-format LoRA adapter on q_proj and v_proj with random A and B, and its weights."""
+def save_adapter(out, hf_model, seed: int) -> dict:
+    """Save a PEFT-format LoRA adapter on q_proj and v_proj with random A and B (from
+    ``seed``) in the directory ``out``; its weights."""
     import torch
     from safetensors.torch import save_file
 
-    out = tmp_path_factory.mktemp("lora")
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(seed)
     tensors = {}
     for i, layer in enumerate(hf_model.model.layers):
         for name in TARGETS:
@@ -231,15 +230,13 @@ def adapter(tmp_path_factory, hf_model):
         "fan_in_fan_out": False,
     }
     (out / "adapter_config.json").write_text(json.dumps(config))
-    return out, tensors
+    return tensors
 
 
-@pytest.fixture(scope="session")
-def merged_model(hf_model, adapter):
-    """The transformers model with W + (alpha / r) B A merged into each target."""
+def merge_adapter(hf_model, tensors: dict):
+    """A copy of the transformers model with W + (alpha / r) B A merged into each target."""
     import torch
 
-    _, tensors = adapter
     model = copy.deepcopy(hf_model)
     with torch.no_grad():
         for i, layer in enumerate(model.model.layers):
@@ -248,3 +245,16 @@ def merged_model(hf_model, adapter):
                 delta = tensors[f"{prefix}.lora_B.weight"] @ tensors[f"{prefix}.lora_A.weight"]
                 getattr(layer.self_attn, name).weight += (ALPHA / RANK) * delta
     return model
+
+
+@pytest.fixture(scope="session")
+def adapter(tmp_path_factory, hf_model):
+    """A PEFT-format LoRA adapter on q_proj and v_proj with random A and B, and its weights."""
+    out = tmp_path_factory.mktemp("lora")
+    return out, save_adapter(out, hf_model, seed=0)
+
+
+@pytest.fixture(scope="session")
+def merged_model(hf_model, adapter):
+    """The transformers model with W + (alpha / r) B A merged into each target."""
+    return merge_adapter(hf_model, adapter[1])

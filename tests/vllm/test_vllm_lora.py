@@ -7,7 +7,13 @@ import asyncio
 import numpy as np
 import pytest
 
-from .conftest import hold_steps, rows_during_a_generation, unfinished_at_row_admissions
+from .conftest import (
+    hold_steps,
+    merge_adapter,
+    rows_during_a_generation,
+    save_adapter,
+    unfinished_at_row_admissions,
+)
 from .test_vllm_logprobs import distinct_contexts
 
 torch = pytest.importorskip("torch")
@@ -178,3 +184,80 @@ def test_rows_of_another_adapter_wait_for_a_generation_to_end(
     assert len(tokens) == 40 and len(beside) == 2 and beside[0] == 0
     for context, row in zip(contexts, rows):
         np.testing.assert_allclose(row, expected(context), atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def second_adapter(tmp_path_factory, hf_model):
+    """Another adapter of the same shape (other random weights), and its merged model."""
+    out = tmp_path_factory.mktemp("lora-second")
+    return out, merge_adapter(hf_model, save_adapter(out, hf_model, seed=1))
+
+
+def test_an_adapter_removed_then_registered_again_serves_its_new_weights(
+    vllm_lm, adapter, merged_model, second_adapter, expected
+):
+    """``remove_lora`` unregisters an adapter: a request for it queued before the removal
+    fails with UnknownVariantError, as does one made after; the name registered again with
+    other weights serves those, also for a context whose prefix ran under the removed one
+    (vLLM 0.27 keys its prefix cache by the adapter's name alone: had the engine seen the
+    same name twice, the new adapter would read the removed one's KV)."""
+    from genlm.core import UnknownVariantError
+
+    second_path, second_merged = second_adapter
+    context = [50256] + list(range(2000, 2299))  # 300 tokens: full KV blocks (128 on CPU)
+    longer = context + [464]
+    vllm_lm.add_lora(adapter[0], "swap")
+    first = vllm_lm.next_token_logprobs_sync(context, variant="swap")
+    np.testing.assert_allclose(first, expected(context, model=merged_model), atol=1e-4)
+
+    async def removed_while_queued():
+        queued = asyncio.ensure_future(vllm_lm.next_token_logprobs(longer, variant="swap"))
+        await asyncio.sleep(0)  # queued; its batch's flush is scheduled, not yet run
+        vllm_lm.remove_lora("swap")
+        with pytest.raises(UnknownVariantError, match="'swap' was removed"):
+            await queued
+
+    asyncio.run(removed_while_queued())
+    assert "swap" not in vllm_lm.loaded_loras
+    with pytest.raises(UnknownVariantError, match="'swap'"):
+        vllm_lm.next_token_logprobs_sync(context, variant="swap")
+
+    vllm_lm.add_lora(second_path, "swap")
+    try:
+        again = vllm_lm.next_token_logprobs_sync(longer, variant="swap")
+        np.testing.assert_allclose(again, expected(longer, model=second_merged), atol=1e-4)
+        assert np.abs(again - expected(longer, model=merged_model)).max() > 0.1
+    finally:
+        vllm_lm.remove_lora("swap")
+    with pytest.raises(UnknownVariantError, match="'swap'"):
+        vllm_lm.remove_lora("swap")
+    vllm_lm.add_lora(adapter[0], "never used")  # never loaded into the engine
+    vllm_lm.remove_lora("never used")
+    assert "never used" not in vllm_lm.loaded_loras
+
+
+def test_the_facade_loads_replaces_selects_and_removes_adapters(
+    vllm_lm, adapter, merged_model, second_adapter, expected
+):
+    """genlm.backend's ``AsyncVirtualLM`` takes genlm-backend 0.3.1's adapter calls:
+    ``add_new_lora`` (under a loaded name it replaces the adapter), ``lora_name=`` per call,
+    ``set_lora``/``clear_lora``, ``remove_lora``; rows as the merged models give them."""
+    from genlm.backend.llm import AsyncVirtualLM
+
+    facade = AsyncVirtualLM(vllm_lm)
+    second_path, second_merged = second_adapter
+    context = [50256, 464, 3295, 318]
+    facade.add_new_lora(str(second_path), "facade")
+    try:
+        row = asyncio.run(facade.next_token_logprobs(context, lora_name="facade"))
+        np.testing.assert_allclose(row.numpy(), expected(context, model=second_merged), atol=1e-4)
+        facade.add_new_lora(str(adapter[0]), "facade")  # replaced
+        facade.set_lora(lora_name="facade")
+        row = asyncio.run(facade.next_token_logprobs(context))
+        np.testing.assert_allclose(row.numpy(), expected(context, model=merged_model), atol=1e-4)
+        facade.clear_lora()
+        row = asyncio.run(facade.next_token_logprobs(context))
+        np.testing.assert_allclose(row.numpy(), expected(context), atol=1e-4)
+    finally:
+        facade.remove_lora("facade")
+    assert "facade" not in vllm_lm.loaded_loras

@@ -304,8 +304,10 @@ class VLLMLM(BatchedLM):
                 )
         self._keys = itertools.count()
         self._loras: dict[str, Any] = {}
-        #: Held while an adapter is registered: its int id is the count before it, so two
-        #: threads adding at once would give two adapters one id (vLLM serves one id's weights).
+        #: vLLM ids of adapters, never reused: vLLM serves one id's weights for another's.
+        self._lora_ids = itertools.count(1)
+        #: Held while an adapter is registered or removed, so that a name is registered
+        #: once whatever the threads.
         self._lora_lock = threading.Lock()
         self._active_lora: str | None = None
         self._sink = None
@@ -1120,7 +1122,48 @@ class VLLMLM(BatchedLM):
         with self._lora_lock:
             if name in self._loras:
                 raise ValueError(f"a LoRA adapter named {name!r} is already registered")
-            self._loras[name] = LoRARequest(name, len(self._loras) + 1, str(path))
+            # vLLM's prefix cache keys blocks by the adapter's name (0.27; name and path
+            # in 0.32): a name given to the engine once, so that an adapter registered
+            # again under a removed one's name never reads the removed one's KV.
+            lora_id = next(self._lora_ids)
+            self._loras[name] = LoRARequest(f"{name}#{lora_id}", lora_id, str(path))
+
+    def remove_lora(self, name: str) -> None:
+        """Unregister the adapter ``name``, free its weights in the engine and drop the
+        cached rows (the output cache is cleared: rows are keyed by adapter name, and the
+        name may be registered again). If it was active, the base model becomes active.
+
+        A generation under way (``sample`` without a seed) and live sessions end first,
+        as for ``clear_cache``. A request for it that has not run yet fails with
+        :class:`~genlm.core.UnknownVariantError` (unless the name is registered again
+        first: it then runs under the new adapter), and a request made afterwards never
+        shares a computation in flight under this one.
+
+        Raises:
+            UnknownVariantError: no adapter is registered under ``name`` (a ``KeyError``).
+        """
+        self._check_registered(name)
+        try:
+            self.worker.call(self._remove_lora, name)
+            self.output_cache.clear()  # also keeps out the rows of a batch running now
+        finally:
+            self.batcher.refuse_joins()
+
+    def _remove_lora(self, name: str) -> None:
+        self._finish_others()  # a generation that made way may step under this adapter
+        self._end_sessions(self._sessions.take_all())
+        with self._lora_lock:
+            lora = self._loras.pop(name, None)
+            if lora is None:  # removed meanwhile by another caller
+                return
+            if self._active_lora == name:
+                self._active_lora = None
+        self.llm.llm_engine.remove_lora(lora.lora_int_id)
+
+    @property
+    def loaded_loras(self) -> tuple[str, ...]:
+        """The names of the registered adapters, in the order they were registered."""
+        return tuple(self._loras)
 
     def set_lora(self, name: str) -> None:
         """Make ``name`` the adapter for requests made from now on.
@@ -1134,10 +1177,14 @@ class VLLMLM(BatchedLM):
         Raises:
             UnknownVariantError: no adapter is registered under ``name`` (a ``KeyError``).
         """
+        self._check_registered(name)
+        self._active_lora = name
+
+    def _check_registered(self, name: str) -> None:
+        """Raise :class:`~genlm.core.UnknownVariantError` unless ``name`` is registered."""
         if name not in self._loras:
             known = ", ".join(sorted(self._loras)) or "none"
             raise UnknownVariantError(f"no LoRA adapter named {name!r} (registered: {known})")
-        self._active_lora = name
 
     def clear_lora(self) -> None:
         """Use the base model for requests made from now on."""
@@ -1148,4 +1195,16 @@ class VLLMLM(BatchedLM):
         return self._loras.keys()
 
     def _lora_request(self, variant: Hashable) -> Any:
-        return None if variant is None else self._loras[variant]
+        """vLLM's request for ``variant``'s adapter (None for the base model).
+
+        Raises:
+            UnknownVariantError: the adapter was removed after the request was made.
+        """
+        if variant is None:
+            return None
+        lora = self._loras.get(variant)
+        if lora is None:
+            raise UnknownVariantError(
+                f"the LoRA adapter {variant!r} was removed before this request ran"
+            )
+        return lora

@@ -257,6 +257,56 @@ class _CoreBacked(AsyncLM):
     def timeout(self, value: float) -> None:
         self.core_lm.batcher.max_wait_s = checked_seconds("timeout", value)
 
+    def add_new_lora(self, lora_path: str, lora_name: str = "lora_1") -> None:
+        """Load the adapter saved at ``lora_path`` as ``lora_name``; an adapter already
+        loaded under that name is replaced (:meth:`remove_lora` first), as in
+        genlm-backend 0.3.1. hf: a peft adapter (needs peft); vllm: a PEFT adapter
+        directory, on an engine started with ``enable_lora=True``.
+
+        Raises:
+            NotImplementedError: the backend has no adapters (mlx, the mock).
+        """
+        add = self._lora_method("add_lora")
+        if lora_name in getattr(self.core_lm, "loaded_loras", ()):
+            self.remove_lora(lora_name)
+        add(lora_path, lora_name)
+
+    def remove_lora(self, lora_name: str) -> None:
+        """Unload the adapter ``lora_name``, its KV and the cached rows (the backend's
+        ``remove_lora``); the base model becomes current if it was.
+
+        Raises:
+            UnknownVariantError: no adapter of that name is loaded.
+            NotImplementedError: the backend cannot unload adapters.
+        """
+        self._lora_method("remove_lora")(lora_name)
+
+    def set_lora(self, lora_path: str | None = None, lora_name: str = "lora_1") -> None:
+        """Make ``lora_name`` the adapter of later calls without ``lora_name=``; a
+        ``lora_path`` not loaded yet is loaded first."""
+        select = self._lora_method("set_lora")
+        if lora_path is not None and lora_name not in self.core_lm.loaded_loras:
+            self.add_new_lora(lora_path, lora_name)
+        select(lora_name)
+
+    def clear_lora(self) -> None:
+        """Later calls without ``lora_name=`` use the base model."""
+        self._lora_method("clear_lora")()
+
+    def _lora_method(self, name: str) -> Any:
+        """The core model's adapter method ``name``.
+
+        Raises:
+            NotImplementedError: the core model has no such method.
+        """
+        method = getattr(self.core_lm, name, None)
+        if method is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} over {type(self.core_lm).__name__} has no LoRA "
+                f"adapters ({name})"
+            )
+        return method
+
     @property
     def device_rows(self) -> bool:
         """Whether the core model keeps its rows on a device (``HFLM`` on a GPU): byte-level
@@ -489,38 +539,6 @@ class AsyncTransformer(_CoreBacked):
     def device(self) -> torch.device:
         """The device of the model's weights (rows are computed there)."""
         return self.core_lm.shape.device
-
-    def add_new_lora(self, lora_path: str, lora_name: str = "lora_1") -> None:
-        """Load the peft adapter saved at ``lora_path`` as ``lora_name`` (needs peft); an
-        adapter already loaded under that name is replaced (:meth:`remove_lora` first), as
-        in genlm-backend 0.3.1."""
-        if lora_name in getattr(self.core_lm, "loaded_loras", ()):
-            self.remove_lora(lora_name)
-        self.core_lm.add_lora(lora_path, lora_name)
-
-    def remove_lora(self, lora_name: str) -> None:
-        """Unload the adapter ``lora_name``, its KV and the cached rows (the hf backend's
-        ``remove_lora``); the base model becomes current if it was.
-
-        Raises:
-            UnknownVariantError: no adapter of that name is loaded.
-            NotImplementedError: the backend cannot unload adapters.
-        """
-        remove = getattr(self.core_lm, "remove_lora", None)
-        if remove is None:
-            raise NotImplementedError(f"{type(self.core_lm).__name__} cannot unload adapters")
-        remove(lora_name)
-
-    def set_lora(self, lora_path: str | None = None, lora_name: str = "lora_1") -> None:
-        """Make ``lora_name`` the adapter of later calls without ``lora_name=``; a
-        ``lora_path`` not loaded yet is loaded first."""
-        if lora_path is not None and lora_name not in self.core_lm.loaded_loras:
-            self.add_new_lora(lora_path, lora_name)
-        self.core_lm.set_lora(lora_name)
-
-    def clear_lora(self) -> None:
-        """Later calls without ``lora_name=`` use the base model."""
-        self.core_lm.clear_lora()
 
 
 class AsyncVirtualLM(_CoreBacked):
