@@ -34,6 +34,35 @@ def test_concurrent_calls_batch_and_match_direct_calls():
     assert stats["items"] == 48 and stats["batches"] == 4
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32", "torch.float64", "torch.float32"])
+def test_a_buffer_refilled_between_calls_gives_each_call_its_own_row(dtype):
+    """Concurrent calls given one buffer, refilled after each call is made (the batch runs
+    later), each answer the row their call was given, as the trie's direct calls do: a
+    float64 row (numpy or torch) was kept by reference, not read as float64 into a copy,
+    and all three calls answered the last fill."""
+    trie = TokenByteTrie(VOCAB)
+    if dtype.startswith("torch"):
+        torch = pytest.importorskip("torch")
+        buffer = torch.zeros(len(VOCAB), dtype=getattr(torch, dtype.split(".")[1]))
+    else:
+        buffer = np.zeros(len(VOCAB), dtype=dtype)
+
+    async def main():
+        async with AsyncTokenByteTrie(trie) as atrie:
+            calls = []
+            for i in range(3):
+                buffer[:] = 0
+                buffer[i] = 1
+                calls.append(asyncio.ensure_future(atrie.weight_sum(buffer)))
+                await asyncio.sleep(0)  # the call is made: its row queued for a batch
+            return await asyncio.gather(*calls)
+
+    for i, got in enumerate(asyncio.run(main())):
+        own = np.zeros(len(VOCAB))
+        own[i] = 1
+        np.testing.assert_array_equal(np.asarray(got), trie.weight_sum(own))
+
+
 def test_wrong_row_length_is_rejected():
     """A weight row of the wrong length raises a ValueError naming the expected size."""
     trie = TokenByteTrie(VOCAB)

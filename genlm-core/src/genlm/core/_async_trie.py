@@ -87,10 +87,15 @@ class AsyncTokenByteTrie:
 
     async def _submit(self, operation: str, row: np.ndarray) -> np.ndarray:
         # Each row is read as float64 here, on its own: a row that is not numbers fails
-        # alone instead of failing the stack of every row batched with it.
+        # alone instead of failing the stack of every row batched with it. It is copied
+        # where that read kept the caller's memory (a float64 row): the batch runs later,
+        # and a caller may refill one buffer between calls, as the direct calls allow.
         where = str(row.device) if _is_torch(row) else "numpy"
         if where == "numpy":
-            row = _as_float64(row)
+            weights = _as_float64(row)
+            if isinstance(row, np.ndarray) and np.may_share_memory(weights, row):
+                weights = weights.copy()
+            row = weights
         if tuple(row.shape) != (self.trie.vocab_size,):
             raise ValueError(
                 f"expected one row of {self.trie.vocab_size} weights, got shape {tuple(row.shape)}"
@@ -98,11 +103,13 @@ class AsyncTokenByteTrie:
         if where != "numpy":
             _check_real(row)
             try:
-                row = row.detach().double()  # on its device; float8 rows do not stack with others
+                weights = row.detach().double()  # on its device; float8 rows do not stack
             except RuntimeError as error:  # e.g. a quantized tensor
                 raise TypeError(
                     f"a torch row of dtype {row.dtype} cannot be read as float64 weights: {error}"
                 ) from error
+            # A float64 tensor comes back as itself: copied, as a numpy row is.
+            row = weights.clone() if weights.data_ptr() == row.data_ptr() else weights
         return await self.batcher.submit((operation, where, row))
 
     async def weight_sum(self, weights: np.ndarray) -> np.ndarray:
