@@ -258,7 +258,7 @@ def test_two_callers_loading_one_name_get_it_once(lm, adapters):
         thread.join(30)
     errors = [o for o in outcomes if isinstance(o, ValueError)]
     assert len(outcomes) == 2 and len(errors) == 1
-    assert "an adapter named 'c' is already loaded" in str(errors[0])
+    assert "adapter named 'c' is already loaded" in str(errors[0])
 
 
 def test_removing_the_only_adapter_leaves_the_base_model_serving(adapters, base_model, check):

@@ -236,6 +236,41 @@ def test_an_adapter_removed_then_registered_again_serves_its_new_weights(
     assert "never used" not in vllm_lm.loaded_loras
 
 
+def test_a_generation_waiting_when_its_adapter_is_removed_fails_or_draws_under_the_new_one(
+    vllm_lm, adapter, merged_model, second_adapter, expected
+):
+    """An unseeded ``sample`` made before its adapter is removed, its run not yet started,
+    fails with UnknownVariantError, as a row request does; if the name is registered again
+    first, it draws under the new adapter (greedy: the second merged model's argmax), not
+    the removed one's (it looked the adapter up when it was made, and vLLM loaded the
+    removed weights back for it)."""
+    from genlm.core import UnknownVariantError
+
+    prompt = [50256, 464, 3290]
+
+    async def sample_then(change):
+        vllm_lm.add_lora(adapter[0], "gone")
+        queued = asyncio.ensure_future(vllm_lm.sample(prompt, 3, [], temperature=0, variant="gone"))
+        await asyncio.sleep(0)  # queued; its run's flush is scheduled, not yet run
+        vllm_lm.remove_lora("gone")
+        change()
+        return await queued
+
+    with pytest.raises(UnknownVariantError, match="'gone' was removed"):
+        asyncio.run(sample_then(lambda: None))
+    try:
+        greedy = asyncio.run(sample_then(lambda: vllm_lm.add_lora(second_adapter[0], "gone")))
+    finally:
+        vllm_lm.remove_lora("gone")
+    context, expected_greedy = list(prompt), []
+    for _ in range(3):
+        expected_greedy.append(int(np.argmax(expected(context, model=second_adapter[1]))))
+        context.append(expected_greedy[-1])
+    assert greedy == expected_greedy
+    first_adapter = [int(np.argmax(expected(prompt, model=merged_model)))]
+    assert greedy[:1] != first_adapter  # the two adapters draw apart here
+
+
 def test_the_facade_loads_replaces_selects_and_removes_adapters(
     vllm_lm, adapter, merged_model, second_adapter, expected
 ):

@@ -1,20 +1,21 @@
 """The public interface for backend authors: what a GenLM backend plugin builds on.
 
-:mod:`genlm.core` is the user API (load a model, its vocabulary, the token-byte tries,
-the error types). This module holds what a backend and the packages built on core use
-besides: the base class :class:`BatchedLM` and its hooks (``_logprobs_batch``,
-``_variant``, ``_served_variants``, ``_check_variant``, ``_clear_backend_cache``,
-``_close_backend``), the
-request check :meth:`BatchedLM.validate_request` and the ``Request`` it returns, the
-worker thread (and ``Requeue``, a long call's way to let others through), the scheduler, the
-caches and the byte-bounded LRU under them, the row planner for KV reuse, the plugin
-registry, ``BackendSpec``, the plugin API version it declares (``PLUGIN_API``) and
-``backend_hook`` (a plugin's registration hook made from its specs), and small helpers
-(``is_torch``, ``check_real``, ``compact_row``, ``resolve_model_path``, the sampler and its
-argument checks, ``gather_all``, ``lazy_exports`` and ``type_checking_exports``). Command
-plugins use :mod:`genlm.core.cli` (``Command``, ``command_hook``) and
-:mod:`genlm.core.hookspecs`. A distribution other than genlm-core uses only these public
-modules, never a ``genlm.core._private`` one (``tests/test_private_access.py`` checks).
+:mod:`genlm.core` is the user API (load a model, its vocabulary, the token-byte tries, the
+error types). This module holds what a backend and the packages built on core use besides:
+the base class :class:`BatchedLM` and its hooks (``_logprobs_batch``, ``_variant``,
+``_served_variants``, ``_check_variant``, ``_clear_backend_cache``, ``_close_backend``),
+the mixin of a backend with named LoRA adapters (:class:`LoraAdapters`, its
+:class:`AdapterTable`), the request check :meth:`BatchedLM.validate_request` and the
+``Request`` it returns, the worker thread (and ``Requeue``, a long call's way to let
+others through), the scheduler, the caches and the byte-bounded LRU under them, the row
+planner for KV reuse, the plugin registry, ``BackendSpec``, the plugin API version it
+declares (``PLUGIN_API``) and ``backend_hook`` (a plugin's registration hook made from its
+specs), and small helpers (``is_torch``, ``check_real``, ``compact_row``,
+``resolve_model_path``, the sampler and its argument checks, ``gather_all``,
+``lazy_exports`` and ``type_checking_exports``). Command plugins use :mod:`genlm.core.cli`
+(``Command``, ``command_hook``) and :mod:`genlm.core.hookspecs`. A distribution other than
+genlm-core uses only these public modules, never a ``genlm.core._private`` one
+(``tests/test_private_access.py`` checks).
 
 Names load lazily, as in :mod:`genlm.core`: a backend's plugin module imports
 ``BackendSpec`` from here without loading numpy, and nothing here imports torch.
@@ -28,6 +29,8 @@ from genlm.core._lazy import type_checking_exports as _type_checking_exports
 # The public names, stated once (``X as X`` marks a re-export): read statically by type
 # checkers and the API reference, and at import for the lazy ``__getattr__``.
 if _TYPE_CHECKING:
+    from genlm.core._adapters import AdapterTable as AdapterTable
+    from genlm.core._adapters import LoraAdapters as LoraAdapters
     from genlm.core._backend_spec import BackendSpec as BackendSpec
     from genlm.core._embedded import resolve_model_path as resolve_model_path
     from genlm.core._gather import gather_all as gather_all

@@ -12,7 +12,7 @@ import contextlib
 import importlib.util
 import inspect
 import logging
-from collections.abc import Collection, Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -29,10 +29,11 @@ from genlm.backends.hf._kv import (
     group_rows,
     layer_tensors,
 )
-from genlm.core import ModelClosedError, UnknownVariantError, Vocabulary
+from genlm.core import ModelClosedError, Vocabulary
 from genlm.core.backend import (
     CURRENT_VARIANT,
     BatchedLM,
+    LoraAdapters,
     ResidentRows,
     checked_count,
     plan_rows,
@@ -50,7 +51,7 @@ DEFAULT_MAX_FORWARD_TOKENS = 4096
 _KEEP_BUFFER_BYTES = 512 << 20
 
 
-class HFLM(BatchedLM):
+class HFLM(LoraAdapters, BatchedLM):
     """A transformers causal LM with automatic KV reuse and LoRA adapters.
 
     Args:
@@ -154,17 +155,16 @@ class HFLM(BatchedLM):
         #: previous batch find their past already in place (see ``_resident_rows``).
         self._buffer: torch.Tensor | None = None
         self._resident: _Resident | None = None
-        self._adapters: dict[str, int] = {}  # adapter name -> KV marker
         #: Markers handed out so far: each adapter loaded gets a new one (-2, -3, ...;
         #: -1 is the base model), never reused, so a name loaded again after
-        #: ``remove_lora`` never meets the KV of the adapter it replaced.
+        #: ``remove_lora`` never meets the KV of the adapter it replaced. ``adapters``
+        #: holds each loaded adapter's marker.
         self._markers_made = 0
-        self._active_lora: str | None = None
         self._peft: Any = model if _is_peft(model) else None
         if self._peft is not None:
             for name in self._peft.peft_config:
-                self._adapters[name] = self._new_marker()
-            self._active_lora = getattr(self._peft, "active_adapter", None)
+                self.adapters.add(name, self._new_marker())
+            self.adapters.active = getattr(self._peft, "active_adapter", None)
         try:
             self.shape: KVShape = self.worker.call(self._probe)
         except BaseException:  # a model whose forward fails: stop the worker now, not at GC
@@ -285,8 +285,7 @@ class HFLM(BatchedLM):
     def _add_lora(self, path: str, name: str) -> None:
         from peft import PeftModel
 
-        if name in self._adapters:
-            raise ValueError(f"an adapter named {name!r} is already loaded")
+        self.adapters.check_new(name)
         if self._peft is None:
             # peft puts its layers into the model itself before it loads the adapter's
             # weights: an adapter that fails to load (shapes of another model) would stay
@@ -302,77 +301,20 @@ class HFLM(BatchedLM):
             self.model = self._peft
         else:
             self._peft.load_adapter(path, adapter_name=name)
-        self._adapters[name] = self._new_marker()
+        self.adapters.add(name, self._new_marker())
 
     def _new_marker(self) -> int:
         self._markers_made += 1
         return -1 - self._markers_made
 
-    def remove_lora(self, name: str) -> None:
-        """Unload the adapter ``name`` with its KV (pinned prompts included) and the cached
-        rows (the output cache is cleared: rows are keyed by adapter name, and the name
-        may be loaded again). If it was active, the base model becomes active. A request
-        for it that has not run yet fails with :class:`~genlm.core.UnknownVariantError`
-        (unless the name is loaded again first: it then runs under the new adapter), and a
-        request made afterwards never shares a computation in flight under this one.
-
-        Raises:
-            UnknownVariantError: no adapter named ``name`` is loaded.
-        """
-        self._check_loaded(name)
-        try:
-            self.worker.call(self._remove_lora, name)
-            self.output_cache.clear()  # also keeps out the rows of a batch running now
-        finally:
-            # A request made from now on (the name loaded again, say) never joins the
-            # computation of a batch in flight under the adapter removed.
-            self.batcher.refuse_joins()
-
-    def _remove_lora(self, name: str) -> None:
-        marker = self._adapters.pop(name, None)
-        if marker is None:  # removed meanwhile by another caller
-            return
-        if self._active_lora == name:
-            self._active_lora = None
+    def _release_adapter(self, name: str, marker: int) -> None:
+        """Unload the removed adapter from peft and drop its KV, pinned prompts included."""
         if len(self._peft.peft_config) == 1:  # the last one: back to the plain model (a
             self.model = self._peft.unload()  # PeftModel without adapters cannot run)
             self._peft = None
         else:
             self._peft.delete_adapter(name)
         self.kv.cache.remove_below((marker,))
-
-    def _check_loaded(self, name: str) -> None:
-        """Raise :class:`~genlm.core.UnknownVariantError` unless adapter ``name`` is loaded."""
-        if name not in self._adapters:
-            raise UnknownVariantError(
-                f"no LoRA adapter named {name!r}; loaded: {sorted(self._adapters)}"
-            )
-
-    def set_lora(self, name: str) -> None:
-        """Make the loaded adapter ``name`` active for the requests made from now on."""
-        self._check_loaded(name)
-        self._active_lora = name
-
-    def clear_lora(self) -> None:
-        """Use the base model (no adapter) for the requests made from now on."""
-        self._active_lora = None
-
-    @property
-    def active_lora(self) -> str | None:
-        """The name of the adapter new requests use, or None for the base model."""
-        return self._active_lora
-
-    @property
-    def loaded_loras(self) -> tuple[str, ...]:
-        """The names of the loaded adapters, in the order they were loaded."""
-        return tuple(self._adapters)
-
-    def _variant(self) -> Hashable:
-        return self._active_lora
-
-    def _served_variants(self) -> Collection[Hashable]:
-        """A per-request ``variant=`` names a loaded adapter."""
-        return self._adapters.keys()
 
     @contextlib.contextmanager
     def _use_variant(self, variant: Hashable) -> Iterator[None]:
@@ -392,14 +334,7 @@ class HFLM(BatchedLM):
         Raises:
             UnknownVariantError: the adapter was removed after the request was made.
         """
-        if variant is None:
-            return -1
-        marker = self._adapters.get(variant)
-        if marker is None:
-            raise UnknownVariantError(
-                f"the LoRA adapter {variant!r} was removed before this request ran"
-            )
-        return marker
+        return -1 if variant is None else self.adapters.get(variant)
 
     # ---- KV cache management -------------------------------------------------------
 

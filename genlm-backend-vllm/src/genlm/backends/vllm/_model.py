@@ -53,11 +53,12 @@ import numpy as np
 
 from genlm.backends.vllm._sessions import Session, SessionTable
 from genlm.backends.vllm.plugin import unavailable_reason
-from genlm.core import ModelClosedError, UnknownVariantError, Vocabulary
+from genlm.core import ModelClosedError, Vocabulary
 from genlm.core.backend import (
     CURRENT_VARIANT,
     AutoBatcher,
     BatchedLM,
+    LoraAdapters,
     Requeue,
     check_sampling_args,
     eos_id_set,
@@ -226,7 +227,7 @@ def in_process_sampler(engine_opts: dict[str, Any], multiprocessing: bool) -> st
     return None
 
 
-class VLLMLM(BatchedLM):
+class VLLMLM(LoraAdapters, BatchedLM):
     """A vLLM V1 engine behind GenLM's batched, cached ``AsyncLM`` interface.
 
     Build with :meth:`from_name`. LoRA adapters: :meth:`add_lora`, :meth:`set_lora`,
@@ -303,13 +304,9 @@ class VLLMLM(BatchedLM):
                     "are driven directly, in this process"
                 )
         self._keys = itertools.count()
-        self._loras: dict[str, Any] = {}
-        #: vLLM ids of adapters, never reused: vLLM serves one id's weights for another's.
+        #: vLLM ids of adapters (``adapters`` holds each one's ``LoRARequest``), never
+        #: reused: vLLM serves one id's weights for another's.
         self._lora_ids = itertools.count(1)
-        #: Held while an adapter is registered or removed, so that a name is registered
-        #: once whatever the threads.
-        self._lora_lock = threading.Lock()
-        self._active_lora: str | None = None
         self._sink = None
         self.llm = None
         #: Live resumable requests (see :mod:`._sessions`); none unless ``sessions``.
@@ -529,9 +526,6 @@ class VLLMLM(BatchedLM):
             _IN_PROCESS.discard(self)  # another model may start its engine here now
 
     # ---- log-probabilities (worker thread) ---------------------------------------
-
-    def _variant(self) -> Hashable:
-        return self._active_lora
 
     def _logprobs_batch(self, contexts: list[tuple[int, ...]], variant: Hashable) -> np.ndarray:
         from vllm import SamplingParams
@@ -851,7 +845,11 @@ class VLLMLM(BatchedLM):
     def _generate(self, calls: list[_Generation]) -> list[list[list[int]] | None] | Requeue:
         """Worker side of :attr:`_generations`: the requests of every call in one engine
         run (:meth:`_generation_steps`)."""
-        requests = [request for call in calls for request in call.requests]
+        # The run's adapter, looked up now, on the worker: calls waiting for their turn
+        # when it was removed fail (UnknownVariantError), or run under the adapter loaded
+        # again under its name, as row batches do.
+        lora = self._lora_request(calls[0].variant)
+        requests = [request._replace(lora=lora) for call in calls for request in call.requests]
         # Waiting sessions hold request slots the generation's requests need.
         self._end_sessions(self._sessions.take_all())
         self._make_room(requests)
@@ -1072,7 +1070,6 @@ class VLLMLM(BatchedLM):
         from vllm import SamplingParams
 
         chosen = requests[0].variant  # CURRENT_VARIANT resolved
-        lora = self._lora_request(chosen)
         abandoned = threading.Event()
         call = _Generation(chosen, [])
         for _, context in requests:
@@ -1088,7 +1085,8 @@ class VLLMLM(BatchedLM):
                 **_REQUEST_PARAMS,
             )
             key = f"genlm-sample-{next(self._keys)}"
-            call.requests.append(_EngineRequest(key, list(context), params, lora, abandoned))
+            # Its adapter is looked up when its run starts (``_generate``).
+            call.requests.append(_EngineRequest(key, list(context), params, None, abandoned))
         try:
             return await self._generations.submit(call)
         finally:
@@ -1119,80 +1117,19 @@ class VLLMLM(BatchedLM):
                 "this engine was started without LoRA support; "
                 "load with engine_opts={'enable_lora': True, 'max_lora_rank': ...}"
             )
-        with self._lora_lock:
-            if name in self._loras:
-                raise ValueError(f"a LoRA adapter named {name!r} is already registered")
-            # vLLM's prefix cache keys blocks by the adapter's name (0.27; name and path
-            # in 0.32): a name given to the engine once, so that an adapter registered
-            # again under a removed one's name never reads the removed one's KV.
-            lora_id = next(self._lora_ids)
-            self._loras[name] = LoRARequest(f"{name}#{lora_id}", lora_id, str(path))
+        self.adapters.check_new(name)
+        # vLLM's prefix cache keys blocks by the adapter's name (0.27; name and path in
+        # 0.32): a name given to the engine once, so that an adapter registered again
+        # under a removed one's name never reads the removed one's KV.
+        lora_id = next(self._lora_ids)
+        self.adapters.add(name, LoRARequest(f"{name}#{lora_id}", lora_id, str(path)))
 
-    def remove_lora(self, name: str) -> None:
-        """Unregister the adapter ``name``, free its weights in the engine and drop the
-        cached rows (the output cache is cleared: rows are keyed by adapter name, and the
-        name may be registered again). If it was active, the base model becomes active.
-
-        A generation under way (``sample`` without a seed) and live sessions end first,
-        as for ``clear_cache``. A request for it that has not run yet fails with
-        :class:`~genlm.core.UnknownVariantError` (unless the name is registered again
-        first: it then runs under the new adapter), and a request made afterwards never
-        shares a computation in flight under this one.
-
-        Raises:
-            UnknownVariantError: no adapter is registered under ``name`` (a ``KeyError``).
-        """
-        self._check_registered(name)
-        try:
-            self.worker.call(self._remove_lora, name)
-            self.output_cache.clear()  # also keeps out the rows of a batch running now
-        finally:
-            self.batcher.refuse_joins()
-
-    def _remove_lora(self, name: str) -> None:
+    def _release_adapter(self, name: str, lora: Any) -> None:
+        """Free the removed adapter's weights in the engine. A generation under way
+        (``sample`` without a seed) and live sessions end first, as for ``clear_cache``."""
         self._finish_others()  # a generation that made way may step under this adapter
         self._end_sessions(self._sessions.take_all())
-        with self._lora_lock:
-            lora = self._loras.pop(name, None)
-            if lora is None:  # removed meanwhile by another caller
-                return
-            if self._active_lora == name:
-                self._active_lora = None
         self.llm.llm_engine.remove_lora(lora.lora_int_id)
-
-    @property
-    def loaded_loras(self) -> tuple[str, ...]:
-        """The names of the registered adapters, in the order they were registered."""
-        return tuple(self._loras)
-
-    def set_lora(self, name: str) -> None:
-        """Make ``name`` the adapter for requests made from now on.
-
-        Requests made before keep the adapter they were made with; the adapter is part of
-        every cache key, so rows of different adapters never mix.
-
-        Args:
-            name: a name registered with :meth:`add_lora`.
-
-        Raises:
-            UnknownVariantError: no adapter is registered under ``name`` (a ``KeyError``).
-        """
-        self._check_registered(name)
-        self._active_lora = name
-
-    def _check_registered(self, name: str) -> None:
-        """Raise :class:`~genlm.core.UnknownVariantError` unless ``name`` is registered."""
-        if name not in self._loras:
-            known = ", ".join(sorted(self._loras)) or "none"
-            raise UnknownVariantError(f"no LoRA adapter named {name!r} (registered: {known})")
-
-    def clear_lora(self) -> None:
-        """Use the base model for requests made from now on."""
-        self._active_lora = None
-
-    def _served_variants(self) -> Collection[Hashable]:
-        """A per-request ``variant=`` names an adapter registered with :meth:`add_lora`."""
-        return self._loras.keys()
 
     def _lora_request(self, variant: Hashable) -> Any:
         """vLLM's request for ``variant``'s adapter (None for the base model).
@@ -1200,11 +1137,4 @@ class VLLMLM(BatchedLM):
         Raises:
             UnknownVariantError: the adapter was removed after the request was made.
         """
-        if variant is None:
-            return None
-        lora = self._loras.get(variant)
-        if lora is None:
-            raise UnknownVariantError(
-                f"the LoRA adapter {variant!r} was removed before this request ran"
-            )
-        return lora
+        return None if variant is None else self.adapters.get(variant)

@@ -1,0 +1,197 @@
+"""Named LoRA adapters a backend serves as request variants: ``AdapterTable`` and the
+``LoraAdapters`` mixin.
+
+What every backend with adapters keeps the same way, so that hf, vllm and mlx agree on it:
+which names are loaded and which is active (the default variant of new requests), the
+errors for an unknown name, and removal: a request for a removed adapter that has not run
+fails instead of running under another one, cached rows go (they are keyed by name, and a
+name may be loaded again), and no later request joins a computation still running under
+the removed adapter. How an adapter is loaded, applied to a batch and freed is each
+backend's own (peft, vLLM's ``LoRARequest``, mlx-lm's LoRA layers).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Collection, Hashable
+from typing import Any, Generic, TypeVar
+
+from genlm.core._errors import UnknownVariantError
+
+__all__ = ["AdapterTable", "LoraAdapters"]
+
+A = TypeVar("A")
+
+
+class AdapterTable(Generic[A]):
+    """The loaded adapters of one model, by name, each with the value its backend keeps
+    for it (what a batch needs to apply it: a KV marker, an engine request, weights), and
+    the active one.
+
+    Attributes:
+        active: the name of the adapter new requests use by default, or None for the base
+            model.
+    """
+
+    def __init__(self) -> None:
+        self._values: dict[str, A] = {}
+        self.active: str | None = None
+        #: Held while an adapter is added or removed: a name is loaded once, whatever the
+        #: threads asking.
+        self._lock = threading.Lock()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._values
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The loaded adapters' names, in the order they were loaded."""
+        return tuple(self._values)
+
+    def served(self) -> Collection[str]:
+        """A live view of the loaded names (what ``_served_variants`` returns)."""
+        return self._values.keys()
+
+    def check_new(self, name: str) -> None:
+        """Raise ``ValueError`` if an adapter named ``name`` is loaded (before loading one,
+        where loading costs)."""
+        if name in self._values:
+            raise ValueError(f"a LoRA adapter named {name!r} is already loaded")
+
+    def check_loaded(self, name: str) -> None:
+        """Raise :class:`~genlm.core.UnknownVariantError` unless adapter ``name`` is loaded."""
+        if name not in self._values:
+            raise UnknownVariantError(
+                f"no LoRA adapter named {name!r}; loaded: {sorted(self._values)}"
+            )
+
+    def add(self, name: str, value: A) -> None:
+        """Store a loaded adapter under ``name``.
+
+        Raises:
+            ValueError: an adapter of that name is already loaded.
+        """
+        with self._lock:
+            self.check_new(name)
+            self._values[name] = value
+
+    def get(self, variant: Hashable) -> A:
+        """The value stored for a batch's adapter ``variant``.
+
+        Raises:
+            UnknownVariantError: it was removed after the request was made.
+        """
+        try:
+            return self._values[variant]  # type: ignore[index]
+        except KeyError:
+            raise UnknownVariantError(
+                f"the LoRA adapter {variant!r} was removed before this request ran"
+            ) from None
+
+    def activate(self, name: str | None) -> None:
+        """Make ``name`` the active adapter (None: the base model), checked and set at once
+        (an adapter removed meanwhile never becomes active).
+
+        Raises:
+            UnknownVariantError: no adapter named ``name`` is loaded.
+        """
+        with self._lock:
+            if name is not None:
+                self.check_loaded(name)
+            self.active = name
+
+    def pop(self, name: str) -> A | None:
+        """Forget ``name`` (the base model becomes active if it was); its value, or None
+        if it was not loaded."""
+        with self._lock:
+            value = self._values.pop(name, None)
+            if value is not None and self.active == name:
+                self.active = None
+            return value
+
+
+class LoraAdapters:
+    """A mixin for a :class:`~genlm.core.backend.BatchedLM` with named LoRA adapters.
+
+    Listed before ``BatchedLM`` among the bases (``class MyLM(LoraAdapters, BatchedLM)``),
+    it gives the model an :class:`AdapterTable` (:attr:`adapters`), serves ``_variant``
+    (the active adapter) and ``_served_variants`` (the loaded ones), and adds
+    ``set_lora``, ``clear_lora``, ``active_lora``, ``loaded_loras`` and ``remove_lora``.
+    The backend stores each adapter it loads with ``adapters.add(name, value)``, finds it
+    for a batch with ``adapters.get(variant)``, and implements :meth:`_release_adapter`
+    (worker thread) to free one that was removed.
+
+    Attributes:
+        adapters (AdapterTable): the loaded adapters and the active one.
+    """
+
+    adapters: AdapterTable[Any]
+    # What the mixin uses of the BatchedLM it is mixed into.
+    worker: Any
+    output_cache: Any
+    batcher: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.adapters = AdapterTable()
+        super().__init__(*args, **kwargs)
+
+    def set_lora(self, name: str) -> None:
+        """Make the loaded adapter ``name`` active for the requests made from now on
+        (requests made before keep the adapter they were made with).
+
+        Raises:
+            UnknownVariantError: no adapter named ``name`` is loaded (a ``KeyError``).
+        """
+        self.adapters.activate(name)
+
+    def clear_lora(self) -> None:
+        """Use the base model (no adapter) for the requests made from now on."""
+        self.adapters.activate(None)
+
+    @property
+    def active_lora(self) -> str | None:
+        """The name of the adapter new requests use, or None for the base model."""
+        return self.adapters.active
+
+    @property
+    def loaded_loras(self) -> tuple[str, ...]:
+        """The names of the loaded adapters, in the order they were loaded."""
+        return self.adapters.names
+
+    def _variant(self) -> Hashable:
+        return self.adapters.active
+
+    def _served_variants(self) -> Collection[Hashable]:
+        """A per-request ``variant=`` names a loaded adapter."""
+        return self.adapters.served()
+
+    def remove_lora(self, name: str) -> None:
+        """Unload the adapter ``name`` and drop the cached rows (the output cache is
+        cleared: rows are keyed by adapter name, and the name may be loaded again). If it
+        was active, the base model becomes active. A request for it that has not run yet
+        fails with :class:`~genlm.core.UnknownVariantError` (unless the name is loaded
+        again first: it then runs under the new adapter), and a request made afterwards
+        never shares a computation in flight under this one.
+
+        Raises:
+            UnknownVariantError: no adapter named ``name`` is loaded.
+        """
+        self.adapters.check_loaded(name)
+        self.worker.call(self._remove_adapter, name)
+
+    def _remove_adapter(self, name: str) -> None:
+        """Worker side of :meth:`remove_lora`, where no batch runs meanwhile: close the
+        computations in flight to later requests and drop the cached rows, then forget
+        ``name`` and release it. In that order, a request made once the name is gone (or
+        loaded again, from another thread) can neither join a computation nor read a row
+        made under the adapter removed."""
+        self.batcher.refuse_joins()
+        self.output_cache.clear()  # also keeps out the rows of a batch delivered later
+        value = self.adapters.pop(name)
+        if value is not None:  # else removed meanwhile by another caller
+            self._release_adapter(name, value)
+
+    def _release_adapter(self, name: str, value: Any) -> None:
+        """Free what the removed adapter ``name`` held (worker thread): its weights, its
+        KV. A backend with adapters implements it."""
+        raise NotImplementedError

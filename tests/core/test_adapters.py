@@ -1,0 +1,101 @@
+"""``LoraAdapters``: named adapters as request variants, on a toy backend.
+
+The toy adapter rolls the mock's row by its value (still normalized), so a row under an
+adapter is checked against ``np.roll`` of the mock's own row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from genlm.core import UnknownVariantError
+from genlm.core.backend import LoraAdapters
+from genlm.core.mock import MockLM, mock_logprobs
+
+VOCAB = [bytes([b]) for b in range(16)]
+CONTEXT = [1, 2, 3]
+
+
+class RolledLM(LoraAdapters, MockLM):
+    """A mock whose adapters roll its rows; ``released`` lists what removal freed."""
+
+    def __init__(self) -> None:
+        super().__init__(VOCAB)
+        self.released: list[tuple[str, int]] = []
+
+    def add_lora(self, shift: int, name: str) -> None:
+        self.adapters.add(name, shift)
+
+    def _logprobs_batch(self, contexts, variant):
+        rows = super()._logprobs_batch(contexts, None)
+        return rows if variant is None else np.roll(rows, self.adapters.get(variant), axis=1)
+
+    def _release_adapter(self, name: str, shift: int) -> None:
+        self.released.append((name, shift))
+
+
+def rolled(context, shift: int = 0) -> np.ndarray:
+    return np.roll(mock_logprobs(context, len(VOCAB)), shift)
+
+
+@pytest.fixture
+def lm():
+    model = RolledLM()
+    yield model
+    model.close()
+
+
+def test_rows_follow_the_adapter_of_each_request(lm):
+    """``variant=`` names an adapter per request; ``set_lora`` sets the default of later
+    requests and ``clear_lora`` restores the base model; names list in loading order."""
+    lm.add_lora(3, "b")
+    lm.add_lora(5, "a")
+    assert lm.loaded_loras == ("b", "a") and lm.active_lora is None
+    np.testing.assert_allclose(lm.next_token_logprobs_sync(CONTEXT), rolled(CONTEXT), rtol=1e-6)
+    np.testing.assert_allclose(
+        lm.next_token_logprobs_sync(CONTEXT, variant="a"), rolled(CONTEXT, 5), rtol=1e-6
+    )
+    lm.set_lora("b")
+    assert lm.active_lora == "b"
+    np.testing.assert_allclose(lm.next_token_logprobs_sync(CONTEXT), rolled(CONTEXT, 3), rtol=1e-6)
+    lm.clear_lora()
+    np.testing.assert_allclose(lm.next_token_logprobs_sync(CONTEXT), rolled(CONTEXT), rtol=1e-6)
+
+
+def test_bad_names_name_the_problem(lm):
+    """An adapter loaded twice is a ValueError; an unknown one, for set_lora, remove_lora
+    or a request, an UnknownVariantError listing the loaded ones."""
+    lm.add_lora(1, "x")
+    with pytest.raises(ValueError, match="'x' is already loaded"):
+        lm.add_lora(2, "x")
+    for call in (lm.set_lora, lm.remove_lora):
+        with pytest.raises(UnknownVariantError, match=r"'nope'; loaded: \['x'\]"):
+            call("nope")
+    with pytest.raises(UnknownVariantError, match="'nope'"):
+        lm.next_token_logprobs_sync(CONTEXT, variant="nope")
+
+
+def test_removal_fails_queued_requests_and_a_name_loaded_again_serves_its_new_value(lm):
+    """``remove_lora`` releases the adapter once, makes the base model active if it was,
+    fails a request for it queued before (its batch not yet run), and clears the cached
+    rows, so the name loaded again with another value serves that value's rows."""
+    lm.add_lora(2, "x")
+    lm.set_lora("x")
+    np.testing.assert_allclose(lm.next_token_logprobs_sync(CONTEXT), rolled(CONTEXT, 2), rtol=1e-6)
+
+    async def removed_while_queued():
+        queued = asyncio.ensure_future(lm.next_token_logprobs([4, 5], variant="x"))
+        await asyncio.sleep(0)  # queued; its batch's flush is scheduled, not yet run
+        lm.remove_lora("x")
+        with pytest.raises(UnknownVariantError, match="'x' was removed before this request"):
+            await queued
+
+    asyncio.run(removed_while_queued())
+    assert lm.released == [("x", 2)] and lm.active_lora is None and lm.loaded_loras == ()
+    lm.add_lora(7, "x")
+    np.testing.assert_allclose(
+        lm.next_token_logprobs_sync(CONTEXT, variant="x"), rolled(CONTEXT, 7), rtol=1e-6
+    )
