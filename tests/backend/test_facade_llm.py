@@ -177,8 +177,8 @@ def test_mock_async_lm_rows_are_core_mock_rows():
     ],
 )
 def test_adapter_calls_on_a_model_without_adapters_name_what_is_missing(call, method):
-    """The facade's adapter calls go to the core model's; where it has none (the mock,
-    mlx), the error names the facade, the core model and the missing method."""
+    """The facade's adapter calls go to the core model's; where it has none (the mock),
+    the error names the facade, the core model and the missing method."""
     mock = MockAsyncLM.from_name("stories260K")
     try:
         with pytest.raises(NotImplementedError, match=f"MockAsyncLM over MockLM .*\\({method}\\)"):

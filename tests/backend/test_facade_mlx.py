@@ -66,3 +66,33 @@ def test_clear_kv_cache_and_clear_cache_free_the_kv_and_mlx_buffers():
         assert llm.core_lm.kv_cache.nbytes == 0 and mx.get_cache_memory() == 0
     finally:
         llm.close()
+
+
+def test_adapters_load_replace_select_and_go_as_in_0_3_1(tmp_path):
+    """``AsyncMlxLM`` takes 0.3.1's adapter calls (it raised NotImplementedError): an
+    mlx-lm adapter loaded by ``add_new_lora`` serves ``lora_name=`` calls as mlx-lm's own
+    loader and forward give them; loading under the same name replaces it; ``set_lora``
+    and ``clear_lora`` move the default; ``remove_lora`` unloads it."""
+    from support.mlx_reference import plain_logprobs, save_lora_adapter
+
+    path = resolve_model_path("stories260K")
+    saved = [save_lora_adapter(tmp_path / f"a{seed}", path, seed) for seed in (0, 1)]
+    plain = [mlx_lm.load(path, adapter_path=str(s))[0] for s in saved]
+    context = [1, 403, 407]
+    llm = AsyncMlxLM.from_name(path)
+    try:
+        llm.add_new_lora(str(saved[0]), "x")
+        row = llm.next_token_logprobs_sync(context, lora_name="x").numpy()
+        np.testing.assert_allclose(row, plain_logprobs(plain[0], context), atol=1e-4)
+        llm.add_new_lora(str(saved[1]), "x")  # replaced
+        llm.set_lora(lora_name="x")
+        row = llm.next_token_logprobs_sync(context).numpy()
+        np.testing.assert_allclose(row, plain_logprobs(plain[1], context), atol=1e-4)
+        llm.clear_lora()
+        base = mlx_lm.load(path)[0]
+        row = llm.next_token_logprobs_sync(context).numpy()
+        np.testing.assert_allclose(row, plain_logprobs(base, context), atol=1e-4)
+        llm.remove_lora("x")
+        assert llm.core_lm.loaded_loras == ()
+    finally:
+        llm.close()

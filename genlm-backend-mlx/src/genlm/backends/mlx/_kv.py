@@ -191,12 +191,20 @@ class LiveBatch:
         caches: one ``BatchKVCache`` per layer; row ``i`` holds ``contexts[i]``.
         copied: whether the prefix cache also holds compact copies of the rows (true for a
             batch just rebuilt from it, false once it has advanced in place).
+        marker: the KV marker of the adapter the rows were computed under (see
+            :func:`key`), None for the base model.
     """
 
-    def __init__(self, contexts: Sequence[tuple[int, ...]], caches: list[BatchKVCache]):
+    def __init__(
+        self,
+        contexts: Sequence[tuple[int, ...]],
+        caches: list[BatchKVCache],
+        marker: int | None = None,
+    ):
         self.caches = caches
         self.copied = True
         self.rows = ResidentRows(contexts)
+        self.marker = marker
 
     @property
     def contexts(self) -> list[tuple[int, ...]]:
@@ -223,6 +231,13 @@ class LiveBatch:
 #: Where the live batch's bytes are charged in the prefix cache: token ids are never
 #: negative, so no context can reach (or be shadowed by) this entry.
 _LIVE_KEY = (-1,)
+
+
+def key(context: tuple[int, ...], marker: int | None) -> tuple[int, ...]:
+    """The prefix cache's key of ``context`` under an adapter's KV marker (a negative
+    number below -1, so no key of another adapter, of the base model, or the live batch's
+    :data:`_LIVE_KEY` starts like it), or the context itself for the base model."""
+    return context if marker is None else (marker, *context)
 
 
 class KVStore:
@@ -279,6 +294,13 @@ class KVStore:
         if live is not None:
             self.prefixes.remove(_LIVE_KEY)
         return live
+
+    def forget(self, marker: int) -> None:
+        """Drop the KV of the adapter whose marker is ``marker``, the live batch too if it
+        was computed under it."""
+        self.prefixes.remove_below((marker,))
+        if self.live is not None and self.live.marker == marker:
+            self.release()
 
     def clear(self) -> None:
         self.prefixes.clear()

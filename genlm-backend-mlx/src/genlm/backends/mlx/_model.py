@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Hashable
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -23,10 +24,11 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 
-from genlm.backends.mlx import _kv
+from genlm.backends.mlx import _kv, _lora
 from genlm.core import ModelClosedError, Vocabulary
 from genlm.core.backend import (
     BatchedLM,
+    LoraAdapters,
     checked_count,
     group_equal,
     plan_rows,
@@ -36,7 +38,7 @@ from genlm.core.backend import (
 logger = logging.getLogger(__name__)
 
 
-class MLXLM(BatchedLM):
+class MLXLM(LoraAdapters, BatchedLM):
     """An mlx-lm model behind GenLM's batched, cached ``AsyncLM`` interface.
 
     A context that extends a kept prefix runs only its new tokens, and rows with different
@@ -48,6 +50,10 @@ class MLXLM(BatchedLM):
     extended are not kept). ``kv_cache_bytes`` bounds the copies and the live batch.
     Models whose caches cannot resume from a prefix (sliding-window or state-space layers)
     recompute every context in full, with one warning when the model is wrapped.
+
+    LoRA adapters saved by mlx-lm (:meth:`add_lora`, then :meth:`set_lora` or a request's
+    ``variant=``): the model's layers become LoRA layers at the first one, and each batch
+    runs under its adapter's arrays; adapters keep their KV apart.
 
     Args:
         model: a loaded mlx-lm model (``mlx_lm.load(...)[0]``), fully built on this thread.
@@ -96,6 +102,14 @@ class MLXLM(BatchedLM):
         )
         self.prefill_chunk_size = prefill_chunk_size
         self._num_layers = len(caches)
+        #: The LoRA layers' layout once the first adapter is loaded (every adapter shares
+        #: it), their arrays that leave the model as it was, and the arrays on it now.
+        self._layout: _lora.Layout | None = None
+        self._base_weights: _lora.Weights | None = None
+        self._installed: _lora.Weights | None = None
+        #: KV markers handed out so far (each adapter gets a new one, -2, -3, ...; never
+        #: reused, so a name loaded again never meets the KV of the adapter it replaced).
+        self._markers_made = 0
         #: Whether rows resume from stored KV (else every context is recomputed in full).
         self.resumable = not blocked and problem is None
         if not self.resumable:
@@ -117,30 +131,97 @@ class MLXLM(BatchedLM):
         model, tokenizer = mlx_lm.load(resolve_model_path(name))
         return cls(model, tokenizer, **kwargs)
 
+    # ---- LoRA ------------------------------------------------------------------------
+
+    def add_lora(self, path: str | os.PathLike, name: str) -> None:
+        """Load the mlx-lm adapter saved at ``path`` (``adapter_config.json`` and
+        ``adapters.safetensors``, as ``mlx_lm.lora`` writes them) as a new ``name``; it does
+        not become active.
+
+        The first adapter turns the model's layers into LoRA layers (mlx-lm's
+        ``linear_to_lora_layers``), which every later adapter must fit: the same
+        ``num_layers``, ``lora_parameters`` and kind (LoRA or DoRA).
+
+        Raises:
+            ValueError: an adapter named ``name`` is already loaded; the adapter is a full
+                fine-tune, wants another layout than the adapters before it, or has arrays
+                that do not fit the model's LoRA layers (each named).
+            FileNotFoundError: ``path`` holds no mlx-lm adapter.
+        """
+        self.adapters.check_new(name)
+        self.worker.call(self._add_lora, Path(path), name)
+
+    def _add_lora(self, path: Path, name: str) -> None:
+        layout = _lora.read_layout(path)
+        if self._layout is None:
+            self._base_weights = self._installed = _lora.wrap(self.model, layout)
+            self._layout = layout  # the wrap changes no output: the KV kept stays right
+        elif layout != self._layout:
+            raise ValueError(
+                f"the adapter at {path} wants LoRA layers {layout.num_layers} layers deep "
+                f"with {layout.key} (dora={layout.dora}), but the model's are "
+                f"{self._layout.num_layers} deep with {self._layout.key} "
+                f"(dora={self._layout.dora}): mlx-lm wraps a model's layers once, so every "
+                "adapter on one model must share their layout"
+            )
+        weights = _lora.read_weights(path, self._base_weights)
+        self._markers_made += 1
+        self.adapters.add(name, _lora.Adapter(-1 - self._markers_made, weights))
+
+    def _release_adapter(self, name: str, adapter: _lora.Adapter) -> None:
+        """Drop the removed adapter's KV, and its arrays from the model if they are on it."""
+        self.kv_cache.forget(adapter.marker)
+        if self._installed is adapter.weights:
+            self._install(self._base_weights)
+        mx.clear_cache()
+
+    def _use_variant(self, variant: Hashable) -> int | None:
+        """Put the arrays of a batch's adapter (the base model's for None) on the model;
+        the adapter's KV marker (None for the base model).
+
+        Raises:
+            UnknownVariantError: the adapter was removed after the request was made.
+        """
+        if variant is None:
+            if self._base_weights is not None:
+                self._install(self._base_weights)
+            return None
+        adapter = self.adapters.get(variant)
+        self._install(adapter.weights)
+        return adapter.marker
+
+    def _install(self, weights: _lora.Weights) -> None:
+        if weights is not self._installed:
+            self.model.load_weights(weights, strict=False)
+            self._installed = weights
+
     # ---- the backend -------------------------------------------------------------------
 
     def _logprobs_batch(self, contexts: list[tuple[int, ...]], variant: Hashable) -> np.ndarray:
+        marker = self._use_variant(variant)
         if self.resumable and self.kv_cache.max_bytes > 0:
-            logprobs = self._resume(contexts)
+            logprobs = self._resume(contexts, marker)
         else:
             logprobs = self._recompute(contexts)
         mx.eval(logprobs)
         return np.asarray(logprobs)
 
-    def _resume(self, contexts: list[tuple[int, ...]]) -> mx.array:
-        """Advance the live batch if every context extends it evenly, else spill it and rebuild.
+    def _resume(self, contexts: list[tuple[int, ...]], marker: int | None) -> mx.array:
+        """Advance the live batch if every context extends it evenly under the same
+        adapter, else spill it and rebuild.
 
         The live batch is detached first and kept again only once its step succeeds, so a
         failed step never leaves a half-advanced batch live (a failed rebuild may leave the
         live batch of a group it completed before the failure: its rows are whole).
         """
         live = self.kv_cache.release()
-        plan = live.rows.extend_all(contexts) if live is not None else None
+        same = live is not None and live.marker == marker
+        plan = live.rows.extend_all(contexts) if same else None
         if live is not None and plan is not None:
             return self._advance(live, *plan, contexts)
         if live is not None:
             self._spill(live)
-        return self._rebuild(contexts)
+        return self._rebuild(contexts, marker)
 
     def _advance(
         self, live: _kv.LiveBatch, sources: list[int], new: int, contexts: list[tuple[int, ...]]
@@ -158,17 +239,19 @@ class MLXLM(BatchedLM):
             self._spill(live)
         return logprobs
 
-    def _rebuild(self, contexts: list[tuple[int, ...]]) -> mx.array:
-        """Resume each context from its longest stored prefix, one pass per new-token count.
+    def _rebuild(self, contexts: list[tuple[int, ...]], marker: int | None) -> mx.array:
+        """Resume each context from its longest stored prefix under the same adapter
+        (``marker``), one pass per new-token count.
 
         Every row is stored in the prefix cache; the largest group's caches also become the
         live batch, if they fit the budget.
         """
         prefixes = self.kv_cache.prefixes
+        skip = 0 if marker is None else 1  # the marker leads an adapter's keys
 
         def lookup(context: tuple[int, ...], limit: int) -> tuple[int, _kv.PrefixKV | None]:
-            hit = prefixes.longest_prefix(context, max_length=limit)
-            return hit.length, hit.value
+            hit = prefixes.longest_prefix(_kv.key(context, marker), max_length=limit + skip)
+            return max(hit.length - skip, 0), hit.value
 
         rows = plan_rows(contexts, lookup)
         groups = group_equal([row.new for row in rows])
@@ -181,9 +264,9 @@ class MLXLM(BatchedLM):
             entries = _kv.split(caches)
             mx.eval(outputs[-1], entries)
             for i, entry in zip(group, entries):
-                prefixes.insert(contexts[i], entry, _kv.nbytes(entry))
+                prefixes.insert(_kv.key(contexts[i], marker), entry, _kv.nbytes(entry))
             if group is largest:
-                self.kv_cache.keep(_kv.LiveBatch([contexts[i] for i in group], caches))
+                self.kv_cache.keep(_kv.LiveBatch([contexts[i] for i in group], caches, marker))
         return _in_order(groups, outputs)
 
     def _spill(self, live: _kv.LiveBatch) -> None:
@@ -194,7 +277,7 @@ class MLXLM(BatchedLM):
         entries = _kv.split(live.caches)
         mx.eval(entries)
         for context, entry in zip(live.contexts, entries):
-            self.kv_cache.prefixes.insert(context, entry, _kv.nbytes(entry))
+            self.kv_cache.prefixes.insert(_kv.key(context, live.marker), entry, _kv.nbytes(entry))
 
     def _recompute(self, contexts: list[tuple[int, ...]]) -> mx.array:
         """Full forward passes, one per context length (equal lengths need no padding)."""

@@ -261,10 +261,11 @@ class _CoreBacked(AsyncLM):
         """Load the adapter saved at ``lora_path`` as ``lora_name``; an adapter already
         loaded under that name is replaced (:meth:`remove_lora` first), as in
         genlm-backend 0.3.1. hf: a peft adapter (needs peft); vllm: a PEFT adapter
-        directory, on an engine started with ``enable_lora=True``.
+        directory, on an engine started with ``enable_lora=True``; mlx: an adapter saved
+        by ``mlx_lm.lora``.
 
         Raises:
-            NotImplementedError: the backend has no adapters (mlx, the mock).
+            NotImplementedError: the backend has no adapters (the mock).
         """
         add = self._lora_method("add_lora")
         if lora_name in getattr(self.core_lm, "loaded_loras", ()):
