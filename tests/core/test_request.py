@@ -5,17 +5,14 @@ was built) and the Python class it replaces.
 """
 
 import gc
-import os
 import pickle
-import shutil
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.extension_copy import run_without_extension
 
 from genlm.core import _request, _validation
 from genlm.core.backend import OutputCache, Request, key_nbytes
@@ -61,18 +58,7 @@ def test_an_ids_extension_that_fails_to_load_is_reported_and_python_does_the_wor
     compiler is an expected install); one whose ``_ids`` file is there but cannot load (in
     the field, a wheel built for a newer glibc) also works in Python, and warns once at
     import with the loader's own error, so a user learns why every call is slower."""
-    package = tmp_path / "genlm" / "core"
-    shutil.copytree(Path(_request.__file__).parent, package)
-    for built in package.glob("_ids*.so"):
-        built.unlink()
-    if ids_file == "damaged":
-        (package / "_ids.abi3.so").write_text("not a shared library")
     script = """
-import importlib, logging
-try:
-    importlib.import_module("genlm.core._ids")
-except ImportError as exc:
-    print("CAUSE", exc)
 from genlm.core import InvalidContextError, _model, _request, _validation
 from genlm.core.mock import MockLM
 lm = MockLM([bytes([b]) for b in range(8)])
@@ -85,23 +71,15 @@ except InvalidContextError as exc:
     print("REFUSED", exc)
 lm.close()
 """
-    run = subprocess.run(
-        [sys.executable, "-c", script],
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr
-    lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
+    lines, log = run_without_extension(tmp_path, "_ids", ids_file, script)
     assert "8" in lines["REFUSED"]  # the out-of-range id, named by the Python checks
     if ids_file == "absent":
         assert "No module named 'genlm.core._ids'" in lines["CAUSE"]
-        assert run.stderr == ""
+        assert "WARNING" not in log
     else:
         cause = lines["CAUSE"]
         assert cause and "No module named" not in cause
-        [warning] = run.stderr.splitlines()
+        [warning] = [line for line in log.splitlines() if line.startswith("WARNING")]
         assert "(genlm.core._ids) is installed but failed to load" in warning
         assert cause in warning and "not built" not in warning
 

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.extension_copy import run_without_extension
 from support.random_llama import tokenizer_dir
 
 import genlm.core._trie as trie_module
@@ -415,19 +412,7 @@ class TestKernels:
         one whose kernel file is there but cannot load (here not a shared library; in the
         field a wheel built for a newer glibc) says so with the loader's own error, in the
         log (a warning) and in kernel='c''s error, instead of blaming a missing compiler."""
-        package = tmp_path / "genlm" / "core"
-        shutil.copytree(Path(trie_module.__file__).parent, package)
-        for built in package.glob("_trie_kernel*.so"):
-            built.unlink()
-        if kernel_file == "damaged":
-            (package / "_trie_kernel.abi3.so").write_text("not a shared library")
         script = """
-import importlib, logging
-logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-try:
-    importlib.import_module("genlm.core._trie_kernel")
-except ImportError as exc:
-    print("CAUSE", exc)
 from genlm.core._trie import TokenByteTrie
 assert TokenByteTrie([b"a"]).kernel == "numpy"
 try:
@@ -435,16 +420,7 @@ try:
 except RuntimeError as exc:
     print("ERROR", exc)
 """
-        run = subprocess.run(
-            [sys.executable, "-c", script],
-            env={**os.environ, "PYTHONPATH": str(tmp_path)},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert run.returncode == 0, run.stderr
-        lines = dict(line.split(" ", 1) for line in run.stdout.splitlines())
-        log = run.stderr
+        lines, log = run_without_extension(tmp_path, "_trie_kernel", kernel_file, script)
         if kernel_file == "absent":
             assert "No module named 'genlm.core._trie_kernel'" in lines["CAUSE"]
             assert "C kernel was not built (no C compiler" in lines["ERROR"]
