@@ -76,6 +76,13 @@ def test_bad_names_name_the_problem(lm):
             call("nope")
     with pytest.raises(UnknownVariantError, match="'nope'"):
         lm.next_token_logprobs_sync(CONTEXT, variant="nope")
+    with pytest.raises(TypeError, match="None names the base model"):
+        lm.add_lora(3, None)
+    with pytest.raises(TypeError, match="is a string, got 0"):
+        lm.add_lora(3, 0)
+    with pytest.raises(ValueError, match="must not be empty"):
+        lm.add_lora(3, "")
+    assert lm.loaded_loras == ("x",)
 
 
 def test_removal_fails_queued_requests_and_a_name_loaded_again_serves_its_new_value(lm):

@@ -148,3 +148,38 @@ def test_adapters_that_do_not_fit_are_refused_naming_why(
     np.testing.assert_allclose(
         lm.next_token_logprobs_sync(PROMPT, variant="a"), expected(PROMPT, 0), atol=ATOL
     )
+
+
+def test_a_first_adapter_refused_leaves_the_model_as_it_was(lm, tmp_path, stories_dir, expected):
+    """A first adapter refused after the model's layers were wrapped (its arrays do not
+    fit), or while mlx-lm wrapped them (a module it cannot wrap, after some it did), leaves
+    the model unwrapped: base rows as before, and an adapter of another layout loads next
+    and serves mlx-lm's rows. A closed model forgets its adapters (and their arrays)."""
+    misfit = tmp_path / "misfit"
+    misfit.mkdir()
+    (misfit / "adapter_config.json").write_text(
+        json.dumps({"fine_tune_type": "lora", **LORA_LAYOUT})
+    )
+    mx.save_safetensors(str(misfit / "adapters.safetensors"), {"x.lora_a": mx.zeros((1,))})
+    with pytest.raises(ValueError, match="does not fit"):
+        lm.add_lora(misfit, "misfit")
+    unwrappable = tmp_path / "unwrappable"
+    unwrappable.mkdir()
+    parameters = {**LORA_LAYOUT["lora_parameters"], "keys": ["self_attn.q_proj", "model.norm"]}
+    (unwrappable / "adapter_config.json").write_text(
+        json.dumps({"num_layers": 3, "lora_parameters": parameters})
+    )
+    with pytest.raises(ValueError, match="cannot put LoRA layers into this model"):
+        lm.add_lora(unwrappable, "unwrappable")
+    np.testing.assert_allclose(lm.next_token_logprobs_sync(PROMPT), expected(PROMPT), atol=ATOL)
+    other = {"num_layers": 2, "lora_parameters": {"rank": 8, "scale": 1.0, "dropout": 0.0}}
+    wider = save_lora_adapter(tmp_path / "wider", stories_dir, 3, other)
+    lm.add_lora(wider, "wider")
+    model = mlx_lm.load(stories_dir, adapter_path=str(wider))[0]
+    np.testing.assert_allclose(
+        lm.next_token_logprobs_sync(PROMPT, variant="wider"),
+        plain_logprobs(model, PROMPT),
+        atol=ATOL,
+    )
+    lm.close()
+    assert lm.loaded_loras == ()

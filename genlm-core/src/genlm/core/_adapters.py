@@ -53,8 +53,19 @@ class AdapterTable(Generic[A]):
         return self._values.keys()
 
     def check_new(self, name: str) -> None:
-        """Raise ``ValueError`` if an adapter named ``name`` is loaded (before loading one,
-        where loading costs)."""
+        """Check ``name`` for a new adapter before loading it (where loading costs).
+
+        Raises:
+            TypeError: ``name`` is not a string (None names the base model).
+            ValueError: it is empty, or an adapter of that name is loaded.
+        """
+        if not isinstance(name, str):
+            raise TypeError(
+                f"a LoRA adapter's name is a string, got {name!r} ({type(name).__name__})"
+                + ("; None names the base model" if name is None else "")
+            )
+        if not name:
+            raise ValueError("a LoRA adapter's name must not be empty")
         if name in self._values:
             raise ValueError(f"a LoRA adapter named {name!r} is already loaded")
 
@@ -69,7 +80,7 @@ class AdapterTable(Generic[A]):
         """Store a loaded adapter under ``name``.
 
         Raises:
-            ValueError: an adapter of that name is already loaded.
+            TypeError, ValueError: as :meth:`check_new`.
         """
         with self._lock:
             self.check_new(name)
@@ -99,6 +110,12 @@ class AdapterTable(Generic[A]):
             if name is not None:
                 self.check_loaded(name)
             self.active = name
+
+    def clear(self) -> None:
+        """Forget every adapter (a closed model's, whose values may hold memory)."""
+        with self._lock:
+            self._values.clear()
+            self.active = None
 
     def pop(self, name: str) -> A | None:
         """Forget ``name`` (the base model becomes active if it was); its value, or None

@@ -14,13 +14,14 @@ wrap's layout: the same layers, rank, scale and kind.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 
 #: The arrays of an adapter, as (parameter path, array) pairs.
 Weights = list[tuple[str, mx.array]]
@@ -93,17 +94,36 @@ def adapter_arrays(model: nn.Module) -> Weights:
     ]
 
 
-def wrap(model: nn.Module, layout: Layout) -> Weights:
+def wrap(model: nn.Module, layout: Layout) -> tuple[Weights, Callable[[], None]]:
     """Put LoRA layers into ``model`` as ``layout`` says (in evaluation mode: fresh layers
-    train, with dropout on); the arrays they start from, which leave the model's outputs
-    as they were (the base model's weights)."""
+    train, with dropout on): the arrays they start from, which leave the model's outputs
+    as they were (the base model's weights), and a function that puts the model's own
+    layers back (for an adapter refused after the wrap).
+
+    Raises:
+        ValueError: mlx-lm could not wrap the layers as asked (a module of a kind it
+            cannot wrap, say); the model is as it was.
+    """
     from mlx_lm.tuner.utils import linear_to_lora_layers
 
-    linear_to_lora_layers(model, layout.num_layers, layout.parameters, use_dora=layout.dora)
+    before = dict(model.named_modules())
+
+    def undo() -> None:
+        now = dict(model.named_modules())
+        replaced = [(name, m) for name, m in before.items() if name and now.get(name) is not m]
+        model.update_modules(tree_unflatten(replaced))
+
+    try:
+        linear_to_lora_layers(model, layout.num_layers, layout.parameters, use_dora=layout.dora)
+    except Exception as error:  # mlx-lm wraps layer by layer: some may be wrapped already
+        undo()
+        raise ValueError(
+            f"mlx-lm cannot put LoRA layers into this model as asked ({layout.key}): {error}"
+        ) from error
     model.eval()
     base = adapter_arrays(model)
     mx.eval([array for _, array in base])
-    return base
+    return base, undo
 
 
 def read_weights(path: Path, base: Weights) -> Weights:

@@ -153,9 +153,15 @@ class MLXLM(LoraAdapters, BatchedLM):
 
     def _add_lora(self, path: Path, name: str) -> None:
         layout = _lora.read_layout(path)
-        if self._layout is None:
-            self._base_weights = self._installed = _lora.wrap(self.model, layout)
-            self._layout = layout  # the wrap changes no output: the KV kept stays right
+        if self._layout is None:  # the first adapter: it wraps the layers, or leaves no trace
+            base, undo = _lora.wrap(self.model, layout)
+            try:
+                weights = _lora.read_weights(path, base)
+            except BaseException:
+                undo()
+                raise
+            # The wrap changes no output: the KV kept stays right.
+            self._layout, self._base_weights, self._installed = layout, base, base
         elif layout != self._layout:
             raise ValueError(
                 f"the adapter at {path} wants LoRA layers {layout.num_layers} layers deep "
@@ -164,7 +170,8 @@ class MLXLM(LoraAdapters, BatchedLM):
                 f"(dora={self._layout.dora}): mlx-lm wraps a model's layers once, so every "
                 "adapter on one model must share their layout"
             )
-        weights = _lora.read_weights(path, self._base_weights)
+        else:
+            weights = _lora.read_weights(path, self._base_weights)
         self._markers_made += 1
         self.adapters.add(name, _lora.Adapter(-1 - self._markers_made, weights))
 
@@ -324,6 +331,9 @@ class MLXLM(LoraAdapters, BatchedLM):
         closed object is still referenced (after ``async with``)."""
         self.kv_cache.clear()
         self.model = None
+        # The adapters' arrays go with the model.
+        self._base_weights = self._installed = None
+        self.adapters.clear()
         mx.clear_cache()
 
 

@@ -259,8 +259,9 @@ class _CoreBacked(AsyncLM):
 
     def add_new_lora(self, lora_path: str, lora_name: str = "lora_1") -> None:
         """Load the adapter saved at ``lora_path`` as ``lora_name``; an adapter already
-        loaded under that name is replaced (:meth:`remove_lora` first), as in
-        genlm-backend 0.3.1. hf: a peft adapter (needs peft); vllm: a PEFT adapter
+        loaded under that name is replaced (:meth:`remove_lora` first, as in genlm-backend
+        0.3.1's hf class: if the new one then fails to load, the name is left unloaded).
+        hf: a peft adapter (needs peft); vllm: a PEFT adapter
         directory, on an engine started with ``enable_lora=True``; mlx: an adapter saved
         by ``mlx_lm.lora``.
 
@@ -323,7 +324,7 @@ class _CoreBacked(AsyncLM):
 
         Args:
             token_ids: the context (at least one token id).
-            lora_name: the LoRA adapter to run under for this call only (hf); None: the
+            lora_name: the LoRA adapter to run under for this call only (hf, vllm, mlx); None: the
                 model's current adapter (the base model unless ``set_lora`` chose one).
             **options: genlm-core's keywords, so this model is a :class:`genlm.core.AsyncLM`
                 (genlm-bytes and any genlm.core API take it as one): ``output`` (default
