@@ -183,3 +183,28 @@ def test_a_first_adapter_refused_leaves_the_model_as_it_was(lm, tmp_path, storie
     )
     lm.close()
     assert lm.loaded_loras == ()
+
+
+def test_dora_adapters_serve_mlx_lms_rows(lm, tmp_path, stories_dir):
+    """DoRA adapters (magnitudes ``m`` besides A and B) serve mlx-lm's rows, beside the base
+    model's, through resumed KV."""
+    paths = [
+        save_lora_adapter(tmp_path / f"d{seed}", stories_dir, seed, kind="dora") for seed in (4, 5)
+    ]
+    models = [mlx_lm.load(stories_dir, adapter_path=str(p))[0] for p in paths]
+    base = mlx_lm.load(stories_dir)[0]
+    for i, path in enumerate(paths):
+        lm.add_lora(path, f"d{i}")
+    context = PROMPT
+    for token in (30, 31, 32):
+        context = context + (token,)
+        for i, model in enumerate(models):
+            np.testing.assert_allclose(
+                lm.next_token_logprobs_sync(context, variant=f"d{i}"),
+                plain_logprobs(model, context),
+                atol=ATOL,
+            )
+        np.testing.assert_allclose(
+            lm.next_token_logprobs_sync(context), plain_logprobs(base, context), atol=ATOL
+        )
+    assert np.abs(plain_logprobs(models[0], PROMPT) - plain_logprobs(base, PROMPT)).max() > 0.5
