@@ -45,7 +45,7 @@ TORCH_CPU = "torch==2.13.0+cpu"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 #: The tested range (genlm-backend-hf's pyproject); 4.57.0 was yanked ("Error in the setup").
 TRANSFORMERS = "transformers>=4.57.1,<6"
-TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3"]
+TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3.1"]
 TOKENIZER_LIBS = ["tokenizers", "tiktoken", "sentencepiece"]
 TOKENIZER_DEPS = [TRANSFORMERS, *TOKENIZER_LIBS]
 PLUGINS = [
@@ -71,10 +71,21 @@ MLX = "mlx[cpu]" if platform.system() == "Linux" else "mlx"
 # release in it on the day the session runs.
 ENDS = ["oldest", "newest"]
 #: genlm-core's requirements: numpy>=1.26 (the other distributions declare its floor),
-#: scipy>=1.11.1 (1.11.0 was yanked), attrs>=23.1, pluggy>=1.5, tqdm>=4.66. The oldest end
-#: pins every floor; the newest takes pip's newest of each.
+#: scipy>=1.11.1 (1.11.0 was yanked), attrs>=23.1, pluggy>=1.5, tqdm>=4.66, and its
+#: ``test`` extra's (what a plugin author's conformance run installs): pytest>=8,
+#: hypothesis>=6.100, pytest-timeout>=2.3.1 (there is no 2.3.0). The oldest end pins every
+#: floor; the newest takes pip's newest of each.
 CORE_ENDS = [
-    ["numpy==1.26.0", "scipy==1.11.1", "attrs==23.1.0", "pluggy==1.5.0", "tqdm==4.66.0"],
+    [
+        "numpy==1.26.0",
+        "scipy==1.11.1",
+        "attrs==23.1.0",
+        "pluggy==1.5.0",
+        "tqdm==4.66.0",
+        "pytest==8.0.0",
+        "hypothesis==6.100.0",
+        "pytest-timeout==2.3.1",
+    ],
     ["numpy>=1.26"],
 ]
 #: genlm-backend-hf: transformers>=4.57.1,<6.
