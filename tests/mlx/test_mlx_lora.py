@@ -208,3 +208,23 @@ def test_dora_adapters_serve_mlx_lms_rows(lm, tmp_path, stories_dir):
             lm.next_token_logprobs_sync(context), plain_logprobs(base, context), atol=ATOL
         )
     assert np.abs(plain_logprobs(models[0], PROMPT) - plain_logprobs(base, PROMPT)).max() > 0.5
+
+
+def test_adapters_that_wrap_alike_load_together(lm, tmp_path, stories_dir):
+    """Layouts compare by what shapes the wrap and the rows: ``num_layers`` -1 and the
+    model's depth (5) wrap the same layers, and dropout (a training setting, off in
+    evaluation) may differ; both adapters serve mlx-lm's rows."""
+    parameters = LORA_LAYOUT["lora_parameters"]
+    layouts = [
+        {"num_layers": -1, "lora_parameters": parameters},
+        {"num_layers": 5, "lora_parameters": {**parameters, "dropout": 0.1}},
+    ]
+    for i, layout in enumerate(layouts):
+        path = save_lora_adapter(tmp_path / f"l{i}", stories_dir, 6 + i, layout)
+        lm.add_lora(path, f"l{i}")
+        model = mlx_lm.load(stories_dir, adapter_path=str(path))[0]
+        np.testing.assert_allclose(
+            lm.next_token_logprobs_sync(PROMPT, variant=f"l{i}"),
+            plain_logprobs(model, PROMPT),
+            atol=ATOL,
+        )

@@ -34,16 +34,23 @@ ADAPTER_LEAVES = ("lora_a", "lora_b", "m")
 class Layout:
     """What ``linear_to_lora_layers`` makes of a model: every adapter on it must match."""
 
+    #: How many of the last layers are wrapped, at most the model's depth (mlx-lm wraps
+    #: them all for a count <= 0 or past the depth).
     num_layers: int
     #: ``lora_parameters`` as the adapter's configuration gives them (rank, scale, ...).
     parameters: dict[str, Any] = attrs.field(eq=False)
     dora: bool
-    #: ``parameters`` as sorted JSON, so layouts compare by value.
+    #: What of ``parameters`` shapes the wrap or the rows, as sorted JSON, so layouts
+    #: compare by value: not ``dropout`` (off in evaluation mode, a training setting
+    #: adapters differ in), nor the order of ``keys``.
     key: str = attrs.field(init=False)
 
     @key.default
     def _key(self) -> str:
-        return json.dumps(self.parameters, sort_keys=True)
+        shaping = {name: v for name, v in self.parameters.items() if name != "dropout"}
+        if isinstance(shaping.get("keys"), list):
+            shaping["keys"] = sorted(shaping["keys"])
+        return json.dumps(shaping, sort_keys=True)
 
 
 @attrs.frozen
@@ -55,8 +62,9 @@ class Adapter:
     weights: Weights
 
 
-def read_layout(path: Path) -> Layout:
-    """The layout ``path``'s ``adapter_config.json`` asks for.
+def read_layout(path: Path, depth: int) -> Layout:
+    """The layout ``path``'s ``adapter_config.json`` asks for, of a model ``depth`` layers
+    deep.
 
     Raises:
         FileNotFoundError: no ``adapter_config.json`` there.
@@ -74,11 +82,14 @@ def read_layout(path: Path) -> Layout:
             "adapters (a full fine-tune is a model of its own: load it with from_name)"
         )
     try:
-        layout = Layout(int(config["num_layers"]), dict(config["lora_parameters"]), kind == "dora")
+        num_layers = int(config["num_layers"])
+        parameters = dict(config["lora_parameters"])
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(
             f"{config_file} lacks mlx-lm's num_layers and lora_parameters ({error!r})"
         ) from error
+    wrapped = depth if num_layers <= 0 or num_layers > depth else num_layers
+    layout = Layout(wrapped, parameters, kind == "dora")
     missing = [k for k in ("rank", "scale", "dropout") if k not in layout.parameters]
     if missing:  # mlx-lm would fail part-way through wrapping the model's layers
         raise ValueError(f"{config_file}: lora_parameters lacks {', '.join(missing)}")

@@ -152,7 +152,7 @@ class MLXLM(LoraAdapters, BatchedLM):
         self.worker.call(self._add_lora, Path(path), name)
 
     def _add_lora(self, path: Path, name: str) -> None:
-        layout = _lora.read_layout(path)
+        layout = _lora.read_layout(path, len(self.model.layers))
         if self._layout is None:  # the first adapter: it wraps the layers, or leaves no trace
             base, undo = _lora.wrap(self.model, layout)
             try:
