@@ -106,3 +106,31 @@ def test_removal_fails_queued_requests_and_a_name_loaded_again_serves_its_new_va
     np.testing.assert_allclose(
         lm.next_token_logprobs_sync(CONTEXT, variant="x"), rolled(CONTEXT, 7), rtol=1e-6
     )
+
+
+class NothingKeptLM(LoraAdapters, MockLM):
+    """A backend that keeps nothing per adapter (its value is None) and rows as the mock's."""
+
+    def __init__(self) -> None:
+        super().__init__(VOCAB)
+        self.released: list[str] = []
+
+    def _release_adapter(self, name: str, value: None) -> None:
+        self.released.append(name)
+
+
+def test_an_adapter_whose_value_is_none_is_removed_like_any_other():
+    """A backend may store None for an adapter: removing the active one releases it and
+    makes the base model active (None was taken for "not loaded": the removed name stayed
+    active and every later default request failed)."""
+    lm = NothingKeptLM()
+    try:
+        lm.adapters.add("x", None)
+        lm.set_lora("x")
+        lm.remove_lora("x")
+        assert lm.released == ["x"] and lm.active_lora is None and lm.loaded_loras == ()
+        np.testing.assert_allclose(lm.next_token_logprobs_sync(CONTEXT), rolled(CONTEXT), rtol=1e-6)
+        with pytest.raises(UnknownVariantError, match="clear_lora"):
+            lm.set_lora(None)
+    finally:
+        lm.close()

@@ -1,5 +1,6 @@
 """AsyncTokenByteTrie: concurrent trie computations are batched and equal direct calls."""
 
+import array
 import asyncio
 
 import numpy as np
@@ -34,7 +35,9 @@ def test_concurrent_calls_batch_and_match_direct_calls():
     assert stats["items"] == 48 and stats["batches"] == 4
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32", "torch.float64", "torch.float32"])
+@pytest.mark.parametrize(
+    "dtype", ["float64", "float32", "torch.float64", "torch.float32", "array.array"]
+)
 def test_a_buffer_refilled_between_calls_gives_each_call_its_own_row(dtype):
     """Concurrent calls given one buffer, refilled after each call is made (the batch runs
     later), each answer the row their call was given, as the trie's direct calls do: a
@@ -44,6 +47,8 @@ def test_a_buffer_refilled_between_calls_gives_each_call_its_own_row(dtype):
     if dtype.startswith("torch"):
         torch = pytest.importorskip("torch")
         buffer = torch.zeros(len(VOCAB), dtype=getattr(torch, dtype.split(".")[1]))
+    elif dtype == "array.array":  # a buffer numpy reads without a copy
+        buffer = array.array("d", [0.0] * len(VOCAB))
     else:
         buffer = np.zeros(len(VOCAB), dtype=dtype)
 
@@ -51,8 +56,8 @@ def test_a_buffer_refilled_between_calls_gives_each_call_its_own_row(dtype):
         async with AsyncTokenByteTrie(trie) as atrie:
             calls = []
             for i in range(3):
-                buffer[:] = 0
-                buffer[i] = 1
+                for j in range(len(VOCAB)):
+                    buffer[j] = float(j == i)
                 calls.append(asyncio.ensure_future(atrie.weight_sum(buffer)))
                 await asyncio.sleep(0)  # the call is made: its row queued for a batch
             return await asyncio.gather(*calls)

@@ -117,12 +117,15 @@ class AdapterTable(Generic[A]):
             self._values.clear()
             self.active = None
 
-    def pop(self, name: str) -> A | None:
-        """Forget ``name`` (the base model becomes active if it was); its value, or None
-        if it was not loaded."""
+    def pop(self, name: str) -> A:
+        """Forget ``name`` (the base model becomes active if it was); its value.
+
+        Raises:
+            KeyError: ``name`` is not loaded.
+        """
         with self._lock:
-            value = self._values.pop(name, None)
-            if value is not None and self.active == name:
+            value = self._values.pop(name)
+            if self.active == name:
                 self.active = None
             return value
 
@@ -157,8 +160,13 @@ class LoraAdapters:
         (requests made before keep the adapter they were made with).
 
         Raises:
-            UnknownVariantError: no adapter named ``name`` is loaded (a ``KeyError``).
+            UnknownVariantError: no adapter named ``name`` is loaded (a ``KeyError``);
+                None names none (:meth:`clear_lora` selects the base model).
         """
+        if name is None:
+            raise UnknownVariantError(
+                "no LoRA adapter named None; clear_lora() selects the base model"
+            )
         self.adapters.activate(name)
 
     def clear_lora(self) -> None:
@@ -204,9 +212,11 @@ class LoraAdapters:
         made under the adapter removed."""
         self.batcher.refuse_joins()
         self.output_cache.clear()  # also keeps out the rows of a batch delivered later
-        value = self.adapters.pop(name)
-        if value is not None:  # else removed meanwhile by another caller
-            self._release_adapter(name, value)
+        try:
+            value = self.adapters.pop(name)
+        except KeyError:  # removed meanwhile by another caller
+            return
+        self._release_adapter(name, value)
 
     def _release_adapter(self, name: str, value: Any) -> None:
         """Free what the removed adapter ``name`` held (worker thread): its weights, its

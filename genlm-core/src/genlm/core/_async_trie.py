@@ -93,7 +93,7 @@ class AsyncTokenByteTrie:
         where = str(row.device) if _is_torch(row) else "numpy"
         if where == "numpy":
             weights = _as_float64(row)
-            if isinstance(row, np.ndarray) and np.may_share_memory(weights, row):
+            if weights is row or not weights.flags.owndata:  # a view of the caller's buffer
                 weights = weights.copy()
             row = weights
         if tuple(row.shape) != (self.trie.vocab_size,):

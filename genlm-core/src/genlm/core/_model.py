@@ -209,7 +209,7 @@ class BatchedLM(abc.ABC):
 
     def _served_variants(self) -> Collection[Hashable] | None:
         """The variants a request may name besides None (the base model): a backend with
-        adapters returns their names (hf and vllm: the loaded LoRA adapters, maybe none
+        adapters returns their names (hf, vllm and mlx: the loaded LoRA adapters, maybe none
         yet); None, the default, when it has no variants at all."""
         return None
 
