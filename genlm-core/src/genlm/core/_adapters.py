@@ -12,6 +12,7 @@ backend's own (peft, vLLM's ``LoRARequest``, mlx-lm's LoRA layers).
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Collection, Hashable
 from typing import Any, Generic, TypeVar
@@ -39,9 +40,13 @@ class AdapterTable(Generic[A]):
         #: Held while an adapter is added or removed: a name is loaded once, whatever the
         #: threads asking.
         self._lock = threading.Lock()
+        self._markers = itertools.count(-2, -1)
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._values
+    def new_marker(self) -> int:
+        """A number for a new adapter's KV entries (their first key element), none of
+        this model's adapters had before: -2, -3, ... (-1 is left to the base model), so a
+        name loaded again never meets the KV of the adapter it replaced."""
+        return next(self._markers)
 
     @property
     def names(self) -> tuple[str, ...]:

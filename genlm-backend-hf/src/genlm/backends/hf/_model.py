@@ -155,15 +155,12 @@ class HFLM(LoraAdapters, BatchedLM):
         #: previous batch find their past already in place (see ``_resident_rows``).
         self._buffer: torch.Tensor | None = None
         self._resident: _Resident | None = None
-        #: Markers handed out so far: each adapter loaded gets a new one (-2, -3, ...;
-        #: -1 is the base model), never reused, so a name loaded again after
-        #: ``remove_lora`` never meets the KV of the adapter it replaced. ``adapters``
-        #: holds each loaded adapter's marker.
-        self._markers_made = 0
+        # ``adapters`` holds each loaded adapter's KV marker (``adapters.new_marker()``;
+        # the base model's is -1).
         self._peft: Any = model if _is_peft(model) else None
         if self._peft is not None:
             for name in self._peft.peft_config:
-                self.adapters.add(name, self._new_marker())
+                self.adapters.add(name, self.adapters.new_marker())
             self.adapters.active = getattr(self._peft, "active_adapter", None)
         try:
             self.shape: KVShape = self.worker.call(self._probe)
@@ -301,11 +298,7 @@ class HFLM(LoraAdapters, BatchedLM):
             self.model = self._peft
         else:
             self._peft.load_adapter(path, adapter_name=name)
-        self.adapters.add(name, self._new_marker())
-
-    def _new_marker(self) -> int:
-        self._markers_made += 1
-        return -1 - self._markers_made
+        self.adapters.add(name, self.adapters.new_marker())
 
     def _release_adapter(self, name: str, marker: int) -> None:
         """Unload the removed adapter from peft and drop its KV, pinned prompts included."""

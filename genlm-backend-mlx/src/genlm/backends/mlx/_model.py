@@ -107,9 +107,6 @@ class MLXLM(LoraAdapters, BatchedLM):
         self._layout: _lora.Layout | None = None
         self._base_weights: _lora.Weights | None = None
         self._installed: _lora.Weights | None = None
-        #: KV markers handed out so far (each adapter gets a new one, -2, -3, ...; never
-        #: reused, so a name loaded again never meets the KV of the adapter it replaced).
-        self._markers_made = 0
         #: Whether rows resume from stored KV (else every context is recomputed in full).
         self.resumable = not blocked and problem is None
         if not self.resumable:
@@ -172,8 +169,7 @@ class MLXLM(LoraAdapters, BatchedLM):
             )
         else:
             weights = _lora.read_weights(path, self._base_weights)
-        self._markers_made += 1
-        self.adapters.add(name, _lora.Adapter(-1 - self._markers_made, weights))
+        self.adapters.add(name, _lora.Adapter(self.adapters.new_marker(), weights))
 
     def _release_adapter(self, name: str, adapter: _lora.Adapter) -> None:
         """Drop the removed adapter's KV, and its arrays from the model if they are on it."""
