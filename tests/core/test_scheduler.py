@@ -1151,6 +1151,94 @@ class TestBackpressure:
         assert gate.batches == [[0], [1]]
 
 
+class TestRefuseJoinsRaces:
+    """``refuse_joins`` (the end of ``clear_cache`` and ``remove_lora``) runs on the caller's
+    thread and reads the loop's dedup map whenever it runs: the loop's own steps must
+    leave that map right at every moment. Each test calls it at the one moment a thread
+    switch could (a hook on the loop's structures), so the race is forced, not waited for."""
+
+    def test_the_entry_in_flight_is_seen_while_an_older_one_is_forgotten(self, gated):
+        """Entry E1 for a key was dropped at pick-up and a newer E2 took the key and was
+        handed to the worker. When E1's batch ends, E2 stays in the map throughout, so a
+        ``refuse_joins`` at that moment closes it. (E1's removal popped the key and put E2
+        back: E2, computing from the state before the change, stayed open, and a request
+        made after ``clear_cache`` returned joined it and got a row of the old state.)"""
+        gate, batcher = gated(max_batch_size=1, max_in_flight=3, key=lambda x: x)
+        armed = [False]
+
+        class Watched(dict):
+            """The dedup map, calling refuse_joins at its first use of key 1 once armed."""
+
+            def _hook(self, key):
+                if armed[0] and key == 1:
+                    armed[0] = False
+                    batcher.refuse_joins()
+
+            def pop(self, key, *default):
+                out = super().pop(key, *default)
+                self._hook(key)
+                return out
+
+            def get(self, key, default=None):
+                out = super().get(key, default)
+                self._hook(key)
+                return out
+
+            def __delitem__(self, key):
+                super().__delitem__(key)
+                self._hook(key)
+
+        async def main():
+            first = batcher.submit(0)
+            await until(lambda: gate.started == 1)
+            (state,) = batcher._states.values()
+            state.entries = Watched(state.entries)
+            doomed = batcher.submit(1)  # E1, handed over behind the first batch
+            await asyncio.sleep(0.01)
+            older = state.entries[1]
+            doomed.cancel()
+            gate.open()
+            blocking_until(lambda: older.dropped)  # the loop cannot deliver meanwhile
+            again = batcher.submit(1)  # E2: handed over at once, before E1's end arrives
+            newer = state.entries[1]
+            assert newer is not older and state.running == 3
+            armed[0] = True
+            await asyncio.wait_for(asyncio.gather(first, again), 5)
+            return newer
+
+        newer = run(main())
+        assert not armed[0], "refuse_joins never ran: the hook missed E1's removal"
+        assert newer.dropped  # closed to requests made after the change
+
+    def test_an_entry_mapped_but_not_yet_queued_stays_joinable(self, gated, monkeypatch):
+        """A ``refuse_joins`` between a new entry's dedup mapping and its queueing (not in
+        flight: it runs after the change) leaves it open: a duplicate joins it, and the
+        backend gets each context once per batch (the duplicate was queued as a second
+        entry, and the batch held the same context twice)."""
+        from genlm.core import _scheduler
+
+        gate, batcher = gated(max_batch_size=4, key=lambda x: x)
+        gate.open()
+        armed = [True]
+
+        class HookedQueue(_scheduler._Queue):
+            """A group's queue, made between the two steps: refuse_joins runs then."""
+
+            def __init__(self) -> None:
+                super().__init__()
+                if armed[0]:
+                    armed[0] = False
+                    batcher.refuse_joins()
+
+        monkeypatch.setattr(_scheduler, "_Queue", HookedQueue)
+
+        async def main():
+            return await asyncio.wait_for(asyncio.gather(batcher.submit(7), batcher.submit(7)), 5)
+
+        assert run(main()) == [("r", 7), ("r", 7)]
+        assert not armed[0] and gate.batches == [[7]]
+
+
 class TestBatchCalls:
     """``batch_next_token_logprobs`` awaits the scheduler's futures itself (no task per
     context) and keeps what a gather of single calls guaranteed."""

@@ -179,9 +179,10 @@ def _on_each_loop(states: Sequence[_LoopState], callback: Callable[..., Any], *a
 def _forget(queues: _Queues, entry: _Entry) -> None:
     """Remove ``entry`` from the dedup map, unless a newer entry took its key (after the
     worker dropped it)."""
-    other = queues.entries.pop(entry.key, None)
-    if other is not None and other is not entry:
-        queues.entries[entry.key] = other
+    # One lookup, then a delete only of this entry: the newer entry that took the key is
+    # never out of the map, so refuse_joins (another thread) always sees it.
+    if queues.entries.get(entry.key) is entry:
+        del queues.entries[entry.key]
 
 
 def _next_prune(live: int, least: int) -> int:
@@ -426,7 +427,9 @@ class AutoBatcher(Generic[I, R]):
         pending = queues.entries.setdefault(key, entry)  # one hash of the key, new or not
         if pending is not entry:
             with self._lock:
-                if not pending.dropped:
+                # A queued entry is not in flight whatever ``dropped`` says (refuse_joins may
+                # mark one that _enqueue has mapped but not yet queued): join it.
+                if not pending.dropped or pending in queues.queues.get(pending.group, ()):
                     waiters = pending.waiters
                     waiters.append(waiter)
                     if len(waiters) >= pending.prune_at:
