@@ -710,6 +710,81 @@ class TestShapes:
         assert vocab.decode(ids) == " Hello world, naïve 🙂".encode()
 
 
+class TestUnusualTokenizers:
+    def test_a_pad_token_the_tokenizer_does_not_hold(self):
+        """``pad_token = "[PAD]"`` on a tokenizer with no unk token lists the id None among
+        the special ids (transformers does); the vocabulary is the one without it (reading it
+        failed with an unrelated TypeError, so no model could load)."""
+        transformers = pytest.importorskip("transformers")
+        path = str(tokenizer_dir("gpt2"))
+        tok = transformers.AutoTokenizer.from_pretrained(path, unk_token=None)
+        tok.pad_token = "[PAD]"
+        assert None in tok.all_special_ids  # the premise
+        vocab = Vocabulary.from_tokenizer(tok)
+        plain = Vocabulary.from_tokenizer(transformers.AutoTokenizer.from_pretrained(path))
+        assert vocab.tokens == plain.tokens and vocab.special_ids == plain.special_ids
+
+    def test_unigram_byte_fallback_without_a_byte_fallback_decoder(self, tmp_path):
+        """A Unigram model with byte fallback keeps the flag in its state only: its byte
+        pieces are the bytes of the text they encode, by either reader (the tokenizers
+        reader spelled them "<0xC3>")."""
+        tokenizers = pytest.importorskip("tokenizers")
+        pieces = [("<unk>", 0.0), ("▁hello", -1.0), ("▁", -2.0)]
+        pieces += [(f"<0x{b:02X}>", -10.0) for b in range(256)]
+        tk = tokenizers.Tokenizer(tokenizers.models.Unigram(pieces, 0, byte_fallback=True))
+        metaspace = {"replacement": "▁", "prepend_scheme": "always"}
+        tk.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace(**metaspace)
+        tk.decoder = tokenizers.decoders.Metaspace(**metaspace)
+        tk.save(str(tmp_path / "tokenizer.json"))
+        ids = tk.encode("hello é").ids
+        for vocab in (Vocabulary.from_tokenizer(tk), Vocabulary.from_tokenizer_json(tmp_path)):
+            assert vocab.decode(ids) == " hello é".encode()
+
+    def test_slow_tokenizer_with_bytes_pieces(self):
+        """A slow tokenizer whose pieces are bytes (Qwen-1's wraps tiktoken): each token is
+        its piece's bytes (it failed with "expected str instance, bytes found")."""
+        transformers = pytest.importorskip("transformers")
+        ranks = {bytes([b]): b for b in range(256)} | {b" hello": 256, b"\xc3\xa9": 257}
+        names = {i: piece for piece, i in ranks.items()} | {258: "<|endoftext|>"}
+
+        class BytesPieces(transformers.PreTrainedTokenizer):
+            def __len__(self):
+                return len(names)
+
+            @property
+            def vocab_size(self):
+                return len(names)
+
+            def get_vocab(self):
+                return dict(ranks)
+
+            def _convert_id_to_token(self, i):
+                return names[i]
+
+            def _convert_token_to_id(self, token):
+                return ranks.get(token, 0)
+
+        vocab = Vocabulary.from_tokenizer(BytesPieces(eos_token="<|endoftext|>"))
+        assert vocab.tokens[:258] == tuple(ranks)
+        assert vocab.eos_token_ids == (258,) and 258 in vocab.special_ids
+
+    def test_a_decoder_that_is_not_byte_exact_is_named(self, caplog):
+        """A BPE decoder turning a "</w>" suffix into a space gives no token bytes of its own:
+        reading it logs a warning naming the decoder, rather than passing in silence."""
+        tokenizers = pytest.importorskip("tokenizers")
+        vocab = {"<unk>": 0, "h": 1, "i": 2, "hi</w>": 3, "i</w>": 4}
+        tk = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, [], unk_token="<unk>"))
+        tk.decoder = tokenizers.decoders.BPEDecoder(suffix="</w>")
+        with caplog.at_level("WARNING", logger="genlm.core._vocab"):
+            read = Vocabulary.from_tokenizer(tk)
+        assert "BPEDecoder" in caplog.text and "not byte-exact" in caplog.text
+        assert read.tokens[3] == b"hi</w>"  # the raw text, as documented
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="genlm.core._vocab"):
+            Vocabulary.from_tokenizer(hf_tokenizer("gpt2"))
+        assert caplog.text == ""
+
+
 class TestMalformedInput:
     @pytest.mark.parametrize(
         ("spec", "match"),
@@ -728,6 +803,31 @@ class TestMalformedInput:
             ({"added_tokens": [{"id": 0}]}, "string 'content'"),
             ({"added_tokens": {"id": 0}}, "'added_tokens' is"),
             ([1, 2], "holds \\[1, 2\\], not a tokenizer.json object"),
+            ({"model": {"vocab": {"a": 0, "b": 0}}}, "'a' and 'b' both have id 0"),
+            ({}, "no tokens at all"),
+            ({"model": []}, "no tokens at all"),
+            # Components missing a field (a pattern given as a bare string, a Prepend with
+            # nothing to prepend, a Metaspace with no replacement) broke with AttributeError,
+            # KeyError and TypeError.
+            (
+                {"model": {"vocab": {"a": 0}}, "decoder": {"type": "Replace", "pattern": "x"}},
+                "is malformed: AttributeError",
+            ),
+            (
+                {
+                    "model": {"vocab": {"a": 0}},
+                    "normalizer": {"type": "Prepend"},
+                    "added_tokens": [{"id": 1, "content": "zz", "special": False}],
+                },
+                "is malformed: KeyError: 'prepend'",
+            ),
+            (
+                {
+                    "model": {"vocab": {"▁a": 0}},
+                    "decoder": {"type": "Metaspace", "replacement": None},
+                },
+                "is malformed: TypeError",
+            ),
         ],
     )
     def test_malformed_tokenizer_json(self, tmp_path, spec, match):

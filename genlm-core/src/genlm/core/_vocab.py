@@ -12,6 +12,7 @@ tiktoken are recognised by duck typing and never imported here.
 from __future__ import annotations
 
 import json
+import logging
 import operator
 import re
 import unicodedata
@@ -24,6 +25,13 @@ import attrs
 import numpy as np
 
 __all__ = ["Vocabulary"]
+
+logger = logging.getLogger(__name__)
+
+#: Decoders whose output depends on a token's neighbours (a WordPiece ``##`` piece joins its
+#: word, a BPE ``</w>`` suffix becomes a space except at the end): no token has bytes of its
+#: own, so such a vocabulary holds the pieces' raw text.
+_NOT_EXACT_DECODERS = {"WordPiece", "BPEDecoder", "CTC"}
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _SPIECE_SPACE = "\u2581"  # "▁", SentencePiece's stand-in for a space
@@ -87,7 +95,7 @@ def _sentencepiece_bytes(token: str, space: str, byte_fallback: bool) -> bytes:
 class _Scheme:
     """How a tokenizer family spells bytes in its token strings."""
 
-    kind: str  # "byte_level", "sentencepiece" or "plain"
+    kind: str  # "byte_level", "sentencepiece" or "plain" (text or bytes as they are)
     space: str = _SPIECE_SPACE  # sentencepiece only: the character standing for b" "
     byte_fallback: bool = False  # sentencepiece only: ``<0xNN>`` pieces are raw bytes
 
@@ -97,7 +105,9 @@ class _Scheme:
             return _byte_level_many(tokens)
         if self.kind == "sentencepiece":
             return [_sentencepiece_bytes(t, self.space, self.byte_fallback) for t in tokens]
-        return [t.encode("utf-8") for t in tokens]
+        # A plain piece is its text, or its bytes already (a slow tokenizer wrapping
+        # tiktoken, Qwen-1's, names its pieces by their bytes).
+        return [t if type(t) is bytes else t.encode("utf-8") for t in tokens]
 
 
 def _components(node: Any) -> Iterator[dict]:
@@ -123,6 +133,13 @@ def _scheme_from_spec(spec: Mapping[str, Any]) -> _Scheme:
     normalizer = list(_components(spec.get("normalizer")))
     model = spec.get("model") or {}
     types = {c.get("type") for c in decoder + pre}
+    inexact = sorted(types & _NOT_EXACT_DECODERS)
+    if inexact:
+        logger.warning(
+            "the tokenizer's decoder (%s) is not byte-exact: its tokens' bytes are their raw "
+            "text, which does not join to the decoded text (a byte-level LM over it is wrong)",
+            ", ".join(inexact),
+        )
     byte_fallback = bool(model.get("byte_fallback")) or "ByteFallback" in types
     if "ByteLevel" in types:
         return _Scheme("byte_level")
@@ -191,7 +208,12 @@ def _model_vocab(model: Any) -> dict[int, str]:
         return {i: entry[0] for i, entry in enumerate(vocab)}
     if not isinstance(vocab, Mapping):
         raise ValueError(f"tokenizer.json: the model's 'vocab' is {vocab!r:.60}, not an object")
-    return {_json_id(i, tok): tok for tok, i in vocab.items()}
+    tokens: dict[int, str] = {}
+    for tok, i in vocab.items():
+        other = tokens.setdefault(_json_id(i, tok), tok)
+        if other is not tok:
+            raise ValueError(f"tokenizer.json: tokens {other!r} and {tok!r} both have id {i}")
+    return tokens
 
 
 def _json_added(entries: Any) -> dict[int, tuple[str, bool, bool]]:
@@ -387,7 +409,7 @@ def _from_tokenizers_backend(
         "pre_tokenizer": state(tokenizer.pre_tokenizer),
         "normalizer": state(tokenizer.normalizer),
         "post_processor": state(tokenizer.post_processor),
-        "model": {"byte_fallback": bool(getattr(tokenizer.model, "byte_fallback", False))},
+        "model": {"byte_fallback": _byte_fallback(tokenizer.model)},
     }
     scheme = _scheme_from_spec(spec)
     added = _added_tokens(
@@ -400,6 +422,22 @@ def _from_tokenizers_backend(
         lambda: None if tokenizer.normalizer is None else tokenizer.normalizer.normalize_str,
     )
     return model_tokens, added, spec, scheme
+
+
+def _byte_fallback(model: Any) -> bool:
+    """Whether a ``tokenizers`` model spells unknown characters as ``<0xNN>`` byte pieces.
+
+    BPE has the attribute; Unigram has none, but keeps the flag in its state, as
+    tokenizer.json does (a ByteFallback step in the decoder is not required: the pieces
+    stand for those bytes either way, as the json reader reads them).
+    """
+    flag = getattr(model, "byte_fallback", None)
+    if flag is None:
+        try:
+            flag = json.loads(model.__getstate__()).get("byte_fallback")
+        except (AttributeError, TypeError, ValueError):  # a model with no such state
+            flag = False
+    return bool(flag)
 
 
 def _from_tiktoken(encoding: Any, size: int | None) -> Vocabulary:
@@ -442,7 +480,10 @@ def _from_tiktoken(encoding: Any, size: int | None) -> Vocabulary:
 
 def _from_transformers(tokenizer: Any, size: int | None) -> Vocabulary:
     """Read a transformers tokenizer, fast (tokenizers backend) or slow (Python / SentencePiece)."""
-    special = {int(i) for i in getattr(tokenizer, "all_special_ids", ()) or ()}
+    # A special token the tokenizer does not hold (``pad_token = "[PAD]"`` on a tokenizer
+    # with no unk token) is listed with the id None.
+    listed = getattr(tokenizer, "all_special_ids", ()) or ()
+    special = {int(i) for i in listed if i is not None}
     bos = tokenizer.bos_token_id
     eos = [tokenizer.eos_token_id]
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -460,7 +501,9 @@ def _from_transformers(tokenizer: Any, size: int | None) -> Vocabulary:
         pieces = tokenizer.convert_ids_to_tokens(list(range(n)))
         model_tokens = {i: p for i, p in enumerate(pieces) if p is not None and i not in declared}
         sp_model = getattr(tokenizer, "sp_model", None)
-        if getattr(tokenizer, "byte_decoder", None) is not None:
+        if any(type(p) is bytes for p in model_tokens.values()):
+            scheme = _Scheme("plain")  # pieces named by their bytes
+        elif getattr(tokenizer, "byte_decoder", None) is not None:
             scheme = _Scheme("byte_level")
         elif sp_model is not None:
             scheme = _Scheme("sentencepiece", _SPIECE_SPACE, True)
@@ -557,7 +600,8 @@ class Vocabulary:
     (" a" and "a" both join to b" a"), and ``"never"`` none. The empty string encodes to no ids
     at all. The leading b" " is real: it is the first token's ``▁``, which ``tokenizer.decode``
     strips afterwards. WordPiece (``##``) vocabularies are not byte-exact and come out as their
-    raw token text.
+    raw token text, as do BPE vocabularies whose decoder turns a ``</w>`` suffix into a space
+    (OpenAI GPT, CLIP); reading one through its decoder logs a warning.
 
     With literals of non-special added tokens in ``s``, the property holds exactly where two
     things do. Each such token's bytes are its literal's UTF-8 (``▁`` read as b" " on
@@ -752,6 +796,16 @@ class Vocabulary:
         spec = json.loads(file.read_text(encoding="utf-8"))
         if not isinstance(spec, dict):
             raise ValueError(f"{file} holds {spec!r:.60}, not a tokenizer.json object")
+        try:
+            return cls._from_json_spec(spec, directory, size)
+        except (AttributeError, KeyError, TypeError) as exc:  # a component missing a field
+            raise ValueError(
+                f"{file} (or a config file beside it) is malformed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    @staticmethod
+    def _from_json_spec(spec: dict, directory: Path, size: int | None) -> Vocabulary:
+        """:meth:`from_tokenizer_json`'s reading of a parsed tokenizer.json ``spec``."""
         model_tokens = _model_vocab(spec.get("model") or {})
         scheme = _scheme_from_spec(spec)
         added = _added_tokens(
@@ -760,6 +814,8 @@ class Vocabulary:
             scheme,
             lambda: _json_normalizer(spec.get("normalizer")),
         )
+        if not model_tokens and not added:
+            raise ValueError("tokenizer.json: no tokens at all (its model has no vocab)")
         names: dict[str, Any] = {}
         for name in (
             "special_tokens_map.json",
