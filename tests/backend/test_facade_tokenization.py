@@ -11,8 +11,10 @@ import pytest
 import transformers
 
 from genlm.backend import decode_vocab as top_level_decode_vocab
+from genlm.backend.llm import MockAsyncLM
 from genlm.backend.tokenization import Token, decode_vocab
-from genlm.core import Vocabulary
+from genlm.core import ModelClosedError, Vocabulary
+from genlm.core.mock import MockLM
 
 GPT2_TOKENIZER = Path(__file__).parents[1] / "fixtures" / "tokenizers" / "gpt2"
 
@@ -77,6 +79,16 @@ def test_decode_vocab_raises_on_a_wordpiece_tokenizer(tmp_path):
     bert = transformers.BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"))
     with pytest.raises(ValueError, match="Could not decode byte representation"):
         decode_vocab(bert)
+    # The model classes refuse it too, as genlm-backend's did (its AsyncLM read the
+    # vocabulary with decode_vocab); they published a byte_vocab joining "hello world" to
+    # b"helloworld". A core model made for a facade that refuses it is closed.
+    with pytest.raises(ValueError, match="Could not decode byte representation"):
+        MockAsyncLM(bert)
+    core = MockLM(Vocabulary.from_tokenizer(bert), tokenizer=bert)
+    with pytest.raises(ValueError, match="Could not decode byte representation"):
+        MockAsyncLM._wrap(core)
+    with pytest.raises(ModelClosedError):
+        core.next_token_logprobs_sync([4])
     with pytest.raises(ValueError, match="byte2str_fallback"):
         decode_vocab(transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER), "bogus")
 

@@ -22,7 +22,7 @@ from typing import Any, Self
 
 import torch
 
-from genlm.backend.tokenization import _read_vocab, vocab_lists
+from genlm.backend.tokenization import _check_exact, _read_vocab, vocab_lists
 from genlm.core import BackendNotFoundError, Vocabulary
 from genlm.core.backend import (
     BatchedLM,
@@ -208,15 +208,30 @@ class _CoreBacked(AsyncLM):
 
     core_lm: BatchedLM
 
-    def _attach(self, core_lm: BatchedLM) -> None:
-        """Set the facade's attributes from a core model (its tokenizer and vocabulary)."""
+    def _attach(self, core_lm: BatchedLM, owned: bool = True) -> None:
+        """Set the facade's attributes from a core model (its tokenizer and vocabulary).
+
+        ``owned``: the facade made ``core_lm``, and closes it if it refuses it.
+
+        Raises:
+            ValueError: the tokenizer's bytes cannot be recovered exactly (a WordPiece
+                vocabulary), as genlm-backend's models refused it (see ``decode_vocab``).
+        """
+        if core_lm.tokenizer is not None:
+            try:
+                _check_exact(core_lm.vocab, core_lm.tokenizer)
+            except ValueError:
+                if owned:
+                    core_lm.close()
+                raise
         self.core_lm = core_lm
         self.tokenizer = core_lm.tokenizer
         self.byte_vocab, self.str_vocab = vocab_lists(core_lm.vocab, core_lm.tokenizer)
 
     @classmethod
     def _wrap(cls, core_lm: BatchedLM) -> Any:
-        """A facade of class ``cls`` around an existing core model (no second model)."""
+        """A facade of class ``cls`` around a core model just made for it (no second model;
+        closed if the facade refuses it)."""
         self = cls.__new__(cls)
         self._attach(core_lm)
         return self
@@ -566,7 +581,7 @@ class AsyncVirtualLM(_CoreBacked):
                 "GenLM's vllm backend builds its own engine: use "
                 "AsyncVirtualLM.from_name(model_name, engine_opts={...})"
             )
-        self._attach(async_llm_engine)
+        self._attach(async_llm_engine, owned=False)
 
     @classmethod
     def from_name(
@@ -662,7 +677,9 @@ class MockAsyncLM(_CoreBacked):
     def __init__(self, tokenizer: Any, **opts: Any):
         from genlm.core.mock import MockLM
 
-        self._attach(MockLM(Vocabulary.from_tokenizer(tokenizer), tokenizer=tokenizer, **opts))
+        # Read and checked as decode_vocab does (genlm-backend's MockAsyncLM refused what it
+        # refuses), before any model is made.
+        self._attach(MockLM(_read_vocab(tokenizer), tokenizer=tokenizer, **opts))
 
     @classmethod
     def from_name(cls, model_name: str, **kwargs: Any) -> MockAsyncLM:
