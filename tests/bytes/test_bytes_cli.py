@@ -176,3 +176,27 @@ def test_cli_a_prompt_that_is_not_utf8_is_one_line_before_loading(capsys, monkey
     assert main(["bytes", prompt, "--backend", "mock"]) == 1
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line == "genlm bytes: error: the prompt is not valid UTF-8 text: b'caf\\xe9'"
+
+
+class _EndsWithSpecial(_TextOnlyTokenizer):
+    """``encode(text)`` reading the literal ``<|end|>`` as the special token 256."""
+
+    def encode(self, text):
+        head, sep, tail = text.partition("<|end|>")
+        return super().encode(head) + ([256] + self.encode(tail) if sep else [])
+
+
+def test_cli_keeps_a_special_last_token_in_the_context(capsys, monkeypatch):
+    """A prompt ending in a special token (a chat header's end) keeps it: it has no bytes
+    to prefill, so it stays in the context (it was dropped, and the model never saw it)."""
+    from genlm.core import Vocabulary
+
+    vocab = Vocabulary([*(bytes([b]) for b in range(256)), b"<|end|>"], {256})
+    monkeypatch.setattr(
+        MockLM,
+        "from_name",
+        classmethod(lambda cls, name, **kw: cls(vocab, tokenizer=_EndsWithSpecial(), **kw)),
+    )
+    assert main(["bytes", "Hi<|end|>", "--backend", "mock"]) == 0
+    out = capsys.readouterr().out
+    assert "context tokens: 'H'#72 | 'i'#105 | '<|end|>'#256" in out, out

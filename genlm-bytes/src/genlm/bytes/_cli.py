@@ -21,7 +21,8 @@ async def prompt_state(byte_lm, prompt: str):
     """The state after ``prompt`` and the token context it starts from.
 
     The tokenizer's own tokens (with BOS) are the context, except the last one whose
-    bytes are prefilled, so the continuation may still extend that token. Without a
+    bytes are prefilled, so the continuation may still extend that token; a last token
+    with no bytes (a special one, such as a chat header's end) stays in the context. Without a
     tokenizer the prompt bytes are prefilled from BOS (or from the longest first token
     when there is no BOS). The context returned is the token ids every candidate starts
     with.
@@ -34,10 +35,14 @@ async def prompt_state(byte_lm, prompt: str):
         bos = lm.vocab.bos_token_id
         if bos is not None and ids[:1] == [bos]:  # a tokenizer that adds it itself
             ids = ids[1:]
+        last = lm.vocab.decode(ids[-1:])
+        if ids and not last:  # a special token (a chat header's end) has no bytes to prefill
+            context = ([bos] if bos is not None else []) + ids
+            return await byte_lm.initial(context), tuple(context)
         context = ([bos] if bos is not None else []) + ids[:-1]
         if context:
             state = await byte_lm.initial(context)
-            return await state.prefill(lm.vocab.decode(ids[-1:])), tuple(context)
+            return await state.prefill(last), tuple(context)
     state = await byte_lm.initial(prompt.encode("utf-8"))
     return state, tuple(os.path.commonprefix([c.context for c in state.candidates]))
 
