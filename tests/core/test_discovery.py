@@ -22,7 +22,7 @@ from support.plugins import plugin_module
 from genlm.core import BackendNotFoundError, BackendUnavailableError, _registry, load_model_by_name
 from genlm.core._plugin_api import mismatch_hint
 from genlm.core.backend import PLUGIN_API, BackendSpec, Registry
-from genlm.core.cli import main
+from genlm.core.cli import Command, main
 from genlm.core.mock import MockLM
 
 MOCK_LOADER = "genlm.core.mock:MockLM.from_name"
@@ -134,7 +134,8 @@ class TestPrecedence:
 
     @pytest.mark.parametrize("order", [0, 1])
     def test_claims_without_the_owner_give_the_name_to_nobody(self, make_module, installed, order):
-        """Two third parties claim `foo`, neither is genlm-backend-foo: both reported, none used."""
+        """Two third parties claim `foo`, neither is genlm-backend-foo: both reported, none
+        used; asking for it says it is installed but served by nobody, and why."""
         a = backend_plugin(make_module, "foo", "x", "a")
         b = backend_plugin(make_module, "foo", "y", "b")
         entries = [("a", a, "genlm-a"), ("b", b, "genlm-b")]
@@ -142,8 +143,12 @@ class TestPrecedence:
         reg = Registry.discover()
         assert "foo" not in reg.backends
         assert sorted(e.distribution for e in reg.errors) == ["genlm-a", "genlm-b"]
-        with pytest.raises(BackendNotFoundError, match="broken plugins: a, b"):
+        with pytest.raises(BackendNotFoundError) as raised:
             reg.select("foo")
+        message = str(raised.value)
+        assert message.startswith("backend 'foo' is installed but not served: ")
+        assert "backend name 'foo' is claimed 2 times (genlm-a, genlm-b)" in message
+        assert "pip install" not in message
 
     @pytest.mark.parametrize("distribution", ["genlm-backend-bar", "acme-bar"])
     def test_a_plugin_registering_a_name_twice_is_told_so(self, distribution):
@@ -194,6 +199,75 @@ class TestPrecedence:
         message = str(raised.value)
         assert "installed but its plugin failed to load" in message
         assert "genlm_missing_dependency_1f2e" in message and "pip install" not in message
+
+    def test_an_owner_whose_plugin_failed_keeps_its_name_from_another_claim(
+        self, make_module, installed
+    ):
+        """genlm-backend-foo is installed but its plugin fails to import (built for a newer
+        core): a fork's claim on `foo` is not served in its place, and is reported; asking
+        for `foo` says it is installed, not to pip install it (the fork's loader was
+        silently served as `foo`, and nothing reported the fork)."""
+        owner = make_module("from genlm.core.backend import SomethingFromANewerCore\n")
+        fork = backend_plugin(make_module, "foo", "genlm-foo-fork", "fork")
+        installed([("foo", owner, "genlm-backend-foo"), ("foofork", fork, "genlm-foo-fork")])
+        reg = Registry.discover()
+        assert "foo" not in reg.backends
+        lines = {(e.plugin, e.distribution): str(e) for e in reg.errors}
+        assert set(lines) == {("foo", "genlm-backend-foo"), ("foofork", "genlm-foo-fork")}
+        assert "SomethingFromANewerCore" in lines["foo", "genlm-backend-foo"]
+        assert "belongs to genlm-backend-foo" in lines["foofork", "genlm-foo-fork"]
+        with pytest.raises(BackendNotFoundError) as raised:
+            reg.load_model("stories260K", backend="foo")
+        message = str(raised.value)
+        assert message.startswith("backend 'foo' is installed but its plugin failed to load")
+        assert "SomethingFromANewerCore" in message and "to install it" not in message
+
+    def test_an_owner_refused_by_pluggy_keeps_its_name_from_another_claim(self, make_module):
+        """The same when the owner's plugin is invalid (a hook taking an argument the spec
+        does not have): a plugin reported broken on any path keeps its names from others."""
+        owner = make_module(
+            """
+            from genlm.core.hookspecs import hookimpl
+
+            @hookimpl
+            def genlm_register_backends(register, extra):
+                pass
+            """
+        )
+        fork = backend_plugin(make_module, "foo", "genlm-foo-fork", "fork")
+        reg = Registry()
+        reg.register_plugins(
+            [
+                ("foo", "genlm-backend-foo", importlib.import_module(owner)),
+                ("foofork", "genlm-foo-fork", importlib.import_module(fork)),
+            ]
+        )
+        assert "foo" not in reg.backends
+        assert {e.plugin for e in reg.errors} == {"foo", "foofork"}
+
+    def test_a_name_a_plugin_registers_twice_is_installed_not_unknown(self):
+        """A third party's plugin registering `bar` twice with different specs: asking for
+        `bar` says it is installed but served by nobody, and why (it said "unknown backend
+        'bar'" and to pip install genlm-backend-bar)."""
+        reg = Registry()
+        reg.register_plugins(
+            [
+                (
+                    "acme",
+                    "acme-tools",
+                    plugin_module("acme", _bar("acme-tools", "cpu"), _bar("acme-tools", "gpu")),
+                )
+            ]
+        )
+        assert "bar" not in reg.backends
+        [error] = reg.errors
+        with pytest.raises(BackendNotFoundError) as raised:
+            reg.load_model("stories260K", backend="bar")
+        message = str(raised.value)
+        assert message.startswith("backend 'bar' is installed but not served: ")
+        assert "it registered backend name 'bar' 2 times, with different specs" in message
+        assert message.endswith(str(error).split(": ", 1)[1])
+        assert "unknown backend" not in message and "pip install" not in message
 
     def test_a_single_third_party_claim_is_used(self, make_module, installed):
         """An unowned name claimed once is simply that plugin's backend."""
@@ -339,6 +413,31 @@ class TestAvailability:
             assert type(raised.value) is type(cause)
         else:  # a module raising anything else at import failed to import: named, class shown
             assert type(raised.value) is ImportError and type(cause).__name__ in message
+
+    def test_a_named_backend_whose_loader_calls_sys_exit_is_an_import_error(
+        self, make_module, monkeypatch
+    ):
+        """backend='top' whose loader module calls sys.exit at import (a package giving up
+        on a missing GPU): an ImportError naming the backend and the SystemExit, and the
+        caller goes on (the SystemExit went through and ended the caller's program)."""
+        module = make_module("import sys\nsys.exit('no CUDA device, giving up')\n")
+        reg = _registry_of(
+            BackendSpec(name="top", loader=f"{module}:load", distribution="d", plugin_api=1)
+        )
+        monkeypatch.setattr(_registry, "_registry", reg)
+        try:
+            load_model_by_name("stories260K", backend="top")
+        except ImportError as exc:
+            raised = exc
+        except SystemExit as exc:
+            pytest.fail(f"load_model_by_name let the loader's SystemExit through: {exc!r}")
+        else:
+            pytest.fail("load_model_by_name loaded a backend whose loader exits at import")
+        assert type(raised) is ImportError and isinstance(raised.__cause__, SystemExit)
+        assert str(raised) == (
+            "backend 'top' (plugin 'top', distribution genlm-backend-top): cannot import its "
+            f"loader {module}:load: SystemExit('no CUDA device, giving up')"
+        )
 
     def test_loader_errors_are_not_masked_by_fallback(self, make_module, monkeypatch):
         """A loader that imports fine but rejects the model raises; no other backend is tried."""
@@ -499,6 +598,166 @@ class TestIsolation:
         out = capsys.readouterr().out
         assert "mock" in out and "broken plugin bye (genlm-backend-bye)" in out
 
+    @pytest.mark.parametrize("where", ["import", "import-typeerror", "hook", "probe"])
+    def test_an_exception_that_cannot_show_itself_breaks_only_its_plugin(
+        self, make_module, installed, process_registry, capsys, where
+    ):
+        """A plugin raising, at import, in its hook or in its probe, an exception whose
+        repr and str raise is reported by its class name, and the rest work (discovery
+        died formatting it, so every genlm command and load_model_by_name failed; a
+        probe's failed `genlm backends`)."""
+        ugly = textwrap.dedent(
+            """
+            class Ugly(Exception):
+                def __repr__(self):
+                    raise RuntimeError("repr broken")
+
+                def __str__(self):
+                    raise RuntimeError("str broken")
+            """
+        )
+        hook = """
+            from genlm.core.hookspecs import hookimpl
+
+            @hookimpl
+            def genlm_register_backends(register):
+                raise Ugly()
+            """
+        probe = f"""
+            from genlm.core.backend import BackendSpec, backend_hook
+
+            def probe():
+                raise Ugly()
+
+            genlm_register_backends = backend_hook(
+                BackendSpec(name="ugly", loader={MOCK_LOADER!r},
+                            distribution="genlm-backend-ugly", plugin_api=1, probe=probe)
+            )
+            """
+        sources = {
+            "import": ugly + "raise Ugly()\n",
+            # a TypeError's str is read to tell a newer plugin's unknown field
+            "import-typeerror": ugly.replace("(Exception)", "(TypeError)") + "raise Ugly()\n",
+            "hook": ugly + textwrap.dedent(hook),
+            "probe": ugly + textwrap.dedent(probe),
+        }
+        module = make_module(sources[where])
+        installed(
+            [
+                ("ugly", module, "genlm-backend-ugly"),
+                ("mock", "genlm.core.mock_plugin", "genlm-core"),
+            ]
+        )
+        assert main(["backends", "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        rows = {row["name"]: row for row in report["backends"]}
+        if where == "probe":
+            assert report["broken"] == []
+            assert rows["ugly"]["available"] is False
+            assert rows["ugly"]["status"].startswith("unavailable: availability probe failed: Ugly")
+        else:
+            [broken] = report["broken"]
+            assert (broken["plugin"], broken["distribution"]) == ("ugly", "genlm-backend-ugly")
+            assert "Ugly" in broken["error"]
+            [error] = _registry.get_registry().errors
+            assert type(error.__cause__).__name__ == "Ugly"  # what the plugin raised
+        assert rows["mock"]["available"] is True
+        lm = load_model_by_name("stories260K", backend="mock")
+        assert isinstance(lm, MockLM)
+        lm.close()
+
+    def test_every_other_report_survives_an_exception_that_cannot_show_itself(
+        self, make_module, installed, process_registry, capsys, monkeypatch
+    ):
+        """The same exception from a command's setup, from a named backend's loader (an
+        ImportError subclass whose str raises), and from a loader's parent package at
+        import (what ``genlm backends`` probes): each is one report naming its class."""
+        ugly = make_module(
+            """
+            class Ugly(ImportError):
+                def __repr__(self):
+                    raise RuntimeError("repr broken")
+
+                def __str__(self):
+                    raise RuntimeError("str broken")
+            """
+        )
+        setup = make_module(
+            f"""
+            from genlm.core.cli import Command, command_hook
+            from {ugly} import Ugly
+
+            def configure(parser):
+                raise Ugly()
+
+            genlm_register_commands = command_hook(
+                Command(name="ugly", help="h", configure=configure, run=lambda a: 0)
+            )
+            """
+        )
+        installed([("setup", setup, "genlm-cmd-ugly")])
+        assert main(["backends"]) == 0
+        assert main(["ugly"]) == 1
+        assert "failed to set it up: Ugly (whose repr raised RuntimeError)" in (
+            capsys.readouterr().err
+        )
+        loader = make_module(f"from {ugly} import Ugly\nraise Ugly()\n")
+        reg = _registry_of(
+            BackendSpec(name="top", loader=f"{loader}:load", distribution="d", plugin_api=1)
+        )
+        monkeypatch.setattr(_registry, "_registry", reg)
+        with pytest.raises(ImportError, match="Ugly \\(whose repr raised RuntimeError\\)"):
+            load_model_by_name("stories260K", backend="top")
+        package = make_module(f"from {ugly} import Ugly\nraise Ugly()\n")
+        spec = BackendSpec(name="pkg", loader=f"{package}.sub:load", distribution="d", plugin_api=1)
+        sys.modules.pop(package, None)
+        assert "Ugly (whose repr raised RuntimeError)" in spec.unavailable_reason()
+
+    def test_plugin_prints_do_not_corrupt_backends_json(
+        self, make_module, installed, process_registry, capsys
+    ):
+        """A plugin printing at import and in its probe: `genlm backends --json` writes
+        the JSON alone to stdout, the prints go to stderr (they came first on stdout,
+        and the output was not JSON)."""
+        loud = make_module(
+            f"""
+            from genlm.core.backend import BackendSpec, backend_hook
+
+            print("loud plugin imported")
+
+            def probe():
+                print("probing the GPU...")
+
+            genlm_register_backends = backend_hook(
+                BackendSpec(name="loud", loader={MOCK_LOADER!r},
+                            distribution="genlm-backend-loud", plugin_api=1, probe=probe)
+            )
+            """
+        )
+        installed([("loud", loud, "genlm-backend-loud")])
+        assert main(["backends", "--json"]) == 0
+        captured = capsys.readouterr()
+        report = json.loads(captured.out)
+        [row] = report["backends"]
+        assert row["name"] == "loud" and row["available"] is True
+        assert captured.err.splitlines() == ["loud plugin imported", "probing the GPU..."]
+
+    def test_cli_interrupted_during_a_plugin_import_says_so_in_one_line(
+        self, make_module, installed, process_registry, capsys
+    ):
+        """Ctrl-C while discovery imports a slow plugin ends `genlm` with status 130 and
+        "genlm: interrupted", as during a command (discovery ran before main's handler:
+        the KeyboardInterrupt escaped with a traceback)."""
+        interrupted = make_module("raise KeyboardInterrupt\n")
+        installed([("slow", interrupted, "genlm-backend-slow")])
+        try:
+            status = main(["backends"])
+        except KeyboardInterrupt:  # caught here: one escaping would stop the whole test run
+            pytest.fail("the KeyboardInterrupt escaped main()")
+        assert status == 130
+        captured = capsys.readouterr()
+        assert (captured.out, captured.err) == ("", "genlm: interrupted\n")
+
 
 def test_a_command_of_a_hidden_plugin_blames_the_allowlist(
     make_module, installed, process_registry, monkeypatch, capsys
@@ -525,6 +784,51 @@ def test_a_command_of_a_hidden_plugin_blames_the_allowlist(
     monkeypatch.delenv("GENLM_BACKENDS")
     _registry.get_registry(refresh=True)
     assert main(["hello"]) == 0  # shown, it runs
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"name": 7}, {"name": None}, {"name": "Two Words"}, {"help": 3}, {"run": "main"}],
+    ids=["int-name", "no-name", "bad-name", "int-help", "run-not-callable"],
+)
+def test_a_command_with_a_bad_field_breaks_only_its_plugin(
+    make_module, installed, process_registry, capsys, fields
+):
+    """A plugin making a Command with a malformed field (name=7) is refused when it makes
+    it, so that plugin is broken and every other command works (the Command was accepted,
+    and `genlm`, `genlm --help` and `genlm backends` all died sorting the command names,
+    next to any other plugin command)."""
+    made = {"name": "bad", "help": "h", "configure": lambda parser: None, "run": lambda a: 0}
+    with pytest.raises((TypeError, ValueError)) as refused:
+        Command(**{**made, **fields})
+    source = {"name": "'bad'", "help": "'h'", "configure": "lambda p: None", "run": "lambda a: 0"}
+    source.update({k: repr(v) for k, v in fields.items()})
+    arguments = ", ".join(f"{k}={v}" for k, v in source.items())
+    bad = make_module(
+        f"""
+        from genlm.core.cli import Command, command_hook
+
+        genlm_register_commands = command_hook(Command({arguments}))
+        """
+    )
+    good = make_module(
+        """
+        from genlm.core.cli import Command, command_hook
+
+        genlm_register_commands = command_hook(
+            Command(name="bee", help="buzzes", configure=lambda p: None, run=lambda a: 7)
+        )
+        """
+    )
+    installed([("a", bad, "genlm-cmd-a"), ("b", good, "genlm-cmd-b")])
+    assert main(["backends"]) == 0
+    assert "broken plugin a (genlm-cmd-a)" in capsys.readouterr().out
+    [error] = _registry.get_registry().errors
+    assert type(error.__cause__) is refused.type  # the plugin failed making its Command
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0 and "buzzes" in capsys.readouterr().out
+    assert main(["bee"]) == 7
 
 
 def _serve_top_over_mock(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
@@ -596,3 +900,30 @@ def test_a_local_model_path_has_its_home_expanded(tmp_path, monkeypatch):
     assert resolve_model_path("~/model") == str(tmp_path / "model")
     assert resolve_model_path("owner/name") == "owner/name"
     assert resolve_model_path("stories260K").endswith("stories260K")
+
+
+def test_a_model_path_given_as_a_path_object_is_resolved_as_its_string(tmp_path, monkeypatch):
+    """A ``pathlib.Path`` is checked and expanded like the same path written as a string:
+    a missing one is a FileNotFoundError naming it, ``~`` is expanded (a Path was returned
+    unchanged, so a loader took a missing or ``~`` path for a hub id)."""
+    from pathlib import Path
+
+    from genlm.core.backend import resolve_model_path
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "model").mkdir()
+    with pytest.raises(FileNotFoundError, match="model path '/nonexistent/model' does not exist"):
+        resolve_model_path(Path("/nonexistent/model"))
+    with pytest.raises(FileNotFoundError, match="model path '~/no/such/model' does not exist"):
+        resolve_model_path(Path("~/no/such/model"))
+    assert resolve_model_path(Path("~/model")) == str(tmp_path / "model")
+    assert resolve_model_path(tmp_path / "model") == str(tmp_path / "model")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_model_by_name(Path("/nonexistent/model"), backend="mock")
+    # A path object is a local path even where its string could be a hub id or an
+    # embedded model's name.
+    monkeypatch.chdir(tmp_path)
+    for name in ("no-such-dir", "owner/name", "stories260K"):
+        with pytest.raises(FileNotFoundError, match=f"model path '{name}' does not exist"):
+            resolve_model_path(Path(name))
+    assert resolve_model_path(Path("model")) == "model"

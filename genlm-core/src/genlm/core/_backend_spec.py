@@ -14,6 +14,8 @@ from typing import Any
 
 import attrs
 
+from genlm.core._errors import describe
+
 _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 _TARGET = re.compile(r"^[\w.]+:[\w.]+$")
 
@@ -130,7 +132,7 @@ class BackendSpec:
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # a parent package that fails to import
-            return f"loader module {module_name!r} cannot be found: {exc!r}"
+            return f"loader module {module_name!r} cannot be found: {describe(exc)}"
         if not found:
             return (
                 f"loader module {module_name!r} is not installed "
@@ -144,7 +146,7 @@ class BackendSpec:
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # a broken probe must not break discovery
-            return f"availability probe failed: {exc!r}"
+            return f"availability probe failed: {describe(exc)}"
         if reason is None or (isinstance(reason, str) and reason.strip()):
             return reason
         return (  # True or "" read as a reason would say "unavailable: True"

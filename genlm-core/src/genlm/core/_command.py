@@ -26,7 +26,30 @@ class Command:
         run: runs the command with the parsed arguments; returns the exit status.
     """
 
-    name: str
-    help: str | None
-    configure: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
+    name: str = attrs.field()
+    help: str | None = attrs.field()
+    configure: Callable[[argparse.ArgumentParser], None] = attrs.field()
+    run: Callable[[argparse.Namespace], int] = attrs.field()
+
+    # Checked when made, naming the field: one plugin's bad command (a name that is not a
+    # string broke sorting the commands, so every ``genlm`` call) fails that plugin alone.
+
+    @name.validator
+    def _check_name(self, attribute: attrs.Attribute, value: object) -> None:
+        if not isinstance(value, str):
+            raise TypeError(f"Command name must be a string, got {value!r}")
+        if not value or value.startswith("-") or len(value.split()) != 1:
+            raise ValueError(
+                f"Command name {value!r} must be one word with no whitespace, not starting with '-'"
+            )
+
+    @help.validator
+    def _check_help(self, attribute: attrs.Attribute, value: object) -> None:
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"Command help must be a string or None, got {value!r}")
+
+    @configure.validator
+    @run.validator
+    def _check_callable(self, attribute: attrs.Attribute, value: object) -> None:
+        if not callable(value):
+            raise TypeError(f"Command {attribute.name} must be callable, got {value!r}")

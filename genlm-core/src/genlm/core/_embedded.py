@@ -29,9 +29,10 @@ def is_local_path(name: str) -> bool:
     )
 
 
-def resolve_model_path(name: str) -> str:
+def resolve_model_path(name: str | os.PathLike) -> str:
     """The local directory of an embedded model; a local path with ``~`` expanded; else
-    ``name`` (a hub id, or a path not written as one) unchanged.
+    ``name`` (a hub id, or a path not written as one) unchanged. A path object
+    (``pathlib.Path``) is always a local path.
 
     Backends pass every model name through this, so ``"stories260K"`` loads offline, and a
     mistyped local path fails here, naming it, instead of inside the loader, which would
@@ -39,13 +40,16 @@ def resolve_model_path(name: str) -> str:
     later, or a retried download).
 
     Raises:
-        FileNotFoundError: ``name`` can only be a local path (:func:`is_local_path`) and
-            nothing is there.
+        FileNotFoundError: ``name`` can only be a local path (:func:`is_local_path`, or a
+            path object) and nothing is there.
     """
-    path = EMBEDDED_MODELS.get(name)
+    given_as_path = isinstance(name, os.PathLike)
+    if given_as_path:  # a path object is a local path, whatever it looks like
+        name = os.fsdecode(name)
+    path = None if given_as_path else EMBEDDED_MODELS.get(name)
     if path is not None:
         return str(path)
-    if isinstance(name, str) and is_local_path(name):
+    if isinstance(name, str) and (given_as_path or is_local_path(name)):
         local = os.path.expanduser(name)
         if not os.path.exists(local):
             raise FileNotFoundError(f"model path {name!r} does not exist")

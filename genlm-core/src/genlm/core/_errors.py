@@ -81,3 +81,13 @@ class UnknownVariantError(GenLMError, KeyError, ValueError):
 
 class ModelClosedError(GenLMError, RuntimeError):
     """The model was closed; create a new one to make further requests."""
+
+
+def describe(exc: BaseException) -> str:
+    """``repr(exc)``, or a stand-in naming its class when that raises: what every report of
+    a plugin's failure shows, since a plugin's exception may be unable to show itself (its
+    ``__repr__`` or ``__str__`` raising), and that must not break discovery or the CLI."""
+    try:
+        return repr(exc)
+    except Exception as inner:  # noqa: BLE001 - a plugin's __repr__ may raise anything
+        return f"{type(exc).__qualname__} (whose repr raised {type(inner).__name__})"

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib.metadata
 
+from genlm.core._errors import describe
+
 PLUGIN_API = 1
 """The plugin API version genlm-core serves: raised by each breaking change to it."""
 
@@ -50,9 +52,10 @@ def mismatch_hint(exc: BaseException, distribution: str | None) -> str:
     Returns:
         ``""``, or ``"; ..."`` naming this core's plugin API and the upgrades that fix it.
     """
-    from_core = isinstance(exc, ImportError) and (exc.name or "").startswith("genlm.core")
+    name = exc.name if isinstance(exc, ImportError) else None
+    from_core = isinstance(name, str) and name.startswith("genlm.core")
     unknown_field = isinstance(exc, TypeError) and any(
-        f"{cls}.__init__()" in str(exc) for cls in ("BackendSpec", "Command")
+        f"{cls}.__init__()" in describe(exc) for cls in ("BackendSpec", "Command")
     )
     if not (from_core or unknown_field):
         return ""

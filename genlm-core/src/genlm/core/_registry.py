@@ -50,6 +50,7 @@ from genlm.core._errors import (
     BackendNotFoundError,
     BackendUnavailableError,
     PluginLoadError,
+    describe,
 )
 from genlm.core._plugin_api import incompatibility, mismatch_hint
 
@@ -111,7 +112,9 @@ def _intrudes(name: str, claim: _Claim) -> str:
     )
 
 
-def _arbitrate(name: str, claims: list[_Claim]) -> tuple[_Claim | None, list[tuple[_Claim, str]]]:
+def _arbitrate(
+    name: str, claims: list[_Claim], failed: Collection[str] = ()
+) -> tuple[_Claim | None, list[tuple[_Claim, str]]]:
     """Decide who gets ``name``; the result depends only on the set of claims, not their order.
 
     Returns:
@@ -125,6 +128,11 @@ def _arbitrate(name: str, claims: list[_Claim]) -> tuple[_Claim | None, list[tup
     unique = list(distinct.values())
     owner = owner_of(name)
     owners = [c for c in unique if c.owns]
+    if not owners and owner in failed:  # installed, but its plugin failed: the name stays its own
+        return None, [
+            (c, f"{_intrudes(name, c)}; {owner} is installed but its plugin failed to load")
+            for c in unique
+        ]
     if len(owners) == 1:
         winner = owners[0]
         return winner, [(c, _intrudes(name, c)) for c in unique if c is not winner]
@@ -179,6 +187,11 @@ class Registry:
     _claims: dict[str, list[_Claim]] = attrs.field(factory=dict, init=False, repr=False)
     _winners: dict[str, _Claim] = attrs.field(factory=dict, init=False, repr=False)
     _rejected: set[_Claim] = attrs.field(factory=set, init=False, repr=False)
+    #: normalized distributions with a plugin reported broken (failed to import, invalid,
+    #: a hook raised, registered nothing, a command failed to set up).
+    _failed: set[str] = attrs.field(factory=set, init=False, repr=False)
+    #: backend name -> why no claim on it is served (ambiguous, registered twice...).
+    _lost: dict[str, str] = attrs.field(factory=dict, init=False, repr=False)
     #: command name -> (entry point name, distribution) of the plugin that registered it.
     _command_plugins: dict[str, tuple[str, str | None]] = attrs.field(
         factory=dict, init=False, repr=False
@@ -236,7 +249,7 @@ class Registry:
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:  # SystemExit too: a plugin never stops discovery
-                message = f"failed to import {value}: {exc!r}{mismatch_hint(exc, dist)}"
+                message = f"failed to import {value}: {describe(exc)}{mismatch_hint(exc, dist)}"
                 registry._broken(name, dist, message, exc)
         registry.register_plugins(modules)
         return registry
@@ -282,7 +295,7 @@ class Registry:
                         raise
                     except BaseException as exc:
                         failed = True
-                        message = f"{hook_name} raised {exc!r}{mismatch_hint(exc, dist)}"
+                        message = f"{hook_name} raised {describe(exc)}{mismatch_hint(exc, dist)}"
                         self._broken(name, dist, message, exc)
             if not given and not failed:
                 hook_names = [hook_name for hook_name, _ in hooks]
@@ -309,7 +322,9 @@ class Registry:
         """Give each claimed name to its winner; report every rejected claim once."""
         reported: set[tuple[str, str | None, str]] = set()  # a plugin's claims, one line
         for name in sorted(self._claims):
-            winner, rejected = _arbitrate(name, self._claims[name])
+            winner, rejected = _arbitrate(name, self._claims[name], self._failed)
+            if winner is None and rejected:
+                self._lost[name] = rejected[0][1]
             if winner is None or winner.incompatible is not None:
                 self.backends.pop(name, None)
                 self._winners.pop(name, None)
@@ -342,7 +357,9 @@ class Registry:
         """Report a registered command that failed to set up (its ``configure`` raised):
         the CLI keeps the others, and ``genlm backends`` lists its plugin as broken."""
         plugin, dist = self._command_plugins.get(name, (name, None))
-        return self._broken(plugin, dist, f"command {name!r} failed to set up: {exc!r}", exc)
+        return self._broken(
+            plugin, dist, f"command {name!r} failed to set up: {describe(exc)}", exc
+        )
 
     def _broken(
         self, plugin: str, dist: str | None, message: str, cause: BaseException | None = None
@@ -355,6 +372,8 @@ class Registry:
         error.__cause__ = cause
         logger.info("%s", error)
         self.errors.append(error)
+        if dist is not None:  # its names stay its own (see _arbitrate)
+            self._failed.add(_normalize(dist))
         return error
 
     # ---- choosing and loading ----------------------------------------------------------
@@ -426,7 +445,9 @@ class Registry:
             spec = self.select(backend)
             try:
                 loader = spec.import_loader()
-            except Exception as exc:  # which backend, whose, and what failed to import
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # which backend, whose, what failed (SystemExit too)
                 raise _import_error(
                     f"{self._culprit(spec)}: cannot import its loader {spec.loader}", exc
                 ) from exc
@@ -439,7 +460,7 @@ class Registry:
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:
-                reason = f"importing its loader {spec.loader} failed: {exc!r}"
+                reason = f"importing its loader {spec.loader} failed: {describe(exc)}"
                 warnings.warn(
                     f"backend {spec.name!r} was chosen but {reason}; trying the next usable "
                     "backend",
@@ -517,6 +538,11 @@ class Registry:
             if e.plugin.casefold() == name
             or (e.distribution is not None and _normalize(e.distribution) == owner_of(name))
         ]
+        owner_broken = [e for e in broken if e.distribution is not None]
+        owner_broken = [e for e in owner_broken if _normalize(e.distribution) == owner_of(name)]
+        if name in self._lost and not owner_broken:  # installed, claimed, served by nobody
+            return f"backend {backend!r} is installed but not served: {self._lost[name]}"
+        broken = owner_broken or broken  # the owner's own failure says most
         if broken:  # installed: a pip install would not help
             return f"backend {backend!r} is installed but its plugin failed to load: {broken[0]}"
         return (
@@ -547,14 +573,17 @@ def _from(
     return register_from_plugin
 
 
-def _import_error(context: str, exc: Exception) -> ImportError:
+def _import_error(context: str, exc: BaseException) -> ImportError:
     """An ``ImportError`` saying ``context: <exc>``: of ``exc``'s class when it is an
     ``ImportError`` (a missing dependency stays a ``ModuleNotFoundError``, with its
     ``name`` and ``path``), else a plain one that shows the original's class
     (``RuntimeError('...')``), since a module that raises at import failed to import."""
     if isinstance(exc, ImportError):
-        return type(exc)(f"{context}: {exc}", name=exc.name, path=exc.path)
-    return ImportError(f"{context}: {exc!r}")
+        try:
+            return type(exc)(f"{context}: {exc}", name=exc.name, path=exc.path)
+        except Exception:  # noqa: BLE001 - a plugin's subclass that cannot show or remake itself
+            pass
+    return ImportError(f"{context}: {describe(exc)}")
 
 
 def _registered_nothing(module: Any, hooks: list[str], implemented: list[str]) -> str:

@@ -15,6 +15,7 @@ ends the command quietly with status 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import os
@@ -24,6 +25,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from genlm.core._command import Command
+from genlm.core._errors import describe
 from genlm.core._plugin_hooks import command_hook
 from genlm.core.cli._errors import CLIError, one_line
 from genlm.core.cli._load import load_model
@@ -129,7 +131,7 @@ def build_parser(
 
 
 def _broken_command(exc: BaseException, args: argparse.Namespace) -> int:
-    raise CLIError(f"this command's plugin failed to set it up: {exc!r}") from exc
+    raise CLIError(f"this command's plugin failed to set it up: {describe(exc)}") from exc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -138,9 +140,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     is printed), 130 on ``KeyboardInterrupt``; ``--help`` exits through ``SystemExit``."""
     from genlm.core._registry import get_registry
 
-    registry = get_registry()
-    commands = _core_commands() + [c for _, c in sorted(registry.commands.items())]
-    parser = build_parser(commands, lambda command, exc: registry.command_failed(command.name, exc))
+    try:  # plugins print to stderr: stdout is the command's (genlm backends --json)
+        with contextlib.redirect_stdout(sys.stderr):
+            registry = get_registry()
+            commands = _core_commands() + [c for _, c in sorted(registry.commands.items())]
+            parser = build_parser(
+                commands, lambda command, exc: registry.command_failed(command.name, exc)
+            )
+    except KeyboardInterrupt:  # a slow plugin import, or a plugin command's setup
+        print("genlm: interrupted", file=sys.stderr)
+        return 130
     parser.hidden_note = registry.allowlist_note
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
+import sys
 
 from genlm.core._command import Command
 
@@ -80,7 +82,8 @@ def print_table(rows: list[dict]) -> None:
 def run(args: argparse.Namespace) -> int:
     from genlm.core._registry import get_registry
 
-    rows, broken = backend_rows()
+    with contextlib.redirect_stdout(sys.stderr):  # a probe's prints must not reach the table
+        rows, broken = backend_rows()
     registry = get_registry()
     if args.json:
         report = {"backends": rows, "broken": broken, "hidden": registry.hidden}

@@ -10,6 +10,9 @@ class CLIError(Exception):
 
 def one_line(exc: BaseException) -> str:
     """An exception's message on one line (library messages often span several), or its
-    class name when the message is empty."""
-    text = " ".join(str(exc).split())
+    class name when the message is empty (or cannot be shown: its ``__str__`` raised)."""
+    try:
+        text = " ".join(str(exc).split())
+    except Exception:  # noqa: BLE001 - a plugin's exception that cannot show itself
+        text = ""
     return text or type(exc).__name__
