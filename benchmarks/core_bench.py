@@ -412,6 +412,11 @@ def cpu_idle() -> str:
         return "not known (no cpuidle in sysfs)"
     governor = read(f"{root}/current_governor_ro") or read(f"{root}/current_governor")
     text = f"cpuidle driver {driver}, governor {governor}"
+    if driver != "haltpoll":
+        # The haltpoll module's window may be set while another driver idles the CPUs:
+        # it then polls nothing. Without a driver an idle CPU halts at once (a VM's host
+        # may still poll before it deschedules the vCPU; the guest cannot see that).
+        return text + ", no guest halt polling"
     poll_ns = read("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
     if poll_ns is not None and poll_ns.isdigit():
         text += f", guest halt polling up to {int(poll_ns):,} ns"
