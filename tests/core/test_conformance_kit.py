@@ -1,8 +1,8 @@
-"""The conformance kit fails backends with the bugs state reuse and padding make, and passes
-correct ones it used to fail (a short context limit, nondeterministic kernels).
+"""The conformance kit fails backends with the bugs state reuse, padding and threads make,
+and passes correct ones it used to fail (a short context limit, nondeterministic kernels).
 
 The kit is run on each backend in a child pytest (its checks are pytest tests), and the
-checks that failed are read from the child's summary.
+checks that failed are read from the child's summary, what they said from its reports.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import pytest
 
 BACKENDS = textwrap.dedent(
     '''
+    import time
+
     import numpy as np
     import pytest
     from scipy.special import logsumexp
@@ -105,6 +107,64 @@ BACKENDS = textwrap.dedent(
             for i, c in enumerate(contexts):
                 slots[i % 8] = c
             return super()._logprobs_batch([slots[i % 8] for i in range(len(contexts))], variant)
+
+
+    class WrongPastOneKVBlock(Correct):
+        """A paged KV cache of 16-token blocks (vLLM's default size) that, resuming a
+        context from a cached prefix longer than one block, reads a block at the wrong
+        offset (skips a token): right for contexts of up to 16 tokens or computed fresh."""
+
+        def __init__(self, **options):
+            super().__init__(**options)
+            self.cached = set()
+
+        def _clear_backend_cache(self):
+            self.cached.clear()
+
+        def _logprobs_batch(self, contexts, variant):
+            rows = []
+            for c in contexts:
+                resumed = any(c[:n] in self.cached for n in range(17, len(c)))
+                rows.append(mock_logprobs(c[:16] + c[17:] if resumed else c, V))
+                self.cached.add(c)
+            return np.stack(rows)
+
+
+    class SyncOnCallersThread(Correct):
+        """Its sync twins run the engine on the caller's thread instead of the worker, and
+        the engine (which releases the GIL while it computes, as a real one does) builds
+        each row in one scratch buffer: right alone, wrong when a sync call from another
+        thread overlaps a batch on the worker."""
+
+        def __init__(self, **options):
+            super().__init__(**options)
+            self.scratch = np.zeros(V, dtype=np.float32)
+
+        def _logprobs_batch(self, contexts, variant):
+            rows = []
+            for c in contexts:
+                self.scratch[:] = mock_logprobs(c, V)
+                time.sleep(0.0002)
+                rows.append(self.scratch.copy())
+            return np.stack(rows)
+
+        def _rows_sync(self, requests, cached=True):
+            return list(self._logprobs_batch([r.ids for r in requests], None))
+
+
+    class ComputesOnTheLoop(Correct):
+        """Its coroutine awaits nothing: it computes on the event loop, blocking it."""
+
+        async def next_token_logprobs(self, token_ids, **options):
+            return self.next_token_logprobs_sync(token_ids, **options)
+
+
+    class DropsARow(Correct):
+        """Returns one row too few for a batch of more than one context."""
+
+        def _logprobs_batch(self, contexts, variant):
+            rows = super()._logprobs_batch(contexts, variant)
+            return rows[:-1] if len(rows) > 1 else rows
 
 
     class Noisy(Correct):
@@ -203,6 +263,7 @@ BACKENDS = textwrap.dedent(
     TestCorrect = kit(Correct)
     TestCorrectUncached = kit(Correct, cache_bytes=0)
     TestShortLimit = kit(Correct, max_context_length=6)
+    TestLongContextsCut = kit(Correct, max_context_length=20)
     TestLimitOne = kit(Correct, max_context_length=1)
     TestLimitOneThreeTokens = kit(MockLM, vocab=[b"a", b"b", b"c"], max_context_length=1)
     TestSmallBatches = kit(Correct, max_batch_size=5)
@@ -221,13 +282,17 @@ BACKENDS = textwrap.dedent(
     TestTemperatureIgnored = kit(TemperatureIgnored)
     TestDefaultEosIgnored = kit(DefaultEosIgnored)
     TestShiftedVocabulary = kit(shifted_vocabulary)
+    TestWrongPastOneKVBlock = kit(WrongPastOneKVBlock)
+    TestSyncOnCallersThread = kit(SyncOnCallersThread)
+    TestComputesOnTheLoop = kit(ComputesOnTheLoop)
+    TestDropsARow = kit(DropsARow)
     '''
 )
 
 
 @pytest.fixture(scope="module")
-def failed_checks(tmp_path_factory) -> dict[str, set[str]]:
-    """Each kit class of the module above and the checks of it that failed."""
+def kit_output(tmp_path_factory) -> str:
+    """What the child pytest running the kit on the module above printed."""
     folder = tmp_path_factory.mktemp("kit")
     (folder / "test_backends.py").write_text(BACKENDS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -241,23 +306,30 @@ def failed_checks(tmp_path_factory) -> dict[str, set[str]]:
         env=env,
     )
     assert "passed" in run.stdout, run.stdout + run.stderr
+    return run.stdout
+
+
+@pytest.fixture(scope="module")
+def failed_checks(kit_output) -> dict[str, set[str]]:
+    """Each kit class of the module above and the checks of it that failed."""
     failed: dict[str, set[str]] = {}  # a check that errors (a fixture raised) counts too
-    for cls, check in re.findall(r"^(?:FAILED|ERROR) \S+::(\w+)::(\w+)", run.stdout, re.MULTILINE):
+    for cls, check in re.findall(r"^(?:FAILED|ERROR) \S+::(\w+)::(\w+)", kit_output, re.MULTILINE):
         failed.setdefault(cls, set()).add(check)
     return failed
 
 
 @pytest.mark.parametrize(
     "cls",
-    ["TestCorrect", "TestCorrectUncached", "TestShortLimit", "TestLimitOne"]
-    + ["TestLimitOneThreeTokens", "TestSmallBatches", "TestNoisyUncached", "TestNoisyTinyCache"]
-    + ["TestEosLikely"],
+    ["TestCorrect", "TestCorrectUncached", "TestLongContextsCut", "TestShortLimit"]
+    + ["TestLimitOne", "TestLimitOneThreeTokens", "TestSmallBatches", "TestNoisyUncached"]
+    + ["TestNoisyTinyCache", "TestEosLikely"],
 )
 def test_correct_backends_pass(failed_checks, cls):
     """A correct backend passes: with or without the output cache, with a context limit
-    of 6 tokens or of 1 (no room for a token after BOS; over three tokens, too few
-    distinct contexts for some checks, which skip), with batches of at most 5 contexts
-    (the large batch is a full one and a partial one), with kernels that vary within ``atol``
+    of 20 tokens (the long contexts cut short), of 6 (no long contexts: that check skips)
+    or of 1 (no room for a token after BOS; over three tokens, too few distinct contexts
+    for some checks, which skip), with batches of at most 5 contexts (the large batch is
+    a full one and a partial one), with kernels that vary within ``atol``
     and no cache or a cache too small for a row (whose repeated request is a recomputation,
     not a hit), and with an EOS token drawn a third of the time."""
     assert cls not in failed_checks
@@ -279,8 +351,52 @@ def test_correct_backends_pass(failed_checks, cls):
         ("TestTemperatureIgnored", "test_draws_follow_the_tempered_row"),
         ("TestDefaultEosIgnored", "test_default_eos_is_the_vocabularys"),
         ("TestShiftedVocabulary", "test_vocabulary_spells_the_tokenizers_ids"),
+        ("TestComputesOnTheLoop", "test_cancelled_waiter_does_not_disturb_others"),
+        ("TestDropsARow", "test_bad_request_does_not_poison_others"),
     ],
 )
 def test_broken_backends_fail(failed_checks, cls, check):
     """Each broken backend fails the check aimed at its bug."""
     assert check in failed_checks.get(cls, set())
+
+
+@pytest.mark.parametrize(
+    ("cls", "check"),
+    [
+        ("TestWrongPastOneKVBlock", "test_long_context_reuse_equals_fresh"),
+        ("TestSyncOnCallersThread", "test_sync_calls_from_threads_during_async_requests"),
+    ],
+)
+def test_subtle_backends_fail_one_check(failed_checks, cls, check):
+    """A backend wrong only past one 16-token KV block, and one whose sync twins race the
+    worker from other threads, pass every check but the one aimed at their bug."""
+    assert failed_checks.get(cls) == {check}
+
+
+@pytest.mark.parametrize(
+    ("cls", "check", "says"),
+    [
+        (
+            "TestComputesOnTheLoop",
+            "test_cancelled_waiter_does_not_disturb_others",
+            "the model computes on the event loop",
+        ),
+        (
+            "TestDropsARow",
+            "test_bad_request_does_not_poison_others",
+            "made together with a bad one, failed: BackendError(",
+        ),
+        (
+            "TestWrongPastOneKVBlock",
+            "test_long_context_reuse_equals_fresh",
+            "computed after: 34 tokens (34 shared)",
+        ),
+    ],
+)
+def test_failures_say_what_went_wrong(kit_output, cls, check, says):
+    """A failing check's report names the bug: a model that computes on the event loop,
+    a good request failed beside a bad one (not a TypeError comparing an exception with
+    rows), a long context computed after which others."""
+    sections = re.split(r"^_{3,} (\S+) _{3,}$", kit_output, flags=re.MULTILINE)
+    reports = dict(zip(sections[1::2], sections[2::2]))
+    assert says in reports[f"{cls}.{check}"]

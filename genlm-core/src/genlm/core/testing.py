@@ -23,16 +23,23 @@ The contexts are made to catch what state reuse and padding get wrong: their len
 out of order, two are of equal length, one extends an earlier context and one is a prefix
 of an earlier context (a KV cache resumes or crops them), all within the model's
 ``max_context_length``; one check also batches more distinct contexts than an engine's
-small per-batch buffers hold (:attr:`AsyncLMConformance.large_batch`). Rows computed one
-after the other, each after whatever state the previous ones left, must equal rows computed
-from a cleared model, and a row the caller holds must not change when later rows are
-computed.
+small per-batch buffers hold (:attr:`AsyncLMConformance.large_batch`), and one computes
+a long context (:attr:`AsyncLMConformance.long_context`, 40 tokens) after a prefix and a
+sibling of it, so that a paged KV cache resumes it from cached prefixes longer than one of
+its 16-token blocks. Rows computed one after the other, each after whatever state the
+previous ones left, must equal rows computed from a cleared model, and a row the caller
+holds must not change when later rows are computed. One check calls the sync twins from
+other threads while async requests are in flight on the event loop: every row must be the
+row sequential calls get (a backend whose sync twins run its engine on the caller's thread,
+beside its worker, races).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import os
+import threading
 
 import numpy as np
 import pytest
@@ -59,6 +66,11 @@ class AsyncLMConformance:
     #: (fewer where the model's ``max_batch_size`` is smaller), more than an engine's
     #: small per-batch buffers (often 8 slots) hold.
     large_batch: int = 32
+    #: Tokens in the long context of :meth:`test_long_context_reuse_equals_fresh`, its
+    #: BOS token included (fewer where the model's ``max_context_length`` is shorter):
+    #: more than two of a paged KV cache's 16-token blocks (vLLM's default size), so that
+    #: it resumes from a cached prefix of whole blocks.
+    long_context: int = 40
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -112,6 +124,40 @@ class AsyncLMConformance:
             f"found {len(out)} distinct contexts within the model's max_context_length, "
             f"not the {wanted} a large batch needs"
         )
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def long_contexts(cls, lm: AsyncLM) -> list[list[int]]:
+        """A long context and its relatives, in the order
+        :meth:`test_long_context_reuse_equals_fresh` computes them (override to choose
+        them): of :attr:`long_context` tokens (40) in all, a prefix of 34 tokens, a sibling
+        of 40 that shares its first 36, the long context itself, it extended by 3 tokens,
+        and its prefixes of 32 and 20 tokens (these lengths scaled to a shorter long
+        context). Random tokens after the BOS token as in ``contexts``; the extended
+        context is capped at ``max_context_length``, and the check skips where the limit
+        leaves no context longer than ``contexts``' longest (9 tokens)."""
+        rng = np.random.default_rng(2468)
+        start, room = _start_and_room(lm, cls.long_context + 3)
+        length = min(cls.long_context + 3, len(start) + room) - 3  # the long context's
+        if length <= 9:
+            pytest.skip(
+                f"the model's max_context_length ({_limit(lm)}) leaves no context longer "
+                f"than the 9 tokens of the kit's other contexts"
+            )
+        text_ids = np.asarray(lm.vocab.text_ids)
+        full = start + [int(t) for t in rng.choice(text_ids, size=length + 3 - len(start))]
+        long = full[:length]
+        share = max(len(start), length * 9 // 10)  # the sibling's tokens from the long one
+        others = text_ids[text_ids != long[share]]  # its next token differs
+        others = others if len(others) else text_ids
+        sibling = long[:share] + [int(t) for t in rng.choice(others, size=1)]
+        sibling += [int(t) for t in rng.choice(text_ids, size=length - len(sibling))]
+        prefixes = [long[: length * 17 // 20], long[: length * 4 // 5], long[: length // 2]]
+        out: list[list[int]] = []
+        for context in [prefixes[0], sibling, long, full, *prefixes[1:]]:
+            if context and context not in out:  # drops what a short limit makes equal
+                out.append(context)
+        return out
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -221,6 +267,32 @@ class AsyncLMConformance:
             row = asyncio.run(lm.next_token_logprobs(context))
             np.testing.assert_allclose(row, expected, atol=self.atol, err_msg=str(context))
 
+    def test_long_context_reuse_equals_fresh(self, lm, long_contexts):
+        """A long context computed after a prefix and a sibling of it, and its extension
+        and prefixes after it (a KV cache resumed from cached prefixes longer than one
+        16-token block, extended, cropped; see ``long_contexts``), get the rows of a
+        cleared model: one after another, and together in one batch after the first."""
+        fresh = []
+        for context in long_contexts:
+            lm.clear_cache()
+            fresh.append(np.array(lm.next_token_logprobs_sync(context)))
+        lm.clear_cache()
+        for i, (context, expected) in enumerate(zip(long_contexts, fresh)):
+            row = asyncio.run(lm.next_token_logprobs(context))
+            np.testing.assert_allclose(
+                row, expected, atol=self.atol, err_msg=_after(long_contexts[:i], context)
+            )
+        lm.clear_cache()
+        asyncio.run(lm.next_token_logprobs(long_contexts[0]))
+        batch = asyncio.run(lm.batch_next_token_logprobs(long_contexts[1:]))
+        for context, row, expected in zip(long_contexts[1:], batch, fresh[1:]):
+            np.testing.assert_allclose(
+                row,
+                expected,
+                atol=self.atol,
+                err_msg="in one batch, " + _after(long_contexts[:1], context),
+            )
+
     def test_held_rows_do_not_change(self, lm, contexts):
         """A row the caller holds stays what it was while later rows are computed (a backend
         that reuses an output buffer must say so: see ``BatchedLM.stable_batches``)."""
@@ -268,7 +340,15 @@ class AsyncLMConformance:
             )
 
         first, failure, second = asyncio.run(mixed())
-        assert isinstance(failure, InvalidContextError)
+        assert isinstance(failure, InvalidContextError), (
+            f"the request for an id past the vocabulary gave {failure!r}, "
+            f"not an InvalidContextError"
+        )
+        for context, result in ((contexts[0], first), (contexts[1], second)):
+            if isinstance(result, BaseException):
+                pytest.fail(
+                    f"the good request {context}, made together with a bad one, failed: {result!r}"
+                )
         lm.clear_cache()
         np.testing.assert_allclose(first, lm.next_token_logprobs_sync(contexts[0]), atol=self.atol)
         np.testing.assert_allclose(second, lm.next_token_logprobs_sync(contexts[1]), atol=self.atol)
@@ -408,6 +488,92 @@ class AsyncLMConformance:
             spelled = lm.vocab.decode(ids)
             assert spelled in (text.encode(), b" " + text.encode()), (text, ids, spelled)
 
+    # ---- threads -------------------------------------------------------------------
+
+    def test_sync_calls_from_threads_during_async_requests(self, lm, contexts, many_contexts):
+        """Sync calls from two other threads, single and batched, made while async requests
+        are in flight on the event loop, and those requests get the rows computed before,
+        with no call made concurrently (in one sync batch: batched rows equal single ones
+        by :meth:`test_large_batch_equals_single`). A backend whose sync twins run its
+        engine on the caller's thread, beside the worker that serves the async requests,
+        races or fails. Each thread calls until the async requests are done (at most
+        :data:`_THREAD_PASSES` passes over its contexts); a call that hangs fails the check
+        after :data:`_THREAD_TIMEOUT_S` seconds."""
+        on_loop = contexts + many_contexts[0::2]  # each thread: singles of one part,
+        parts = [many_contexts[1::4], many_contexts[3::4]]  # a batch of the other
+        distinct = list(map(list, dict.fromkeys(map(tuple, contexts + many_contexts))))
+        lm.clear_cache()
+        reference = lm.batch_next_token_logprobs_sync(distinct)
+        expected = {tuple(c): np.array(row) for c, row in zip(distinct, reference)}
+        lm.clear_cache()
+        go, done = threading.Event(), threading.Event()
+        checked, wrong = [0, 0], [0, 0]  # rows checked, and rows wrong, per thread
+        first_wrong: list[tuple[str, list[int], np.ndarray]] = []
+        errors: list[BaseException] = []
+
+        def check(k: int, how: str, context: list[int], row: np.ndarray) -> None:
+            checked[k] += 1
+            if not np.allclose(row, expected[tuple(context)], rtol=1e-7, atol=self.atol):
+                wrong[k] += 1
+                first_wrong.append((how, context, np.array(row)))
+                del first_wrong[1:]
+
+        def calls(k: int, singles: list[list[int]], batch: list[list[int]]) -> None:
+            try:
+                go.wait(_THREAD_TIMEOUT_S)
+                for _ in range(_THREAD_PASSES):
+                    for context in singles:
+                        check(k, "sync", context, lm.next_token_logprobs_sync(context))
+                    rows = lm.batch_next_token_logprobs_sync(batch)
+                    for context, row in zip(batch, rows):
+                        check(k, "batch sync", context, row)
+                    if done.is_set():
+                        break
+            except BaseException as exc:  # noqa: BLE001 - reported by the check
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=calls, args=(k, parts[k], parts[1 - k]), daemon=True)
+            for k in range(2)
+        ]
+        for thread in threads:
+            thread.start()
+
+        async def in_flight() -> list[np.ndarray]:
+            requests = [asyncio.ensure_future(lm.next_token_logprobs(c)) for c in on_loop]
+            await asyncio.sleep(0)  # every request made
+            go.set()
+            return await asyncio.wait_for(asyncio.gather(*requests), _THREAD_TIMEOUT_S)
+
+        try:
+            rows = asyncio.run(in_flight())
+        finally:
+            go.set()
+            done.set()
+            for thread in threads:
+                thread.join(_THREAD_TIMEOUT_S)
+        assert not any(t.is_alive() for t in threads), (
+            f"a sync call from another thread did not return within {_THREAD_TIMEOUT_S} s"
+        )
+        if errors:
+            pytest.fail(f"a sync call from another thread raised {errors[0]!r}")
+        for context, row in zip(on_loop, rows):
+            np.testing.assert_allclose(
+                row,
+                expected[tuple(context)],
+                atol=self.atol,
+                err_msg=f"async request {context}, made while other threads called sync twins",
+            )
+        assert min(checked) >= sum(map(len, parts))  # a full pass each
+        for how, context, row in first_wrong:
+            np.testing.assert_allclose(
+                row,
+                expected[tuple(context)],
+                atol=self.atol,
+                err_msg=f"{sum(wrong)} of {sum(checked)} rows from other threads wrong, "
+                f"among them {how}: {context}",
+            )
+
     # ---- cancellation ----------------------------------------------------------------
 
     def test_cancelled_waiter_does_not_disturb_others(self, lm, contexts):
@@ -418,13 +584,20 @@ class AsyncLMConformance:
             tasks = [asyncio.create_task(lm.next_token_logprobs(c)) for c in contexts]
             twin = asyncio.create_task(lm.next_token_logprobs(contexts[0]))
             await asyncio.sleep(0)
+            done_at_once = tasks[0].done()
             tasks[0].cancel()
             results = await asyncio.gather(*tasks[1:], twin)
-            with pytest.raises(asyncio.CancelledError):
-                await tasks[0]
-            return results
+            if not done_at_once:
+                with pytest.raises(asyncio.CancelledError):
+                    await tasks[0]
+            return done_at_once, results
 
-        results = asyncio.run(scenario())
+        done_at_once, results = asyncio.run(scenario())
+        assert not done_at_once, (
+            "a request finished in its first step on the event loop, so it could not be "
+            "cancelled: the model computes on the event loop (blocking every other "
+            "coroutine) instead of awaiting its worker"
+        )
         lm.clear_cache()
         for context, row in zip(contexts[1:] + [contexts[0]], results):
             np.testing.assert_allclose(row, lm.next_token_logprobs_sync(context), atol=self.atol)
@@ -445,6 +618,15 @@ def _need(contexts: list[list[int]], count: int) -> None:
         )
 
 
+def _after(before: list[list[int]], context: list[int]) -> str:
+    """Names ``context`` and the contexts computed ``before`` it, with the tokens each
+    shares with it, for a failure message."""
+    history = ", ".join(
+        f"{len(c)} tokens ({len(os.path.commonprefix([c, context]))} shared)" for c in before
+    )
+    return f"the {len(context)}-token context {context}, computed after: {history or 'none'}"
+
+
 def _start_and_room(lm: AsyncLM, longest: int) -> tuple[list[int], int]:
     """How the kit's contexts begin and how many tokens may follow (at most ``longest``):
     the BOS token if the model has one and its context limit leaves room for a token after
@@ -455,6 +637,12 @@ def _start_and_room(lm: AsyncLM, longest: int) -> tuple[list[int], int]:
         start = []
     return start, longest if limit is None else min(longest, limit - len(start))
 
+
+#: How long the thread check waits for a call before it fails it as hung (seconds).
+_THREAD_TIMEOUT_S = 60
+#: Most passes each thread of the thread check makes over its contexts while the async
+#: requests are in flight.
+_THREAD_PASSES = 5
 
 #: The smallest tail probability a sampled count may have: a correct sampler's count falls
 #: below it in either tail with a chance of at most twice this, so a kit run's 16 counts
