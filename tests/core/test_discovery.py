@@ -927,3 +927,20 @@ def test_a_model_path_given_as_a_path_object_is_resolved_as_its_string(tmp_path,
         with pytest.raises(FileNotFoundError, match=f"model path '{name}' does not exist"):
             resolve_model_path(Path(name))
     assert resolve_model_path(Path("model")) == "model"
+
+
+@pytest.mark.parametrize(
+    ("backend", "error", "match"),
+    [
+        (b"mock", TypeError, "backend must be a backend name \\(str\\) or None, got b'mock'"),
+        (["mock"], TypeError, "got \\['mock'\\]"),
+        ("", ValueError, "backend is empty"),
+        ("  ", ValueError, "backend is empty"),
+    ],
+)
+def test_a_backend_that_is_no_name_is_refused(backend, error, match):
+    """backend= must be a name: bytes were looked up and suggested "pip install
+    genlm-backend-b'mock'", an empty string "pip install genlm-backend-", a list failed
+    with a bare "unhashable type"."""
+    with pytest.raises(error, match=match):
+        load_model_by_name("stories260K", backend=backend)

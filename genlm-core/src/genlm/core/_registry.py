@@ -397,9 +397,17 @@ class Registry:
             BackendNotFoundError: no backend has that name, or (None) none can run here.
             BackendUnavailableError: the named backend is installed but cannot run here,
                 or was built for another plugin API.
+            TypeError: ``backend`` is neither a string nor None.
+            ValueError: ``backend`` is an empty string.
         """
         if backend is not None:
-            name = backend.casefold() if isinstance(backend, str) else backend
+            if not isinstance(
+                backend, str
+            ):  # b"mock" suggested "pip install genlm-backend-b'mock'"
+                raise TypeError(f"backend must be a backend name (str) or None, got {backend!r}")
+            if not backend.strip():
+                raise ValueError("backend is empty: name one, or pass None to choose one")
+            name = backend.casefold()
             spec = self.backends.get(name)
             if spec is None and name in self.incompatible:
                 raise BackendUnavailableError(str(self.incompatible[name]))
@@ -661,5 +669,6 @@ def load_model_by_name(name: str, backend: str | None = None, **opts: Any) -> An
         ImportError: the named backend's code cannot be imported (the message names the
             backend, its plugin and distribution, and its loader).
         BackendError: the loader returned something that is not an ``AsyncLM``.
+        TypeError, ValueError: ``backend`` is not a string (or None), or is empty.
     """
     return get_registry().load_model(name, backend, **opts)
