@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from genlm.backends.hf import HFLM
+from genlm.core import BackendError
 
 MODELS = ["stories260K-fp64", "stories260K-fp32", "tiny-llama-fp64", "tiny-llama-fp32"]
 
@@ -303,6 +304,54 @@ def test_failed_forward_never_leaves_stale_resident_rows(loaded, check, monkeypa
     extended = [p + [9] for p in particles]
     for context, row in zip(extended, gather(lm, extended)):
         check(model, context, row)
+    lm.close()
+
+
+def test_multi_query_gpt_bigcode_rows_equal_a_full_forward(loaded, check):
+    """GPTBigCode (multi-query attention, one KV head) serves rows equal to a plain
+    forward, KV reused: on transformers 4.57 its cache comes back as an
+    EncoderDecoderCache, whose layers HFLM did not read (an AttributeError when made)."""
+    import torch
+    import transformers
+
+    _, tok = loaded("stories260K-fp64")
+    config = transformers.GPTBigCodeConfig(
+        vocab_size=512, n_embd=32, n_layer=2, n_head=4, n_positions=64, multi_query=True
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
+    lm = HFLM(model, tok, cache_bytes=0)
+    try:
+        for context in ([1, 5, 6, 7], [1, 5, 6, 7, 8], [1, 9], [1, 5, 6, 7, 8, 10, 11]):
+            check(model, context, lm.next_token_logprobs_sync(context))
+        assert lm.kv_stats["reused_tokens"] > 0
+    finally:
+        lm.close()
+
+
+def _nan_output(module, inputs, output):
+    """A forward hook making a layer's output NaN (a numerical blow-up in one forward)."""
+    if isinstance(output, tuple):
+        return (output[0] * float("nan"), *output[1:])
+    return output * float("nan")
+
+
+def test_a_batch_refused_for_nan_rows_leaves_no_kv_behind(loaded, check):
+    """A forward whose rows come out NaN (core refuses the batch) keeps none of their KV or
+    resident rows: the contexts, and a continuation of one, asked again alone once the
+    model computes normally, equal a full forward (they resumed from the NaN KV and failed
+    too, until clear_kv_cache)."""
+    model, tok = loaded("stories260K-fp64")
+    lm = HFLM(model, tok, cache_bytes=0, max_wait_s=0.01)
+    prompt = [1, 403, 407, 261, 378]
+    hook = model.model.layers[0].register_forward_hook(_nan_output)
+    try:
+        with pytest.raises(BackendError, match="NaN"):
+            lm.batch_next_token_logprobs_sync([prompt, prompt[:3]])
+    finally:
+        hook.remove()
+    for context in (prompt + [11], prompt, prompt[:3] + [12]):
+        check(model, context, lm.next_token_logprobs_sync(context))
     lm.close()
 
 

@@ -282,6 +282,30 @@ def test_removing_the_only_adapter_leaves_the_base_model_serving(adapters, base_
         lm.close()
 
 
+def test_close_gives_the_callers_model_back_as_it_was(adapters, base_model, check, reference):
+    """add_lora puts peft's layers into the model the caller handed over; close() takes them
+    out again, as removing the last adapter does, so that model computes its base rows (it
+    kept the active adapter's, up to 18 nats off, and a new HFLM over it served them as the
+    base model's)."""
+    import torch
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(STORIES)
+    model = load_base(torch, transformers, torch.float64)
+    lm = HFLM(model, tok, cache_bytes=0)
+    lm.add_lora(adapters["a"][0], "a")
+    lm.set_lora("a")
+    check(adapters["a"][1], CONTEXTS[0], lm.next_token_logprobs_sync(CONTEXTS[0]))
+    lm.close()
+    for context in CONTEXTS:
+        np.testing.assert_allclose(reference(model, context), reference(base_model, context))
+    again = HFLM(model, tok, cache_bytes=0)
+    try:
+        check(base_model, CONTEXTS[1], again.next_token_logprobs_sync(CONTEXTS[1]))
+    finally:
+        again.close()
+
+
 def test_a_first_adapter_that_fails_to_load_leaves_the_base_model_as_it_was(
     tmp_path, base_model, check
 ):

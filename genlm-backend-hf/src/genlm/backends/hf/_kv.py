@@ -238,6 +238,7 @@ class BufferedCache(DynamicCache):
 
 def layer_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The ``(keys, values)`` of every layer of a transformers cache."""
+    cache = getattr(cache, "self_attention_cache", cache)  # EncoderDecoderCache (GPTBigCode, 4.57)
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 

@@ -158,6 +158,8 @@ class HFLM(LoraAdapters, BatchedLM):
         # ``adapters`` holds each loaded adapter's KV marker (``adapters.new_marker()``;
         # the base model's is -1).
         self._peft: Any = model if _is_peft(model) else None
+        #: Whether ``_peft`` is the wrapper add_lora put around the caller's plain model.
+        self._wrapped = False
         if self._peft is not None:
             for name in self._peft.peft_config:
                 self.adapters.add(name, self.adapters.new_marker())
@@ -296,6 +298,7 @@ class HFLM(LoraAdapters, BatchedLM):
                     delattr(self.model, attribute)
                 raise
             self.model = self._peft
+            self._wrapped = True
         else:
             self._peft.load_adapter(path, adapter_name=name)
         self.adapters.add(name, self.adapters.new_marker())
@@ -305,6 +308,7 @@ class HFLM(LoraAdapters, BatchedLM):
         if len(self._peft.peft_config) == 1:  # the last one: back to the plain model (a
             self.model = self._peft.unload()  # PeftModel without adapters cannot run)
             self._peft = None
+            self._wrapped = False
         else:
             self._peft.delete_adapter(name)
         self.kv.cache.remove_below((marker,))
@@ -388,6 +392,11 @@ class HFLM(LoraAdapters, BatchedLM):
         """Drop the KV, the batch buffer and the model (with its adapters): a closed model's
         weights are freed once nothing else holds them (a ``from_name`` model's at once)."""
         self._drop_kv(keep_pinned=False)
+        if self._peft is not None and self._wrapped:
+            # add_lora put peft's layers into the caller's model: take them out again, so
+            # the model handed over computes what it did before (as removing the last
+            # adapter does).
+            self._peft.unload()
         self.model = self._peft = None
 
     # ---- the forward pass ----------------------------------------------------------
@@ -451,11 +460,19 @@ class HFLM(LoraAdapters, BatchedLM):
         # Normalize in at least float32 (bf16 logits would lose small probabilities).
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         logprobs = torch.log_softmax(logits, dim=-1).float()
+        # A row core refuses (NaN, +inf, every token -inf: its batch fails) keeps no KV and
+        # no resident record: its KV may be NaN, and every continuation would resume from
+        # it. (-inf alone is an impossible token's log-probability: such rows are kept.)
+        finite = torch.isfinite(logprobs.amax(dim=-1)).tolist()
         for i, row in enumerate(rows):
-            self.kv.store(marker, row, lambda start, i=i: batch.row_kv(i, start))
+            if finite[i]:
+                self.kv.store(marker, row, lambda start, i=i: batch.row_kv(i, start))
         if self._buffer is not None and buffer.data_ptr() == self._buffer.data_ptr():
             # A row's tokens are contiguous unless padding separates its past and new ones.
-            contiguous = [r.context if r.past == 0 or r.new == new else None for r in rows]
+            contiguous = [
+                r.context if finite[i] and (r.past == 0 or r.new == new) else None
+                for i, r in enumerate(rows)
+            ]
             self._resident = _Resident(marker, ResidentRows(contiguous), past + new)
         self.kv_stats["computed_tokens"] += sum(r.new for r in rows)
         self.kv_stats["reused_tokens"] += sum(r.past for r in rows)
