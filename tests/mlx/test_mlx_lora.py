@@ -228,3 +228,32 @@ def test_adapters_that_wrap_alike_load_together(lm, tmp_path, stories_dir):
             plain_logprobs(model, PROMPT),
             atol=ATOL,
         )
+
+
+def test_the_last_adapter_removed_or_a_close_gives_the_model_its_own_layers(
+    adapters, tmp_path, stories_dir, expected
+):
+    """Once its last adapter is removed, the model's own layers are back: an adapter of
+    another layout loads (it was refused for the first adapter's layout, on a model with
+    none) and serves mlx-lm's rows. A model the caller handed over computes its base rows
+    after close (it kept the active adapter's arrays, so its rows)."""
+    model, tokenizer = mlx_lm.load(stories_dir)
+    lm = MLXLM(model, tokenizer, cache_bytes=0)
+    try:
+        lm.add_lora(adapters[0], "a")
+        np.testing.assert_allclose(
+            lm.next_token_logprobs_sync(PROMPT, variant="a"), expected(PROMPT, 0), atol=ATOL
+        )
+        lm.remove_lora("a")
+        np.testing.assert_allclose(lm.next_token_logprobs_sync(PROMPT), expected(PROMPT), atol=ATOL)
+        other = {"num_layers": 2, "lora_parameters": {"rank": 8, "scale": 1.0, "dropout": 0.0}}
+        wider = save_lora_adapter(tmp_path / "wider", stories_dir, 3, other)
+        lm.add_lora(wider, "wider")
+        reference = mlx_lm.load(stories_dir, adapter_path=str(wider))[0]
+        lm.set_lora("wider")
+        np.testing.assert_allclose(
+            lm.next_token_logprobs_sync(PROMPT), plain_logprobs(reference, PROMPT), atol=ATOL
+        )
+    finally:
+        lm.close()
+    np.testing.assert_allclose(plain_logprobs(model, PROMPT), expected(PROMPT), atol=ATOL)

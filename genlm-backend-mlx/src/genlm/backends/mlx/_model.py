@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -102,11 +102,14 @@ class MLXLM(LoraAdapters, BatchedLM):
         )
         self.prefill_chunk_size = prefill_chunk_size
         self._num_layers = len(caches)
-        #: The LoRA layers' layout once the first adapter is loaded (every adapter shares
-        #: it), their arrays that leave the model as it was, and the arrays on it now.
+        #: The LoRA layers' layout while adapters are loaded (every adapter shares it),
+        #: their arrays that leave the model as it was, the arrays on it now, and what puts
+        #: the model's own layers back (once the last adapter goes, and at close: the
+        #: model may be the caller's).
         self._layout: _lora.Layout | None = None
         self._base_weights: _lora.Weights | None = None
         self._installed: _lora.Weights | None = None
+        self._unwrap: Callable[[], None] | None = None
         #: Whether rows resume from stored KV (else every context is recomputed in full).
         self.resumable = not blocked and problem is None
         if not self.resumable:
@@ -159,6 +162,7 @@ class MLXLM(LoraAdapters, BatchedLM):
                 raise
             # The wrap changes no output: the KV kept stays right.
             self._layout, self._base_weights, self._installed = layout, base, base
+            self._unwrap = undo
         elif layout != self._layout:
             raise ValueError(
                 f"the adapter at {path} wants LoRA layers {layout.num_layers} layers deep "
@@ -172,11 +176,22 @@ class MLXLM(LoraAdapters, BatchedLM):
         self.adapters.add(name, _lora.Adapter(self.adapters.new_marker(), weights))
 
     def _release_adapter(self, name: str, adapter: _lora.Adapter) -> None:
-        """Drop the removed adapter's KV, and its arrays from the model if they are on it."""
+        """Drop the removed adapter's KV, and its arrays from the model if they are on it;
+        after the last one, the model's own layers go back (an adapter of another layout
+        may load then)."""
         self.kv_cache.forget(adapter.marker)
-        if self._installed is adapter.weights:
+        if not self.adapters.names:
+            self._unwrap_layers()
+        elif self._installed is adapter.weights:
             self._install(self._base_weights)
         mx.clear_cache()
+
+    def _unwrap_layers(self) -> None:
+        """Put the model's own layers back, if adapters wrapped them (the wrap's base
+        arrays compute what they do: the KV kept stays right)."""
+        if self._unwrap is not None:
+            self._unwrap()
+        self._layout = self._base_weights = self._installed = self._unwrap = None
 
     def _use_variant(self, variant: Hashable) -> int | None:
         """Put the arrays of a batch's adapter (the base model's for None) on the model;
@@ -326,9 +341,10 @@ class MLXLM(LoraAdapters, BatchedLM):
         freed once nothing else holds them (a ``from_name`` model's at once), though the
         closed object is still referenced (after ``async with``)."""
         self.kv_cache.clear()
+        # The model may be the caller's: it gets its own layers back (it kept computing
+        # the adapter on it), and the adapters' arrays go.
+        self._unwrap_layers()
         self.model = None
-        # The adapters' arrays go with the model.
-        self._base_weights = self._installed = None
         self.adapters.clear()
         mx.clear_cache()
 
