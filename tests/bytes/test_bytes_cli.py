@@ -86,6 +86,15 @@ def test_cli_sample_stops_at_the_context_limit_and_prints_what_it_drew(capsys, m
     assert stopped and int(stopped[1]) > 0
 
 
+def _serve_mock(monkeypatch, vocab, tokenizer) -> None:
+    """The mock backend loads over ``vocab`` with ``tokenizer``, whatever model is named."""
+    monkeypatch.setattr(
+        MockLM,
+        "from_name",
+        classmethod(lambda cls, name, **kw: cls(vocab, tokenizer=tokenizer, **kw)),
+    )
+
+
 class _TextOnlyTokenizer:
     """The tokenizer backends document: ``encode(text) -> list[int]``, no keywords (one
     token per UTF-8 byte)."""
@@ -99,11 +108,7 @@ def test_cli_takes_a_tokenizer_whose_encode_takes_the_text_alone(capsys, monkeyp
     it serves ``genlm smc``; it failed with a TypeError on ``add_special_tokens``. Its ids
     but the last are the context, the last one's bytes prefilled."""
     vocab = [bytes([b]) for b in range(256)]
-    monkeypatch.setattr(
-        MockLM,
-        "from_name",
-        classmethod(lambda cls, name, **kw: cls(vocab, tokenizer=_TextOnlyTokenizer(), **kw)),
-    )
+    _serve_mock(monkeypatch, vocab, _TextOnlyTokenizer())
     assert main(["bytes", "Once", "--backend", "mock"]) == 0
     assert "prompt as the model sees it: b'Onc' + b'e' prefilled" in capsys.readouterr().out
 
@@ -121,11 +126,7 @@ def test_cli_keeps_one_bos_when_the_tokenizer_adds_it(capsys, monkeypatch):
     from genlm.core import Vocabulary
 
     vocab = Vocabulary([b"<s>", *(bytes([b]) for b in range(1, 256))], {0}, bos_token_id=0)
-    monkeypatch.setattr(
-        MockLM,
-        "from_name",
-        classmethod(lambda cls, name, **kw: cls(vocab, tokenizer=_AddsBOS(), **kw)),
-    )
+    _serve_mock(monkeypatch, vocab, _AddsBOS())
     assert main(["bytes", "Once", "--backend", "mock"]) == 0
     out = capsys.readouterr().out
     assert "prompt as the model sees it: b'<s>Onc' + b'e' prefilled" in out
@@ -192,11 +193,7 @@ def test_cli_keeps_a_special_last_token_in_the_context(capsys, monkeypatch):
     from genlm.core import Vocabulary
 
     vocab = Vocabulary([*(bytes([b]) for b in range(256)), b"<|end|>"], {256})
-    monkeypatch.setattr(
-        MockLM,
-        "from_name",
-        classmethod(lambda cls, name, **kw: cls(vocab, tokenizer=_EndsWithSpecial(), **kw)),
-    )
+    _serve_mock(monkeypatch, vocab, _EndsWithSpecial())
     assert main(["bytes", "Hi<|end|>", "--backend", "mock"]) == 0
     out = capsys.readouterr().out
     assert "context tokens: 'H'#72 | 'i'#105 | '<|end|>'#256" in out, out
