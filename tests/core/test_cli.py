@@ -399,3 +399,26 @@ def test_a_plugin_command_without_help_is_listed_and_runs(monkeypatch, capsys):
     assert run_cli(["--help"]) == 0
     assert "quiet" in capsys.readouterr().out
     assert main(["quiet"]) == 0
+
+
+@pytest.mark.parametrize("form", ["tokenizers", "transformers", "text-only"])
+def test_encode_text_reads_every_tokenizer_form(form):
+    """encode_text gives the ids of a text without added specials for a transformers
+    tokenizer, a raw ``tokenizers.Tokenizer`` (whose ``encode`` returns an ``Encoding``:
+    ``genlm smc`` and the kit's vocabulary check failed with "'tokenizers.Encoding' object
+    is not iterable") and an ``encode(text)``-only tokenizer."""
+    from pathlib import Path
+
+    from genlm.core.cli import encode_text
+
+    path = Path(__file__).parents[1] / "fixtures" / "tokenizers" / "gpt2"
+    tokenizers = pytest.importorskip("tokenizers")
+    raw = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+    expected = raw.encode("Hello world", add_special_tokens=False).ids
+    if form == "transformers":
+        tokenizer = pytest.importorskip("transformers").AutoTokenizer.from_pretrained(path)
+    elif form == "text-only":
+        tokenizer = type("TextOnly", (), {"encode": lambda self, text: raw.encode(text).ids})()
+    else:
+        tokenizer = raw
+    assert encode_text(tokenizer, "Hello world") == expected == [15496, 995]

@@ -29,15 +29,17 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
     """The token ids of ``text`` without the special tokens a transformers tokenizer adds
     (BOS): ``encode(text, add_special_tokens=False)``, or, for a tokenizer whose ``encode``
     takes the text alone (tiktoken, any ``encode(text) -> list[int]``, as backends
-    document), ``encode(text)``, which adds none.
+    document), ``encode(text)``, which adds none. A ``tokenizers.Tokenizer``'s
+    ``Encoding`` gives its ``ids``.
 
     Raises:
         TypeError: what the tokenizer's ``encode`` raised, unless it was refusing the
             ``add_special_tokens`` keyword.
     """
     try:
-        return list(tokenizer.encode(text, add_special_tokens=False))
+        encoded = tokenizer.encode(text, add_special_tokens=False)
     except TypeError as exc:
         if "add_special_tokens" not in str(exc):
             raise
-        return list(tokenizer.encode(text))
+        encoded = tokenizer.encode(text)
+    return list(getattr(encoded, "ids", encoded))
