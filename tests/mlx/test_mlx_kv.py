@@ -406,3 +406,38 @@ def test_failed_step_drops_the_live_batch(stories, monkeypatch):
     for context, row in zip(contexts, lm.batch_next_token_logprobs_sync(contexts)):
         np.testing.assert_allclose(row, plain_logprobs(model, context), atol=1e-5)
     lm.close()
+
+
+def test_a_batch_refused_for_nan_rows_leaves_no_kv_behind(stories_dir, monkeypatch):
+    """A forward whose rows come out NaN (core refuses the batch) keeps none of their KV,
+    stored or live: the contexts, and continuations of them, asked again alone once the
+    model computes normally, equal a plain forward (they resumed from the NaN KV and
+    failed too, until clear_kv_cache). Both ways a batch runs: a fresh one, and the live
+    batch extended in place."""
+    from genlm.core import BackendError
+
+    model, tokenizer = mlx_lm.load(stories_dir)
+    lm = MLXLM(model, tokenizer, cache_bytes=0)
+    layer = type(model.model.layers[0])
+    computes = layer.__call__
+    prompt = (1, 403, 407, 261, 378)
+    try:
+        lm.batch_next_token_logprobs_sync([prompt, prompt[:3] + (9, 10)])  # kept live
+        monkeypatch.setattr(
+            layer, "__call__", lambda self, *a, **k: computes(self, *a, **k) * mx.nan
+        )
+        for batch in ([prompt + (11,), prompt[:3] + (9, 10, 12)], [prompt[:4], (1, 20, 30)]):
+            with pytest.raises(BackendError, match="NaN"):
+                lm.batch_next_token_logprobs_sync(batch)
+        monkeypatch.undo()
+        for context in (
+            prompt + (11, 13),
+            prompt[:3] + (9, 10, 12),
+            prompt[:4] + (5,),
+            (1, 20, 30),
+        ):
+            np.testing.assert_allclose(
+                lm.next_token_logprobs_sync(context), plain_logprobs(model, context), atol=1e-4
+            )
+    finally:
+        lm.close()

@@ -253,6 +253,8 @@ class MLXLM(LoraAdapters, BatchedLM):
         tokens = mx.array([c[-new:] for c in contexts])
         logprobs = _log_softmax(self._last_logits(tokens, live.caches))
         mx.eval(logprobs)
+        if not all(_accepted(logprobs)):  # its batch fails: the live KV may be NaN, drop it
+            return logprobs
         if not self.kv_cache.keep(live):
             self._spill(live)
         return logprobs
@@ -262,7 +264,8 @@ class MLXLM(LoraAdapters, BatchedLM):
         (``marker``), one pass per new-token count.
 
         Every row is stored in the prefix cache; the largest group's caches also become the
-        live batch, if they fit the budget.
+        live batch, if they fit the budget. A row core refuses (NaN: its batch fails) keeps
+        no KV, and its group is not kept live: every continuation would resume from it.
         """
         prefixes = self.kv_cache.prefixes
         skip = 0 if marker is None else 1  # the marker leads an adapter's keys
@@ -281,9 +284,11 @@ class MLXLM(LoraAdapters, BatchedLM):
             outputs.append(_log_softmax(self._last_logits(tokens, caches)))
             entries = _kv.split(caches)
             mx.eval(outputs[-1], entries)
-            for i, entry in zip(group, entries):
-                prefixes.insert(_kv.key(contexts[i], marker), entry, _kv.nbytes(entry))
-            if group is largest:
+            accepted = _accepted(outputs[-1])
+            for i, entry, ok in zip(group, entries, accepted):
+                if ok:
+                    prefixes.insert(_kv.key(contexts[i], marker), entry, _kv.nbytes(entry))
+            if group is largest and all(accepted):
                 self.kv_cache.keep(_kv.LiveBatch([contexts[i] for i in group], caches, marker))
         return _in_order(groups, outputs)
 
@@ -347,6 +352,12 @@ class MLXLM(LoraAdapters, BatchedLM):
         self.model = None
         self.adapters.clear()
         mx.clear_cache()
+
+
+def _accepted(logprobs: mx.array) -> list[bool]:
+    """Which rows core accepts (a row holding NaN or +inf, or -inf everywhere, fails its
+    batch; -inf alone is an impossible token's): only their KV is worth keeping."""
+    return mx.isfinite(mx.max(logprobs, axis=-1)).tolist()
 
 
 def _log_softmax(logits: mx.array) -> mx.array:
