@@ -203,7 +203,7 @@ def test_remove_lora_drops_its_state_and_the_name_can_be_loaded_again(adapters, 
 
 
 def test_a_request_after_the_name_is_loaded_again_never_joins_the_old_adapters_batch(
-    adapters, check
+    adapters, reference
 ):
     """remove_lora("a") then add_lora(b's weights, "a") while a request under the old "a"
     is in flight: a request made afterwards is computed anew under the new weights (it
@@ -231,8 +231,13 @@ def test_a_request_after_the_name_is_loaded_again_never_joins_the_old_adapters_b
         old, new = asyncio.run(main())
     finally:
         lm.close()
-    check(adapters["a"][1], context, old)
-    check(adapters["b"][1], context, new)
+    # peft 0.4.0 (the lora extra's floor) keeps an adapter's weights in float32 in a
+    # float64 model, so over these 32 tokens rows differ from the merged float64 model by
+    # up to about 1e-5; newer peft casts them to the model's dtype. Two adapters' rows
+    # differ by whole nats.
+    np.testing.assert_allclose(old, reference(adapters["a"][1], context), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(new, reference(adapters["b"][1], context), atol=1e-4, rtol=0)
+    assert np.abs(new - old).max() > 0.1
 
 
 def test_two_callers_loading_one_name_get_it_once(lm, adapters):
