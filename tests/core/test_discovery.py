@@ -245,6 +245,29 @@ class TestPrecedence:
         assert "foo" not in reg.backends
         assert {e.plugin for e in reg.errors} == {"foo", "foofork"}
 
+    @pytest.mark.parametrize("victim", ["aaa", "zzz"])
+    def test_an_intruding_claim_does_not_mark_its_distribution_as_failed(self, victim):
+        """genlm-backend-VICTIM loads fine but also claims another owner's name: that claim
+        is refused, and a lone third party's claim on VICTIM is still served, whatever the
+        names' order (a refused claim counted as a failed plugin, so VICTIM went unserved
+        when it sorted after the other name, said to be "installed but failed to load")."""
+
+        def spec(name: str, dist: str) -> BackendSpec:
+            return BackendSpec(name=name, loader=MOCK_LOADER, distribution=dist, plugin_api=1)
+
+        own = f"genlm-backend-{victim}"
+        reg = Registry()
+        reg.register_plugins(
+            [
+                ("v", own, plugin_module("v", spec("mmm", own))),
+                ("m", "genlm-backend-mmm", plugin_module("m", spec("mmm", "genlm-backend-mmm"))),
+                ("acme", "acme", plugin_module("acme", spec(victim, "acme"))),
+            ]
+        )
+        assert reg.backends[victim].distribution == "acme"
+        assert reg.backends["mmm"].distribution == "genlm-backend-mmm"
+        assert [(e.plugin, e.distribution) for e in reg.errors] == [("v", own)]
+
     def test_a_name_a_plugin_registers_twice_is_installed_not_unknown(self):
         """A third party's plugin registering `bar` twice with different specs: asking for
         `bar` says it is installed but served by nobody, and why (it said "unknown backend

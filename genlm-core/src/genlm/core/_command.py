@@ -36,6 +36,7 @@ class Command:
 
     @name.validator
     def _check_name(self, attribute: attrs.Attribute, value: object) -> None:
+        """A subcommand's name: one word, usable on a command line."""
         if not isinstance(value, str):
             raise TypeError(f"Command name must be a string, got {value!r}")
         if not value or value.startswith("-") or len(value.split()) != 1:
@@ -45,11 +46,13 @@ class Command:
 
     @help.validator
     def _check_help(self, attribute: attrs.Attribute, value: object) -> None:
+        """The line ``genlm --help`` shows, or None."""
         if value is not None and not isinstance(value, str):
             raise TypeError(f"Command help must be a string or None, got {value!r}")
 
     @configure.validator
     @run.validator
     def _check_callable(self, attribute: attrs.Attribute, value: object) -> None:
+        """``configure`` and ``run``, which ``genlm`` calls."""
         if not callable(value):
             raise TypeError(f"Command {attribute.name} must be callable, got {value!r}")

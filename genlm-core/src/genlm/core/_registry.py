@@ -187,8 +187,7 @@ class Registry:
     _claims: dict[str, list[_Claim]] = attrs.field(factory=dict, init=False, repr=False)
     _winners: dict[str, _Claim] = attrs.field(factory=dict, init=False, repr=False)
     _rejected: set[_Claim] = attrs.field(factory=set, init=False, repr=False)
-    #: normalized distributions with a plugin reported broken (failed to import, invalid,
-    #: a hook raised, registered nothing, a command failed to set up).
+    #: normalized distributions whose plugin failed to import, validate or register.
     _failed: set[str] = attrs.field(factory=set, init=False, repr=False)
     #: backend name -> why no claim on it is served (ambiguous, registered twice...).
     _lost: dict[str, str] = attrs.field(factory=dict, init=False, repr=False)
@@ -250,7 +249,7 @@ class Registry:
                 raise
             except BaseException as exc:  # SystemExit too: a plugin never stops discovery
                 message = f"failed to import {value}: {describe(exc)}{mismatch_hint(exc, dist)}"
-                registry._broken(name, dist, message, exc)
+                registry._plugin_failed(name, dist, message, exc)
         registry.register_plugins(modules)
         return registry
 
@@ -275,7 +274,7 @@ class Registry:
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:  # pluggy.PluginValidationError and friends
-                self._broken(name, dist, f"invalid plugin: {exc}", exc)
+                self._plugin_failed(name, dist, f"invalid plugin: {exc}", exc)
                 continue
             self.plugins.append((name, dist))
             given: list[Any] = []  # what the plugin's hooks passed to register
@@ -296,10 +295,11 @@ class Registry:
                     except BaseException as exc:
                         failed = True
                         message = f"{hook_name} raised {describe(exc)}{mismatch_hint(exc, dist)}"
-                        self._broken(name, dist, message, exc)
+                        self._plugin_failed(name, dist, message, exc)
             if not given and not failed:
                 hook_names = [hook_name for hook_name, _ in hooks]
-                self._broken(name, dist, _registered_nothing(module, hook_names, implemented))
+                nothing = _registered_nothing(module, hook_names, implemented)
+                self._plugin_failed(name, dist, nothing)
         self._settle()
 
     def _claim_backend(self, spec: BackendSpec, plugin: str, dist: str | None) -> None:
@@ -372,9 +372,16 @@ class Registry:
         error.__cause__ = cause
         logger.info("%s", error)
         self.errors.append(error)
-        if dist is not None:  # its names stay its own (see _arbitrate)
-            self._failed.add(_normalize(dist))
         return error
+
+    def _plugin_failed(
+        self, plugin: str, dist: str | None, message: str, cause: BaseException | None = None
+    ) -> None:
+        """Report a plugin that failed to import, validate or register, and keep its
+        distribution's backend names its own (see :func:`_arbitrate`)."""
+        self._broken(plugin, dist, message, cause)
+        if dist is not None:
+            self._failed.add(_normalize(dist))
 
     # ---- choosing and loading ----------------------------------------------------------
 
@@ -401,9 +408,8 @@ class Registry:
             ValueError: ``backend`` is an empty string.
         """
         if backend is not None:
-            if not isinstance(
-                backend, str
-            ):  # b"mock" suggested "pip install genlm-backend-b'mock'"
+            # Bytes were looked up and suggested "pip install genlm-backend-b'mock'".
+            if not isinstance(backend, str):
                 raise TypeError(f"backend must be a backend name (str) or None, got {backend!r}")
             if not backend.strip():
                 raise ValueError("backend is empty: name one, or pass None to choose one")
@@ -537,9 +543,9 @@ class Registry:
         )
 
     def _not_found_message(self, backend: str) -> str:
-        if self.allowlist_note and str(backend).casefold() in {h.casefold() for h in self.hidden}:
+        if self.allowlist_note and backend.casefold() in {h.casefold() for h in self.hidden}:
             return f"backend {backend!r} is installed but not loaded: {self.allowlist_note}"
-        name = str(backend).casefold()
+        name = backend.casefold()
         broken = [  # its plugin, by entry point name or by the distribution owning the name
             e
             for e in self.errors
@@ -557,7 +563,7 @@ class Registry:
             f"unknown backend {backend!r}"
             + self._installed_hint()
             + (f"; {self.allowlist_note}" if self.allowlist_note else "")
-            + f"; to install it: pip install genlm-backend-{str(backend).casefold()}"
+            + f"; to install it: pip install genlm-backend-{backend.casefold()}"
         )
 
     def _installed_hint(self) -> str:

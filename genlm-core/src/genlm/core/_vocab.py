@@ -210,9 +210,10 @@ def _model_vocab(model: Any) -> dict[int, str]:
         raise ValueError(f"tokenizer.json: the model's 'vocab' is {vocab!r:.60}, not an object")
     tokens: dict[int, str] = {}
     for tok, i in vocab.items():
-        other = tokens.setdefault(_json_id(i, tok), tok)
-        if other is not tok:
-            raise ValueError(f"tokenizer.json: tokens {other!r} and {tok!r} both have id {i}")
+        other = tokens.get(_json_id(i, tok))
+        if other is not None:  # the tokenizers library keeps the last, as here
+            logger.warning("tokenizer.json: tokens %r and %r both have id %d", other, tok, i)
+        tokens[i] = tok
     return tokens
 
 
