@@ -311,6 +311,28 @@ def test_close_gives_the_callers_model_back_as_it_was(adapters, base_model, chec
         again.close()
 
 
+def test_close_gives_a_callers_peft_model_back_as_it_came(adapters, reference):
+    """A PeftModel handed over with its own adapter active is given back at close without
+    the adapters loaded here and with its own adapter active again (it kept the last
+    adapter used, so its rows)."""
+    import torch
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(STORIES)
+    mine = peft.PeftModel.from_pretrained(
+        load_base(torch, transformers, torch.float64), adapters["a"][0], adapter_name="a"
+    ).eval()
+    before = [reference(mine, context) for context in CONTEXTS]
+    lm = HFLM(mine, tok, cache_bytes=0)
+    lm.add_lora(adapters["b"][0], "b")
+    lm.set_lora("b")
+    lm.next_token_logprobs_sync(CONTEXTS[0])
+    lm.close()
+    assert list(mine.peft_config) == ["a"] and mine.active_adapter == "a"
+    for context, row in zip(CONTEXTS, before):
+        np.testing.assert_allclose(reference(mine, context), row)
+
+
 def test_a_first_adapter_that_fails_to_load_leaves_the_base_model_as_it_was(
     tmp_path, base_model, check
 ):

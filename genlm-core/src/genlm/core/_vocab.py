@@ -208,13 +208,27 @@ def _model_vocab(model: Any) -> dict[int, str]:
         return {i: entry[0] for i, entry in enumerate(vocab)}
     if not isinstance(vocab, Mapping):
         raise ValueError(f"tokenizer.json: the model's 'vocab' is {vocab!r:.60}, not an object")
-    tokens: dict[int, str] = {}
-    for tok, i in vocab.items():
-        other = tokens.get(_json_id(i, tok))
-        if other is not None:  # the tokenizers library keeps the last, as here
-            logger.warning("tokenizer.json: tokens %r and %r both have id %d", other, tok, i)
-        tokens[i] = tok
+    tokens = {_json_id(i, tok): tok for tok, i in vocab.items()}
+    if len(tokens) < len(vocab):
+        _refuse_shared_ids(vocab.items())
     return tokens
+
+
+def _refuse_shared_ids(vocab: Iterable[tuple[str, int]]) -> None:
+    """Raise for a vocabulary giving two tokens one id: the tokenizers library then decodes
+    the id to either of them, from one process to the next, so no reading is right.
+
+    Raises:
+        ValueError: naming the first two tokens that share an id.
+    """
+    seen: dict[int, str] = {}
+    for tok, i in sorted(vocab, key=lambda item: item[1]):
+        if i in seen:
+            raise ValueError(
+                f"tokenizer: tokens {seen[i]!r} and {tok!r} both have id {i}; the tokenizers "
+                "library decodes such an id to either, so its bytes are unknown"
+            )
+        seen[i] = tok
 
 
 def _json_added(entries: Any) -> dict[int, tuple[str, bool, bool]]:
@@ -400,7 +414,10 @@ def _from_tokenizers_backend(
 ) -> tuple[dict[int, str], dict[int, _Added], dict, _Scheme]:
     """Read a ``tokenizers.Tokenizer`` through its getters (``to_str`` is ~1 s on Llama 3):
     model tokens, added tokens (:func:`_added_tokens`), its components' spec, its scheme."""
-    model_tokens = {i: tok for tok, i in tokenizer.get_vocab(with_added_tokens=False).items()}
+    vocab = tokenizer.get_vocab(with_added_tokens=False)
+    model_tokens = {i: tok for tok, i in vocab.items()}
+    if len(model_tokens) < len(vocab):
+        _refuse_shared_ids(vocab.items())
 
     def state(component: Any) -> Any:
         return None if component is None else json.loads(component.__getstate__())

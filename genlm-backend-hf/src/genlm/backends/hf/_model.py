@@ -160,10 +160,14 @@ class HFLM(LoraAdapters, BatchedLM):
         self._peft: Any = model if _is_peft(model) else None
         #: Whether ``_peft`` is the wrapper add_lora put around the caller's plain model.
         self._wrapped = False
+        #: A caller's PeftModel as it came (its adapters' names, its active one), to give it
+        #: back so at close.
+        self._given: tuple[frozenset[str], Any] | None = None
         if self._peft is not None:
             for name in self._peft.peft_config:
                 self.adapters.add(name, self.adapters.new_marker())
             self.adapters.active = getattr(self._peft, "active_adapter", None)
+            self._given = (frozenset(self._peft.peft_config), self.adapters.active)
         try:
             self.shape: KVShape = self.worker.call(self._probe)
         except BaseException:  # a model whose forward fails: stop the worker now, not at GC
@@ -392,12 +396,22 @@ class HFLM(LoraAdapters, BatchedLM):
         """Drop the KV, the batch buffer and the model (with its adapters): a closed model's
         weights are freed once nothing else holds them (a ``from_name`` model's at once)."""
         self._drop_kv(keep_pinned=False)
-        if self._peft is not None and self._wrapped:
-            # add_lora put peft's layers into the caller's model: take them out again, so
-            # the model handed over computes what it did before (as removing the last
-            # adapter does).
-            self._peft.unload()
+        if self._peft is not None:
+            self._give_back()
         self.model = self._peft = None
+
+    def _give_back(self) -> None:
+        """Leave the model the caller handed over computing what it did before: peft's
+        layers taken out of a plain model (as removing the last adapter does), or a
+        PeftModel rid of the adapters loaded here, its own active one on again."""
+        if self._wrapped:
+            self._peft.unload()
+        elif self._given is not None:
+            names, active = self._given
+            for name in [n for n in self._peft.peft_config if n not in names]:
+                self._peft.delete_adapter(name)
+            if active in self._peft.peft_config:
+                self._peft.set_adapter(active)
 
     # ---- the forward pass ----------------------------------------------------------
 
