@@ -143,12 +143,18 @@ def decode_vocab(
 def _read_vocab(tokenizer: Any) -> Vocabulary:
     """The tokenizer's :class:`~genlm.core.Vocabulary`, checked exact as :func:`decode_vocab`
     checks it (same errors)."""
-    try:
-        vocab = Vocabulary.from_tokenizer(tokenizer)
-    except Exception as e:
-        raise ValueError(f"Could not decode byte representation of {tokenizer!r}: {e}") from e
+    vocab = _unchecked_vocab(tokenizer)
     _check_exact(vocab, tokenizer)
     return vocab
+
+
+def _unchecked_vocab(tokenizer: Any) -> Vocabulary:
+    """The tokenizer's :class:`~genlm.core.Vocabulary`, a reading error raised as
+    :func:`decode_vocab` raises it; not yet checked exact (see :func:`_check_exact`)."""
+    try:
+        return Vocabulary.from_tokenizer(tokenizer)
+    except Exception as e:
+        raise ValueError(f"Could not decode byte representation of {tokenizer!r}: {e}") from e
 
 
 def vocab_lists(

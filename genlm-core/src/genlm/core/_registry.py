@@ -546,17 +546,16 @@ class Registry:
         if self.allowlist_note and backend.casefold() in {h.casefold() for h in self.hidden}:
             return f"backend {backend!r} is installed but not loaded: {self.allowlist_note}"
         name = backend.casefold()
-        broken = [  # its plugin, by entry point name or by the distribution owning the name
+        owner = owner_of(name)
+        owner_broken = [  # the plugin of the distribution owning the name
             e
             for e in self.errors
-            if e.plugin.casefold() == name
-            or (e.distribution is not None and _normalize(e.distribution) == owner_of(name))
+            if e.distribution is not None and _normalize(e.distribution) == owner
         ]
-        owner_broken = [e for e in broken if e.distribution is not None]
-        owner_broken = [e for e in owner_broken if _normalize(e.distribution) == owner_of(name)]
         if name in self._lost and not owner_broken:  # installed, claimed, served by nobody
             return f"backend {backend!r} is installed but not served: {self._lost[name]}"
-        broken = owner_broken or broken  # the owner's own failure says most
+        # The owner's own failure says most; else a plugin by the name's entry point name.
+        broken = owner_broken or [e for e in self.errors if e.plugin.casefold() == name]
         if broken:  # installed: a pip install would not help
             return f"backend {backend!r} is installed but its plugin failed to load: {broken[0]}"
         return (

@@ -158,10 +158,9 @@ class HFLM(LoraAdapters, BatchedLM):
         # ``adapters`` holds each loaded adapter's KV marker (``adapters.new_marker()``;
         # the base model's is -1).
         self._peft: Any = model if _is_peft(model) else None
-        #: Whether ``_peft`` is the wrapper add_lora put around the caller's plain model.
-        self._wrapped = False
         #: A caller's PeftModel as it came (its adapters' names, its active one), to give it
-        #: back so at close.
+        #: back so at close; None while ``_peft`` is the wrapper add_lora put around the
+        #: caller's plain model (or there is none).
         self._given: tuple[frozenset[str], Any] | None = None
         if self._peft is not None:
             for name in self._peft.peft_config:
@@ -302,7 +301,6 @@ class HFLM(LoraAdapters, BatchedLM):
                     delattr(self.model, attribute)
                 raise
             self.model = self._peft
-            self._wrapped = True
         else:
             self._peft.load_adapter(path, adapter_name=name)
         self.adapters.add(name, self.adapters.new_marker())
@@ -311,8 +309,7 @@ class HFLM(LoraAdapters, BatchedLM):
         """Unload the removed adapter from peft and drop its KV, pinned prompts included."""
         if len(self._peft.peft_config) == 1:  # the last one: back to the plain model (a
             self.model = self._peft.unload()  # PeftModel without adapters cannot run)
-            self._peft = None
-            self._wrapped = False
+            self._peft = self._given = None  # a caller's PeftModel is unloaded too
         else:
             self._peft.delete_adapter(name)
         self.kv.cache.remove_below((marker,))
@@ -404,9 +401,9 @@ class HFLM(LoraAdapters, BatchedLM):
         """Leave the model the caller handed over computing what it did before: peft's
         layers taken out of a plain model (as removing the last adapter does), or a
         PeftModel rid of the adapters loaded here, its own active one on again."""
-        if self._wrapped:
+        if self._given is None:
             self._peft.unload()
-        elif self._given is not None:
+        else:
             names, active = self._given
             for name in [n for n in self._peft.peft_config if n not in names]:
                 self._peft.delete_adapter(name)

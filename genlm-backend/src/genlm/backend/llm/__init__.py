@@ -22,7 +22,12 @@ from typing import Any, Self
 
 import torch
 
-from genlm.backend.tokenization import _check_exact, _read_vocab, vocab_lists
+from genlm.backend.tokenization import (
+    _check_exact,
+    _read_vocab,
+    _unchecked_vocab,
+    vocab_lists,
+)
 from genlm.core import BackendNotFoundError, Vocabulary
 from genlm.core.backend import (
     BatchedLM,
@@ -677,9 +682,9 @@ class MockAsyncLM(_CoreBacked):
     def __init__(self, tokenizer: Any, **opts: Any):
         from genlm.core.mock import MockLM
 
-        # Read and checked as decode_vocab does (genlm-backend's MockAsyncLM refused what it
-        # refuses), before any model is made.
-        self._attach(MockLM(_read_vocab(tokenizer), tokenizer=tokenizer, **opts))
+        # Read as decode_vocab reads it, and checked exact by _attach, which closes the mock
+        # if it refuses it (genlm-backend's MockAsyncLM refused what decode_vocab refuses).
+        self._attach(MockLM(_unchecked_vocab(tokenizer), tokenizer=tokenizer, **opts))
 
     @classmethod
     def from_name(cls, model_name: str, **kwargs: Any) -> MockAsyncLM:
