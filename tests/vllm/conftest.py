@@ -3,6 +3,14 @@
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps the engine core in this process, the
 backend's fast row route; the test process sets it (the backend itself never touches
 the environment), and nox sets it too.
+
+``TRITON_F32_DEFAULT=ieee``: on CUDA, vLLM runs the tests' float32 model's attention in a
+Triton kernel (``kernel_unified_attention``; FlashAttention takes no float32), and Triton
+computes float32 dot products in TF32 unless told otherwise. Its rows then differ from
+transformers' by up to 9e-3 (about 1e-3 relative), ten times the tests' tolerance: on an
+H200 (vLLM 0.26.0, 2026-11-28) the hf-parity and logprobs tests failed so, and passed
+with this setting. It changes nothing on a CPU. Users who want float32 rows from vLLM on
+a GPU set it the same way (genlm-backend-vllm's README).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import threading
 from typing import Any, NamedTuple
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
 
 import pytest  # noqa: E402
 from support.backend_guard import missing, skip_every_module  # noqa: E402
