@@ -1,6 +1,7 @@
 """ByteLM sampling refuses a temperature whose reciprocal overflows (issue #21, item 7)."""
 
 import asyncio
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -66,3 +67,16 @@ def test_a_tiny_temperature_through_the_byte_lm_is_greedy_decoding():
     greedy, tiny, worst = asyncio.run(both())
     assert worst * (1 / MIN_TEMPERATURE) == -np.inf  # the case that used to fail
     assert (tiny.data, tiny.eos) == (greedy.data, greedy.eos)
+
+
+def test_a_fraction_temperature_samples_bytes_as_its_float():
+    """A ``Fraction`` temperature draws the bytes, and scores them, as its float does: the
+    byte LM divided float64 log-probabilities by it (an array of Python objects)."""
+
+    async def draw(temperature):
+        async with ByteLM(MockLM.from_name("stories260K"), K=4, close_lm=True) as byte_lm:
+            state = await byte_lm.initial(b"Once upon")
+            return await state.sample(6, seed=3, temperature=temperature)
+
+    got, want = asyncio.run(draw(Fraction(1, 2))), asyncio.run(draw(0.5))
+    assert (got.data, got.logp) == (want.data, want.logp)

@@ -147,6 +147,24 @@ class TestPrefixCache:
         assert hit.value == (tuple(query[:expected]) if expected else None)
         assert len(cache) == len({tuple(p) for p in stored})
 
+    def test_a_token_that_is_not_an_integer_is_refused_and_changes_nothing(self):
+        """A float or unhashable token is refused naming it, and leaves no branch behind; a
+        numpy integer is its int (the trie was keyed by the token as given and recorded
+        its int, so removing a 1.5 failed with KeyError, halfway through an eviction)."""
+        cache = PrefixCache(max_bytes=100)
+        cache.insert([1], "a", 1)
+        for bad in ([1, 2.5], [1, 2, [3]], [0.5]):
+            with pytest.raises(TypeError, match="tokens must be integers"):
+                cache.insert(bad, "x", 1)
+        assert len(cache) == 1 and cache.longest_prefix([1, 2, 3]).value == "a"
+        assert cache._root.children.keys() == {1} and not cache._root.children[1].children
+        cache.insert([1, np.int64(2)], "ab", 1)
+        assert cache.longest_prefix([1, 2, 9]).value == "ab"
+        cache.remove([1, 2])
+        assert cache.longest_prefix([1, 2, 9]).value == "a"
+        cache.clear()
+        assert len(cache) == 0 and cache.nbytes == 0
+
     def test_max_length_limits_the_lookup(self):
         """max_length stops the lookup short of the full context."""
         cache = PrefixCache(max_bytes=100)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -190,6 +192,21 @@ def test_numpy_output_is_unchanged_and_needs_no_torch():
     rows = lm.batch_next_token_logprobs_sync(CONTEXTS)
     assert isinstance(rows, np.ndarray) and rows.dtype == np.float32
     np.testing.assert_array_equal(rows, [expected(c) for c in CONTEXTS])
+    lm.close()
+
+
+def test_numpy_rows_are_served_while_another_thread_is_importing_torch(monkeypatch):
+    """While a thread imports torch, ``sys.modules`` holds the half-made module, without
+    ``Tensor`` yet: batches finishing on the worker then failed with AttributeError, every
+    caller's numpy requests included. The half-made module is put in place here (torch may
+    already be imported in this process)."""
+    half_made = types.ModuleType("torch")
+    monkeypatch.setitem(sys.modules, "torch", half_made)
+    lm = MockLM(VOCAB)
+    rows = lm.batch_next_token_logprobs_sync(CONTEXTS)
+    np.testing.assert_array_equal(rows, [expected(c) for c in CONTEXTS])
+    row = asyncio.run(lm.next_token_logprobs([1, 2]))
+    np.testing.assert_array_equal(row, expected([1, 2]))
     lm.close()
 
 

@@ -3,6 +3,7 @@
 import asyncio
 import math
 import sys
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -153,10 +154,10 @@ def test_eos_ids_given_as_bytes_are_refused_before_any_work():
 
 def test_bad_seeds_are_refused_naming_the_seed_before_any_work():
     """A negative or fractional seed is numpy's ValueError or TypeError, now saying it is
-    the seed (numpy's own message named no argument), from sample, batch_sample and smc;
-    a valid seed still reproduces its draw."""
+    the seed (numpy's own message named no argument), from sample, batch_sample and smc; a
+    bool too (numpy took True as the seed 1); a valid seed still reproduces its draw."""
     lm = MockLM(VOCAB)
-    for seed, error in ((-1, ValueError), (1.5, TypeError), ("7", TypeError)):
+    for seed, error in ((-1, ValueError), (1.5, TypeError), ("7", TypeError), (True, TypeError)):
         with pytest.raises(error, match="seed must be None or a non-negative integer"):
             asyncio.run(lm.sample([0], 4, seed=seed))
         with pytest.raises(error, match="seed must be None"):
@@ -165,4 +166,21 @@ def test_bad_seeds_are_refused_naming_the_seed_before_any_work():
             asyncio.run(smc(lm, [0], seed=seed))
     assert lm.batches == []
     assert asyncio.run(lm.sample([0], 4, seed=3)) == asyncio.run(lm.sample([0], 4, seed=3))
+    lm.close()
+
+
+def test_a_fraction_temperature_draws_as_its_float():
+    """A temperature of any real type (a ``Fraction``, a numpy float) draws what its float
+    draws, in sample and smc (smc divided float64 rows by the Fraction: an array of Python
+    objects, and numpy's exp failed on it)."""
+    lm = MockLM(VOCAB)
+    for temperature in (Fraction(1, 2), np.float32(0.5)):
+        got = asyncio.run(lm.sample([0], 6, eos_token_ids=[], temperature=temperature, seed=4))
+        assert got == asyncio.run(lm.sample([0], 6, eos_token_ids=[], temperature=0.5, seed=4))
+        runs = [
+            asyncio.run(smc(lm, [0], n_particles=3, max_tokens=4, temperature=t, seed=4))
+            for t in (temperature, 0.5)
+        ]
+        assert runs[0].particles == runs[1].particles  # tokens and log weights
+        assert runs[0].log_marginal == runs[1].log_marginal
     lm.close()

@@ -473,7 +473,7 @@ class BeamState(AsyncClosing):
                 ``Generator``'s ``choice`` method; both name the argument.
         """
         max_bytes = checked_count("max_bytes", max_bytes, 0)
-        check_temperature(temperature)
+        temperature = check_temperature(temperature)
         rng = seeded_rng(seed) if rng is None else checked_rng(rng)
         limit = getattr(self.byte_lm.lm, "max_context_length", None)
         state, out, total = self, bytearray(), 0.0

@@ -163,7 +163,7 @@ class NextByteLogprobs:
         (None at 0: greedy, no draw), after the checks :meth:`sample` and :meth:`tempered`
         share. Shifting first, as core's sampler does, makes a tiny temperature send only
         the others to -inf (probability below float64's range), never all."""
-        check_temperature(temperature)
+        temperature = check_temperature(temperature)
         best = float(np.max(self.logprobs))
         if not np.isfinite(best):
             raise ValueError("no byte and no EOS has positive probability here")

@@ -520,7 +520,7 @@ class BatchedLM(abc.ABC):
         of exactly that length, so at most ``max_context_length + 1 - len(prompt)`` tokens
         come back.
         """
-        check_sampling_args(max_tokens, temperature)
+        temperature = check_sampling_args(max_tokens, temperature)
         request = self.validate_request(prompt_token_ids, variant)
         eos, rng = eos_id_set(eos_token_ids, self._vocab.eos_token_ids), seeded_rng(seed)
         return await self._sample(request, max_tokens, eos, temperature, rng)
@@ -561,7 +561,7 @@ class BatchedLM(abc.ABC):
         """:meth:`sample` for each prompt (all under ``variant``), concurrently, every
         prompt checked first; prompt ``i`` draws from stream ``i`` of
         ``numpy.random.SeedSequence(seed).spawn``."""
-        check_sampling_args(max_tokens, temperature)
+        temperature = check_sampling_args(max_tokens, temperature)
         requests = self.validate_requests(prompts, variant)
         eos = eos_id_set(eos_token_ids, self._vocab.eos_token_ids)
         rngs = seed_streams(seed, len(requests))

@@ -9,6 +9,7 @@ entries (a shared prompt) are never evicted. All walks are iterative, so a chain
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Generic, TypeVar
 
@@ -169,18 +170,24 @@ class PrefixCache(Generic[V]):
 
         Raises:
             ValueError: ``tokens`` is empty, or ``nbytes`` is negative.
-            TypeError: ``nbytes`` is not an integer.
+            TypeError: ``nbytes`` or a token is not an integer (nothing is stored).
         """
         if not tokens:
             raise ValueError("cannot cache the empty prefix")
         nbytes = checked_count("nbytes", nbytes, 0)  # before the trie changes
         with self._lru.lock:
             node = self._root
-            for t in tokens:
-                child = node.children.get(t)
-                if child is None:
-                    child = node.children[t] = _Node(node, int(t), node.depth + 1)
-                node = child
+            try:
+                for t in tokens:
+                    child = node.children.get(t)
+                    if child is None:
+                        # Keyed by the int, as _forget deletes it (numpy ints are taken).
+                        token = operator.index(t)
+                        child = node.children[token] = _Node(node, token, node.depth + 1)
+                    node = child
+            except TypeError:
+                self._prune(node)  # the nodes this walk made hold nothing
+                raise TypeError(f"tokens must be integers, got {t!r} in {tokens!r}") from None
             node.has_value = True
             self._lru.add(node, value, nbytes, pin=pin)
             if node.has_value and node not in self._lru:  # too large: never held
@@ -280,6 +287,11 @@ class PrefixCache(Generic[V]):
         Iterative, so a 100,000-token chain is fine.
         """
         node.has_value = False
+        self._prune(node)
+
+    @staticmethod
+    def _prune(node: _Node) -> None:
+        """Remove ``node`` and its ancestors while they hold nothing."""
         while node.parent is not None and not node.children and not node.has_value:
             del node.parent.children[node.token]
             node = node.parent

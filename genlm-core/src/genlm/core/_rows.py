@@ -48,10 +48,12 @@ def is_torch(x: Any) -> bool:
 
     Returns:
         True for a ``torch.Tensor``; False for anything else, and always while torch is
-        not imported (no tensor can exist then).
+        not imported (no tensor can exist then). While another thread is importing torch,
+        ``sys.modules`` holds the half-made module, without ``Tensor`` yet: no tensor can
+        exist then either (a batch finishing on the worker meanwhile must not fail).
     """
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
+    tensor = getattr(sys.modules.get("torch"), "Tensor", None)
+    return tensor is not None and isinstance(x, tensor)
 
 
 def check_real(weights: Any) -> None:

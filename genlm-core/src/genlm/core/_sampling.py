@@ -27,19 +27,24 @@ _T = TypeVar("_T")
 MIN_TEMPERATURE = math.nextafter(1 / sys.float_info.max, 1)
 
 
-def check_sampling_args(max_tokens: object, temperature: object) -> None:
-    """Reject a bad ``max_tokens`` or ``temperature`` (see the module)."""
+def check_sampling_args(max_tokens: object, temperature: object) -> float:
+    """Reject a bad ``max_tokens`` or ``temperature`` (see the module); the temperature
+    as a float (:func:`check_temperature`)."""
     if not is_integer(max_tokens):
         raise TypeError(
             f"max_tokens must be an integer, got {max_tokens!r} ({type(max_tokens).__name__})"
         )
     if max_tokens < 0:
         raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-    check_temperature(temperature)
+    return check_temperature(temperature)
 
 
-def check_temperature(temperature: object) -> None:
-    """Reject a bad ``temperature`` (see the module).
+def check_temperature(temperature: object) -> float:
+    """Reject a bad ``temperature`` (see the module); return it as a float.
+
+    Every real number is taken (a ``Fraction``, a numpy scalar); the samplers divide
+    float64 arrays by the float returned (by a ``Fraction`` numpy would make an array of
+    Python objects).
 
     A positive temperature so small that its reciprocal overflows (a subnormal such as
     ``1e-310``) is refused too, with a message saying so: dividing by it turns every
@@ -62,6 +67,7 @@ def check_temperature(temperature: object) -> None:
             f"temperature {temperature} is too small: 1/temperature overflows float64 "
             f"(the smallest is {MIN_TEMPERATURE:.4g}); pass 0 for greedy sampling"
         )
+    return float(temperature)
 
 
 def seeded_rng(seed: object) -> np.random.Generator:
@@ -86,7 +92,13 @@ def seed_streams(seed: object, n: int) -> list[np.random.Generator]:
 
 
 def _seeded(make: Callable[[Any], _T], seed: object) -> _T:
-    """``make(seed)``; numpy's error about ``seed`` re-raised naming the argument."""
+    """``make(seed)``; numpy's error about ``seed`` re-raised naming the argument.
+
+    A bool is refused, as every other sampler argument refuses it: numpy would take
+    ``True`` as the seed 1.
+    """
+    if isinstance(seed, bool):
+        raise TypeError(f"seed must be None or a non-negative integer, got {seed!r}")
     try:
         return make(seed)
     except (TypeError, ValueError) as error:

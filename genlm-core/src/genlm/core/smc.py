@@ -208,7 +208,7 @@ async def smc(
         raise TypeError(f"n_particles must be an integer, got {n_particles!r}")
     if n_particles < 1:
         raise ValueError(f"n_particles must be >= 1, got {n_particles}")
-    check_sampling_args(max_tokens, temperature)  # NaN, inf, bools, 2.5 tokens
+    temperature = check_sampling_args(max_tokens, temperature)  # NaN, inf, bools, 2.5 tokens
     if temperature == 0:
         raise ValueError("temperature must be > 0 (SMC proposes by sampling), got 0")
     if not is_real(ess_threshold):

@@ -1078,7 +1078,7 @@ class VLLMLM(LoraAdapters, BatchedLM):
             room = self.max_context_length + 1 - len(context)
             params = SamplingParams(
                 max_tokens=min(max_tokens, room),
-                temperature=temperature,
+                temperature=float(temperature),  # checked real (a Fraction, a numpy float)
                 # Stop on exactly the ids asked for, not also on the tokenizer's own EOS.
                 ignore_eos=True,
                 stop_token_ids=list(eos),

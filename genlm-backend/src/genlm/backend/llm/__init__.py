@@ -155,7 +155,7 @@ class AsyncLM(ABC):
             TypeError, ValueError: bad ``max_tokens``, ``temperature`` or ``seed``, or an
                 EOS id that is not an integer, before any work.
         """
-        check_sampling_args(max_tokens, temperature)
+        temperature = check_sampling_args(max_tokens, temperature)
         rng = seeded_rng(seed)
         eos = eos_id_set(eos_token_ids, ())
         lora = _lora_option(lora_name)
