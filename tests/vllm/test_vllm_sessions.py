@@ -405,6 +405,18 @@ def test_sessions_give_way_to_a_request_that_needs_their_blocks(tiny_path, expec
         np.testing.assert_allclose(row, expected(context), atol=1e-4)
 
 
+def test_the_option_must_be_a_bool(tiny_path):
+    """Any truthy value turned sessions on (``sessions="no"`` did); it is refused before
+    anything loads."""
+    from genlm.backends.vllm import VLLMLM
+
+    from .conftest import ENGINE_OPTS
+
+    for value in ("no", 1, None):
+        with pytest.raises(TypeError, match="sessions must be True or False"):
+            VLLMLM.from_name(str(tiny_path), engine_opts=ENGINE_OPTS, sessions=value)
+
+
 def test_the_option_needs_the_in_process_route(tiny_path):
     from genlm.backends.vllm import VLLMLM
 

@@ -261,6 +261,7 @@ class VLLMLM(LoraAdapters, BatchedLM):
             where it cannot work (engine core or model in another process), ``sessions``
             without the ``"processor"`` route, or a
             :class:`~genlm.core.backend.BatchedLM` option is invalid.
+        TypeError: ``sessions`` is not a bool (``sessions="no"`` would turn them on).
         Exception: what transformers or vLLM raise while loading (e.g. ``OSError`` for
             a model that cannot be found) propagates; a half-started engine's memory is
             released and the worker closed first.
@@ -281,6 +282,8 @@ class VLLMLM(LoraAdapters, BatchedLM):
         missing = unavailable_reason()
         if missing is not None:  # else the first import to fail is transformers, vllm's own
             raise ImportError(f"the vllm backend cannot load a model: {missing}")
+        if not isinstance(sessions, bool):
+            raise TypeError(f"vllm: sessions must be True or False, got {sessions!r}")
         from transformers import AutoConfig, AutoTokenizer
 
         opts = {**DEFAULT_ENGINE_OPTS, **(engine_opts or {})}
