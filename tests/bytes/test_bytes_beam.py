@@ -85,6 +85,15 @@ def test_unknown_eos_string_is_rejected():
         ByteLM(lm, eos=[b"zz"])
 
 
+def test_an_empty_eos_string_is_rejected():
+    """b"" spells every unused or special id without bytes (here two padding ids): it was
+    taken as EOS, so their mass was reported as P(EOS)."""
+    vocab = Vocabulary(TOKENS + (b"", b""), unused_ids={len(TOKENS), len(TOKENS) + 1})
+    lm = FixedLM(vocab, np.ones(len(TOKENS) + 2))
+    with pytest.raises(ValueError, match="must not be empty"):
+        ByteLM(lm, eos=[b"\n", b""])
+
+
 # "abc" is far likelier than "a" then "b", so with K=1 the beam keeps only the partial
 # "ab" of "abc" ("ab" is no token), which cannot continue with "a": healing must re-split.
 HEAL_VOCAB = Vocabulary((b"<s>", b"</s>", b"a", b"b", b"c", b"abc"), bos_token_id=0)
@@ -121,6 +130,34 @@ def test_without_healing_a_dead_beam_raises():
         state = await (await ByteLM(lm, K=1, heal=False).initial((0,))).prefill(b"ab")
         with pytest.raises(UnreachableByteError, match="b'a'"):
             await state.advance(ord("a"))
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ((b"a",), "no token holds b'z'"),
+        ((b"a", b"az"), "b'z' only inside a token that starts otherwise"),
+        ((b"a", b"z"), "b'z' only as an EOS token"),
+    ],
+)
+def test_healing_asks_the_lm_nothing_for_a_byte_no_spelling_reaches(extra, why):
+    """After a run of b"-" (tokens of every length, as gpt2's and llama's vocabularies
+    have), a byte that no re-split can spell is unreachable at once: healing tried every
+    re-split of the partial run first, one LM context each (239 contexts for 8 dashes,
+    50,666 for 16, each a forward pass), before it learned that none spells the byte."""
+    dashes = tuple(b"-" * n for n in range(1, 17))
+    vocab = Vocabulary((b"<s>", b"</s>") + dashes + extra, special_ids={0, 1}, bos_token_id=0)
+    lm = FixedLM(vocab, np.ones(len(vocab)))
+
+    async def scenario():
+        eos = [b"z"] if b"z" in extra else None
+        state = await (await ByteLM(lm, K=4, eos=eos).initial((0,))).prefill(b"-" * 8)
+        before = len(lm.contexts)
+        with pytest.raises(UnreachableByteError, match="b'z'"):
+            await state.advance(ord("z"))
+        assert len(lm.contexts) - before <= 4, why  # at most the beam's own K boundaries
 
     run(scenario())
 

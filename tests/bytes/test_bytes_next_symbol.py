@@ -135,6 +135,37 @@ def test_a_prompt_ending_with_a_text_eos_keeps_its_mass():
     run(scenario())
 
 
+def test_a_prompt_prefilled_in_chunks_counts_its_text_eos_token_once():
+    """With b"a" a text EOS token, prefill(b"a") commits the token b"a" as text (a root
+    candidate) beside the in-token candidate that leaves it out in EOS mode. A second
+    prefill (or with_eos_mode(False)) switched back to text mode, where the in-token
+    candidate counts b"a" again, and kept the root candidate too: logZ rose above 0 with
+    each empty prefill. P(the bytes start with b"a") = P(a) + P(ab) = 0.7, by hand."""
+    vocab = Vocabulary(
+        (b"<s>", b"</s>", b"a", b"ab", b"b"),
+        special_ids={0, 1},
+        bos_token_id=0,
+        eos_token_ids=(1,),
+    )
+    lm = FixedLM(vocab, [0.0, 0.1, 0.6, 0.1, 0.2])
+
+    async def scenario():
+        start = await ByteLM(lm, K=None, eos=[b"a"]).initial((0,))
+        once = await start.prefill(b"a")
+        chunked = await (await start.prefill(b"a")).prefill(b"")
+        text = await once.with_eos_mode(False)
+        for _ in range(3):
+            chunked = await chunked.prefill(b"")
+        assert once.logZ == pytest.approx(np.log(0.7), abs=1e-12)
+        assert chunked.logZ == pytest.approx(np.log(0.7), abs=1e-12)
+        assert text.logZ == pytest.approx(np.log(0.7), abs=1e-12)
+        np.testing.assert_allclose(
+            (await chunked.logp_next()).logprobs, (await once.logp_next()).logprobs, atol=1e-12
+        )
+
+    run(scenario())
+
+
 def test_a_prompt_ending_inside_a_text_eos_token_is_refused_clearly():
     """A prompt whose last bytes start only a text EOS token (b'\n' of b'\n\n') can only
     be followed by that token, which ends the sequence: initial and with_eos_mode raise

@@ -395,10 +395,23 @@ class BeamState(AsyncClosing):
     def _in_mode(self, eos_mode: bool) -> Self:
         if eos_mode == self.eos_mode:
             return self
-        root = self.byte_lm.trie.root
+        trie = self.byte_lm.trie
+        root = trie.root
+        # Back to text mode right after a prefill: a text EOS token that
+        # :meth:`_end_prefill` committed (a root candidate after it) is again part of the
+        # mass of the in-token candidate it was committed from. Keep that one only, or
+        # the tokenization is counted twice (a second prefill raised logZ above 0).
+        committed_from = (
+            set() if eos_mode else {(c.context, c.node) for c in self.candidates if c.node != root}
+        )
+        text_eos = self.byte_lm.text_eos_ids if committed_from else frozenset()
         moved = []
         for c in self.candidates:
             if c.node == root:
+                last = c.context[-1] if c.context else None
+                node = int(trie.token_node[last]) if last in text_eos else None
+                if node is not None and (c.context[:-1], node) in committed_from:
+                    continue
                 moved.append(attrs.evolve(c, next=None))
                 continue
             n = self.byte_lm.in_mode(c.context, c.next, eos_mode)

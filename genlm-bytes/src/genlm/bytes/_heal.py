@@ -37,6 +37,8 @@ async def heal(
     """
     trie = byte_lm.trie
     max_backoff = byte_lm.heal_max_backoff
+    if byte not in byte_lm.text_bytes(eos_mode):
+        return []  # no token that spells text in this mode holds the byte
     for c in candidates:
         if c.node == trie.root:
             continue
@@ -53,6 +55,8 @@ async def heal(
                     (c.context + (t,), c.logp + float(c.next.logp[t]))
                     for t in trie.tokens_at(node).tolist()
                 ]
+            if not _can_spell(byte_lm, eos_mode, rest, byte_lm.heal_max_splits):
+                continue  # decided by the trie alone, before asking the LM anything
             for context, logp in starts:
                 if logp == -np.inf:
                     continue
@@ -113,3 +117,34 @@ async def _spell(
             if found is not None:
                 return found
     return None
+
+
+def _can_spell(byte_lm: ByteModel, eos_mode: bool, data: bytes, splits: int | None) -> bool:
+    """Whether :func:`_spell` could spell ``data`` by the trie alone: at most ``splits``
+    whole tokens that spell text in ``eos_mode``, then a partial token holding the rest.
+
+    A necessary condition (the LM may still give a path no mass), checked before the LM is
+    asked: without it healing asked the LM for every re-split of a long partial token
+    before it learned that none spells the bytes (thousands of contexts for a run of
+    spaces followed by a byte only an EOS token spells).
+    """
+    trie = byte_lm.trie
+    masked = byte_lm.masked_ids(eos_mode)
+    fewest = {0: 0}  # position in data -> fewest whole tokens that end there
+    for start in range(len(data)):
+        if start not in fewest:
+            continue
+        node = trie.root
+        for depth, b in enumerate(data[start:], 1):
+            node = trie.child(node, b)
+            if node is None:
+                break
+            if start + depth == len(data):
+                if splits is None or fewest[start] <= splits:
+                    return True
+                break
+            tokens = trie.tokens_at(node)
+            if len(tokens) and not np.isin(tokens, masked).all():
+                end, used = start + depth, fewest[start] + 1
+                fewest[end] = min(fewest.get(end, used), used)
+    return False

@@ -12,6 +12,7 @@ False (prefilling), they count as the text they spell.
 
 from __future__ import annotations
 
+import functools
 import logging
 import numbers
 import sys
@@ -170,12 +171,30 @@ class ByteModel(AsyncClosing):
         self._root_lo = int(self.trie.child_start[self.trie.root])
         self._root_hi = int(self.trie.child_stop[self.trie.root])
         self.cache = MassCache(cache_bytes)
+        self._text_bytes: dict[bool, frozenset[int]] = {}
         self._closed = False
 
     @property
     def has_text_eos(self) -> bool:
         """Whether some EOS token is ordinary text (then prefill treats it as text)."""
         return len(self._text_eos) > 0
+
+    def text_bytes(self, eos_mode: bool) -> frozenset[int]:
+        """The byte values some token spelling text in ``eos_mode`` holds (healing asks:
+        a byte no such token holds is unreachable whatever the LM says)."""
+        cached = self._text_bytes.get(eos_mode)
+        if cached is None:
+            masked = set(self.masked_ids(eos_mode).tolist())
+            not_text = set(self.lm.vocab.special_ids) | set(self.lm.vocab.unused_ids) | masked
+            tokens = self.lm.vocab.tokens
+            cached = frozenset().union(*(tok for i, tok in enumerate(tokens) if i not in not_text))
+            self._text_bytes[eos_mode] = cached
+        return cached
+
+    @functools.cached_property
+    def text_eos_ids(self) -> frozenset[int]:
+        """The EOS ids that are ordinary text (counted as text while prefilling)."""
+        return frozenset(self._text_eos.tolist())
 
     def _longest_token(self, data: bytes) -> int:
         """The id of the longest text token that ``data`` starts with."""
@@ -372,6 +391,9 @@ def _eos_ids(vocab: Any, eos: Sequence[bytes] | None) -> tuple[int, ...]:
                 f"eos must be a list of byte strings, e.g. [b'\\n\\n'], got {e!r} in it"
             )
     wanted = {bytes(e) for e in eos}
+    if b"" in wanted:
+        # Every unused or special id without bytes is spelled b"": their mass is no EOS.
+        raise ValueError("an EOS byte string must not be empty (b'' spells no token)")
     ids = [i for i, tok in enumerate(vocab.tokens) if tok in wanted]
     missing = wanted - {vocab.tokens[i] for i in ids}
     if missing:
