@@ -340,7 +340,7 @@ def tests(args: argparse.Namespace) -> None:
     summary = lines[-1] if error is None else outcomes(text)
     result = {"paths": paths, "summary": summary, "seconds": seconds, "error": error}
     (folder / "tests.json").write_text(json.dumps(result, indent=1))
-    logger.info("%s: %s (%.0f s)", " ".join(paths), lines[-1], seconds)
+    logger.info("%s: %s (%.0f s)", " ".join(paths), summary, seconds)
     emit(folder, args)
     if error:
         raise SystemExit(f"the test session failed: {error.splitlines()[0]}")

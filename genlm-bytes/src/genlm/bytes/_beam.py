@@ -401,16 +401,15 @@ class BeamState(AsyncClosing):
         # :meth:`_end_prefill` committed (a root candidate after it) is again part of the
         # mass of the in-token candidate it was committed from. Keep that one only, or
         # the tokenization is counted twice (a second prefill raised logZ above 0).
-        committed_from = (
-            set() if eos_mode else {(c.context, c.node) for c in self.candidates if c.node != root}
-        )
-        text_eos = self.byte_lm.text_eos_ids if committed_from else frozenset()
+        committed_from = set()
+        if not eos_mode:
+            committed_from = {(c.context, c.node) for c in self.candidates if c.node != root}
+        text_eos = self.byte_lm.text_eos_ids
         moved = []
         for c in self.candidates:
             if c.node == root:
                 last = c.context[-1] if c.context else None
-                node = int(trie.token_node[last]) if last in text_eos else None
-                if node is not None and (c.context[:-1], node) in committed_from:
+                if last in text_eos and (c.context[:-1], trie.token_node[last]) in committed_from:
                     continue
                 moved.append(attrs.evolve(c, next=None))
                 continue

@@ -184,10 +184,9 @@ class ByteModel(AsyncClosing):
         a byte no such token holds is unreachable whatever the LM says)."""
         cached = self._text_bytes.get(eos_mode)
         if cached is None:
-            masked = set(self.masked_ids(eos_mode).tolist())
-            not_text = set(self.lm.vocab.special_ids) | set(self.lm.vocab.unused_ids) | masked
-            tokens = self.lm.vocab.tokens
-            cached = frozenset().union(*(tok for i, tok in enumerate(tokens) if i not in not_text))
+            vocab = self.lm.vocab
+            ids = np.setdiff1d(vocab.text_ids, self.masked_ids(eos_mode)).tolist()
+            cached = frozenset().union(*(vocab.tokens[i] for i in ids))
             self._text_bytes[eos_mode] = cached
         return cached
 

@@ -977,7 +977,8 @@ class VLLMLM(LoraAdapters, BatchedLM):
             RuntimeError: unseeded, the engine stopped without finishing a request.
             UnknownVariantError: no adapter is registered under ``variant``.
         """
-        if self._core_samples(max_tokens, temperature, seed):
+        temperature = check_sampling_args(max_tokens, temperature)  # as a float
+        if self._core_samples(temperature, seed):
             return await super().sample(
                 prompt_token_ids, max_tokens, eos_token_ids, temperature, seed, variant=variant
             )
@@ -1021,22 +1022,18 @@ class VLLMLM(LoraAdapters, BatchedLM):
             RuntimeError: unseeded, the engine stopped without finishing a request.
             UnknownVariantError: no adapter is registered under ``variant``.
         """
-        if self._core_samples(max_tokens, temperature, seed):
+        temperature = check_sampling_args(max_tokens, temperature)  # as a float
+        if self._core_samples(temperature, seed):
             return await super().batch_sample(
                 prompts, max_tokens, eos_token_ids, temperature, seed, variant=variant
             )
         return await self._native_sample(prompts, max_tokens, eos_token_ids, temperature, variant)
 
     @staticmethod
-    def _core_samples(max_tokens: int, temperature: float, seed: int | None) -> bool:
-        """Whether core's sampler draws: seeded, or at a temperature vLLM would not sample
-        at as asked (it samples any 0 < T < 0.01 at 0.01, far flatter than asked, and
-        refuses any T > 2).
-
-        Raises:
-            TypeError, ValueError: a bad ``max_tokens`` or ``temperature`` (core's checks).
-        """
-        check_sampling_args(max_tokens, temperature)
+    def _core_samples(temperature: float, seed: int | None) -> bool:
+        """Whether core's sampler draws: seeded, or at a (checked) temperature vLLM would
+        not sample at as asked (it samples any 0 < T < 0.01 at 0.01, far flatter than
+        asked, and refuses any T > 2)."""
         return seed is not None or not (
             temperature == 0 or VLLM_MIN_TEMPERATURE <= temperature <= VLLM_MAX_TEMPERATURE
         )
@@ -1081,7 +1078,7 @@ class VLLMLM(LoraAdapters, BatchedLM):
             room = self.max_context_length + 1 - len(context)
             params = SamplingParams(
                 max_tokens=min(max_tokens, room),
-                temperature=float(temperature),  # checked real (a Fraction, a numpy float)
+                temperature=temperature,
                 # Stop on exactly the ids asked for, not also on the tokenizer's own EOS.
                 ignore_eos=True,
                 stop_token_ids=list(eos),
