@@ -18,6 +18,7 @@ from support.bytes_lms import assert_steps_match_brute_force, run
 from genlm.bytes import BeamParams, ByteBeamState, ByteLM
 from genlm.core import Vocabulary
 from genlm.core import _trie as trie_module
+from genlm.core.backend import LoraAdapters
 from genlm.core.mock import MockLM
 
 TOKENS = (b"</s>", b"a", b"b", b"ab", b"\n", b"\n\n")
@@ -303,3 +304,51 @@ def test_clear_cache_keeps_out_the_masses_of_a_step_waiting_for_the_lm():
 
     after, expected = run(scenario())
     np.testing.assert_allclose(after, expected, rtol=1e-9, atol=1e-12)
+
+
+class RolledLM(LoraAdapters, MockLM):
+    """A mock whose one adapter rolls its rows (tests/core/test_adapters.py's toy)."""
+
+    def add_lora(self, shift: int, name: str) -> None:
+        self.adapters.add(name, shift)
+
+    def _logprobs_batch(self, contexts, variant):
+        rows = super()._logprobs_batch(contexts, None)
+        return rows if variant is None else np.roll(rows, self.adapters.get(variant), axis=1)
+
+    def _release_adapter(self, name: str, shift: int) -> None:
+        pass
+
+
+def test_masses_follow_the_token_lms_adapter():
+    """The cache kept the masses of the adapter active when they were computed: after
+    ``clear_lora`` a ByteLM made before served the adapter's next-byte distribution (a
+    fresh ByteLM the base model's). Each distribution now equals a fresh ByteLM's under
+    the same adapter, and a state made under the adapter, switched to text mode after
+    ``clear_lora``, keeps its own row's masses without caching them for the base model."""
+    vocab = [bytes([b]) for b in range(97, 112)]
+
+    async def dist(byte_lm, prompt=(0,)):
+        state = await byte_lm.initial(list(prompt))
+        return (await state.logp_next()).logprobs
+
+    async def scenario():
+        async with RolledLM(vocab) as lm:
+            lm.add_lora(5, "rolled")
+            reused = ByteLM(lm, K=None)
+            base = await dist(reused)
+            lm.set_lora("rolled")
+            rolled = await dist(reused)
+            np.testing.assert_allclose(rolled, await dist(ByteLM(lm, K=None)), atol=1e-9)
+            assert not np.allclose(rolled, base)
+            state = await (await reused.initial([0])).advance(ord("b"))  # inside a token
+            lm.clear_lora()
+            text_mode = await state.with_eos_mode(False)
+            inside = [c for c in text_mode.candidates if c.next is not None]
+            assert inside and all(c.next.variant == "rolled" for c in inside)
+            np.testing.assert_allclose(await dist(reused), base, atol=1e-9)
+            np.testing.assert_allclose(
+                await dist(reused, (0, 1)), await dist(ByteLM(lm, K=None), (0, 1)), atol=1e-9
+            )
+
+    run(scenario())

@@ -65,6 +65,22 @@ def test_rows_follow_the_adapter_of_each_request(lm):
     np.testing.assert_allclose(lm.next_token_logprobs_sync(CONTEXT), rolled(CONTEXT), rtol=1e-6)
 
 
+def test_current_variant_is_what_a_request_made_now_uses(lm):
+    """``current_variant`` follows ``set_lora`` and ``clear_lora`` (what layers caching
+    derived values key them by), and a closed model refuses to say."""
+    from genlm.core import ModelClosedError
+
+    lm.add_lora(3, "b")
+    assert lm.current_variant is None
+    lm.set_lora("b")
+    assert lm.current_variant == "b"
+    lm.clear_lora()
+    assert lm.current_variant is None
+    lm.close()
+    with pytest.raises(ModelClosedError):
+        _ = lm.current_variant
+
+
 def test_bad_names_name_the_problem(lm):
     """An adapter loaded twice is a ValueError; an unknown one, for set_lora, remove_lora
     or a request, an UnknownVariantError listing the loaded ones."""

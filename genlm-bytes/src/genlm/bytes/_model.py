@@ -17,7 +17,7 @@ import logging
 import numbers
 import sys
 import weakref
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any, Self
 
 import numpy as np
@@ -171,6 +171,12 @@ class ByteModel(AsyncClosing):
         self._root_lo = int(self.trie.child_start[self.trie.root])
         self._root_hi = int(self.trie.child_stop[self.trie.root])
         self.cache = MassCache(cache_bytes)
+        #: Whether the LM has variants (a genlm-core model's ``current_variant``: the LoRA
+        #: adapter its requests use), and the one the cached masses are of: the cache is
+        #: cleared when the LM's changes (it served the old adapter's masses after
+        #: ``set_lora`` or ``clear_lora``).
+        self._has_variants = hasattr(type(lm), "current_variant")
+        self._variant: Hashable = lm.current_variant if self._has_variants else None
         self._text_bytes: dict[bool, frozenset[int]] = {}
         self._closed = False
 
@@ -230,6 +236,7 @@ class ByteModel(AsyncClosing):
         fails the call.
         """
         self._check_open()
+        variant = self._current_variant()
         found: dict[tuple[int, ...], NextTokens] = {}
         missing: dict[tuple[int, ...], None] = {}
         for ctx in contexts:
@@ -247,21 +254,35 @@ class ByteModel(AsyncClosing):
             ]
             generation = self.cache.generation  # a clear_cache while we wait wins
             rows = await gather_all(
-                [*(self._row(ctx) for ctx in missing), *(self._guess(ctx) for ctx in guesses)]
+                [
+                    *(self._row(ctx, variant) for ctx in missing),
+                    *(self._guess(ctx, variant) for ctx in guesses),
+                ]
             )
             self._check_open()
             for ctx, row in zip([*missing, *guesses], rows):
                 if row is not None:
-                    masses = self._masses(row, eos_mode)
+                    masses = self._masses(row, eos_mode, variant)
                     found[ctx] = self.cache.put((ctx, eos_mode), masses, generation)
         return [found[ctx] for ctx in contexts]
 
-    async def _guess(self, ctx: tuple[int, ...]) -> Any:
+    def _current_variant(self) -> Hashable:
+        """The LM's variant now; the cache is cleared first if its masses are of another
+        (a step waiting for rows of the old one then caches nothing: the generation)."""
+        if not self._has_variants:
+            return None
+        variant = self.lm.current_variant
+        if variant != self._variant:
+            self.cache.clear()
+            self._variant = variant
+        return variant
+
+    async def _guess(self, ctx: tuple[int, ...], variant: Hashable) -> Any:
         """:meth:`_row` for a prefetched context, or None if the LM refuses it: a guess
         must not fail the contexts the caller needs (they fail on their own if the LM is
         broken)."""
         try:
-            return await self._row(ctx)
+            return await self._row(ctx, variant)
         except Exception:  # noqa: BLE001 - a refused guess is only not cached
             logger.debug("prefetch of a %d-token context refused", len(ctx), exc_info=True)
             return None
@@ -269,19 +290,22 @@ class ByteModel(AsyncClosing):
     def cached_logp(self, ctx: tuple[int, ...], eos_mode: bool) -> np.ndarray | None:
         """:attr:`NextTokens.logp` of ``ctx`` if cached, else None; no LM call, and the
         cache's recency order is not changed."""
+        self._current_variant()
         hit = self.cache.get((ctx, eos_mode), touch=False)
         return None if hit is None else hit.logp
 
-    async def _row(self, ctx: tuple[int, ...]) -> Any:
-        """The LM row of ``ctx`` as the cache may keep it (:func:`kept_row`), reusing the
-        other mode's cached row when there is one."""
+    async def _row(self, ctx: tuple[int, ...], variant: Hashable) -> Any:
+        """The LM row of ``ctx`` under ``variant`` as the cache may keep it
+        (:func:`kept_row`), reusing the other mode's cached row when there is one."""
         for eos_mode in (True, False):
             other = self.cache.get((ctx, eos_mode), touch=False)
-            if other is not None:
+            if other is not None and other.variant == variant:
                 return other.lm_row
+        # Named, not left to the LM's current one: it may change while this waits.
+        options = {"variant": variant} if self._has_variants else {}
         if self.device_rows:
-            return kept_row(await self.lm.next_token_logprobs(ctx, output="torch"))
-        row = await self.lm.next_token_logprobs(ctx)
+            return kept_row(await self.lm.next_token_logprobs(ctx, output="torch", **options))
+        row = await self.lm.next_token_logprobs(ctx, **options)
         # A torch row not asked for (genlm-backend 0.3's models hand tensors) is read on the
         # host: a numpy view of the LM's tensor (writeable), so kept_row copies it.
         return kept_row(row.detach().cpu().numpy() if _is_torch(row) else row)
@@ -295,8 +319,9 @@ class ByteModel(AsyncClosing):
         """
         return self._eos if eos_mode else self._eos[:0]
 
-    def _masses(self, row: Any, eos_mode: bool) -> NextTokens:
-        """The masses of ``row``, an LM row as :func:`kept_row` keeps it, in ``eos_mode``."""
+    def _masses(self, row: Any, eos_mode: bool, variant: Hashable) -> NextTokens:
+        """The masses of ``row``, an LM row as :func:`kept_row` keeps it (computed under
+        ``variant``), in ``eos_mode``."""
         masked = self.masked_ids(eos_mode)
         if _is_torch(row):  # device rows: masked and reduced where they lie
             from genlm.bytes._device import masked_log_masses
@@ -314,17 +339,19 @@ class ByteModel(AsyncClosing):
             if lp.flags.writeable:
                 lp.setflags(write=False)
             mass.setflags(write=False)
-        return NextTokens(row, lp, mass, log_eos)
+        return NextTokens(row, lp, mass, log_eos, variant)
 
     def in_mode(self, ctx: tuple[int, ...], nxt: NextTokens, eos_mode: bool) -> NextTokens:
         """``ctx``'s :class:`NextTokens` for ``eos_mode``, cached or computed from ``nxt``'s
         LM row (the same context's, in either mode): no LM call, so switching modes needs
         no ``await``."""
         self._check_open()
+        if nxt.variant != self._variant:  # of a variant the cache no longer holds
+            return self._masses(nxt.lm_row, eos_mode, nxt.variant)
         hit = self.cache.get((ctx, eos_mode))
         if hit is not None:
             return hit
-        return self.cache.put((ctx, eos_mode), self._masses(nxt.lm_row, eos_mode))
+        return self.cache.put((ctx, eos_mode), self._masses(nxt.lm_row, eos_mode, nxt.variant))
 
     def clear_cache(self) -> None:
         """Forget every cached context's masses, and keep out those of steps waiting for

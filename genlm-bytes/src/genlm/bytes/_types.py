@@ -8,6 +8,8 @@ import circle.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import attrs
 import numpy as np
 
@@ -32,6 +34,9 @@ class NextTokens:
             node ``v`` (float64, exact in log space), from :attr:`logp`.
         log_eos: log-probability that the next token is an EOS token (-inf while
             prefilling, where EOS tokens spelled by bytes count as text).
+        variant: the token LM's variant the row was computed under (its
+            ``current_variant`` then, e.g. a LoRA adapter's name; None for an LM without
+            variants).
 
     With device rows (``ByteLM(device_rows=True)``) ``lm_row`` is a clone of the LM's torch
     tensor and ``logp`` and ``mass`` are ``genlm.bytes._device.DeviceVector`` objects on its
@@ -42,6 +47,7 @@ class NextTokens:
     logp: np.ndarray
     mass: np.ndarray
     log_eos: float
+    variant: Hashable = None
 
 
 @attrs.frozen(slots=True, eq=False)

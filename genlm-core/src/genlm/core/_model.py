@@ -261,6 +261,19 @@ class BatchedLM(abc.ABC):
         """The tokenizer the model was built with, or None."""
         return self._tokenizer
 
+    @property
+    def current_variant(self) -> Hashable:
+        """The variant a request made now without ``variant=`` is computed under (e.g.
+        the active LoRA adapter's name; None for the base model). Layers that cache what
+        they derive from rows (genlm-bytes' masses) key it by this, as core's output
+        cache keys rows.
+
+        Raises:
+            ModelClosedError: the model is closed.
+            BackendError: the backend's ``_variant`` hook returned something unhashable.
+        """
+        return self._request_variant(CURRENT_VARIANT)
+
     def validate_request(
         self, token_ids: Sequence[int], variant: Hashable = CURRENT_VARIANT
     ) -> Request:
