@@ -17,7 +17,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from genlm.backends.vllm._sessions import MAX_EXTENSION, SessionTable
+from genlm.backends.vllm._sessions import MAX_EXTENSION, MAX_IDLE_BATCHES, SessionTable
 
 from .conftest import run_in_process
 
@@ -104,11 +104,88 @@ def test_sessions_are_counted_in_whole_kv_blocks_and_an_ended_one_is_not_kept():
     (feed,), _ = table.plan([tuple(range(129))], None)  # two blocks: the whole budget
     table.commit([feed])
     assert table.held_tokens == 256
+    table.commit(table.plan([tuple(range(130))], None)[0])  # fed: the period is one batch
+    assert table.held_tokens == 256 and table.period == 1
     feeds, evicted = table.plan([(1000,)], None)
     assert feeds[0].first and evicted == [feed.session]
     feeds[0].session.ended = True  # aborted before its batch ended
     table.commit(feeds)
     assert len(table) == 0 and table.held_tokens == 0
+
+
+def cycle(table: SessionTable, particles: list[tuple[int, ...]], batch: int) -> dict[str, int]:
+    """One SMC step of ``particles`` through ``table``, cut into batches of ``batch`` as core
+    cuts a step; each particle then grows by a token. How its contexts reached the engine."""
+    kinds = {"fed": 0, "new": 0, "one-off": 0, "evicted": 0}
+    for start in range(0, len(particles), batch):
+        feeds, evicted = table.plan(particles[start : start + batch], None)
+        kinds["evicted"] += len(evicted)
+        for feed in feeds:
+            kinds["one-off" if feed.session is None else "new" if feed.first else "fed"] += 1
+        table.commit(feeds)
+    for i, particle in enumerate(particles):
+        particles[i] = particle + (i,)
+    return kinds
+
+
+@pytest.mark.parametrize("n_particles, batch", [(12, 4), (12, 6), (300, 128)])
+def test_more_particles_than_sessions_in_several_batches_feed_the_capped_sessions(
+    n_particles, batch
+):
+    """Least recently used would evict, batch after batch, the sessions the batch before
+    fed (a cycle longer than the cache), so that no session was ever fed again: the
+    sessions the cap holds are fed every step, the rest run as one-offs."""
+    cap = 8 if n_particles < 100 else 128
+    table = SessionTable(cap, slots=2 * cap)
+    particles = [(1000 + i, 7) for i in range(n_particles)]
+    assert cycle(table, particles, batch) == {
+        "fed": 0,
+        "new": cap,
+        "one-off": n_particles - cap,
+        "evicted": 0,
+    }
+    for _ in range(4):
+        assert cycle(table, particles, batch) == {
+            "fed": cap,
+            "new": 0,
+            "one-off": n_particles - cap,
+            "evicted": 0,
+        }
+    assert table.period == -(-n_particles // batch)  # the step's batches
+
+
+def test_a_session_that_missed_its_turn_makes_way_for_a_new_one():
+    """Two batches a step: a particle replaced by a new context (resampling) leaves its
+    session idle; once that session has missed its turn and the batch of grace after it,
+    a context waiting for a session (run as a one-off so far) takes its place."""
+    table = SessionTable(4, slots=8)
+    particles = [(10 + i, 7) for i in range(6)]
+    cycle(table, particles, 3)
+    cycle(table, particles, 3)  # four fed, two one-offs; the period is two batches
+    dead = table.sessions()[0]
+    assert dead.tokens == particles[0][:-1] and table.period == 2
+    particles[0] = (99, 98)  # particle 0 (fed) is replaced by a context of its own
+    feeds, evicted = table.plan(particles[:3], None)  # its turn: missed
+    assert feeds[0].session is None and not evicted
+    table.commit(feeds)
+    feeds, evicted = table.plan(particles[3:], None)  # the batch of grace, then gone
+    assert evicted == [dead] and feeds[1].first and feeds[2].session is None
+    table.commit(feeds)
+    particles[:] = [particle + (i,) for i, particle in enumerate(particles)]
+    assert cycle(table, particles, 3) == {"fed": 4, "new": 0, "one-off": 2, "evicted": 0}
+
+
+def test_before_any_session_is_fed_an_idle_one_goes_only_after_many_batches():
+    """The period is not known yet: a session never fed is kept (the context that found no
+    room runs as a one-off) until it has been idle for MAX_IDLE_BATCHES batches."""
+    table = SessionTable(1)
+    table.commit(table.plan([(1, 2)], None)[0])
+    for i in range(MAX_IDLE_BATCHES - 1):
+        feeds, evicted = table.plan([(500 + i,)], None)
+        assert feeds[0].session is None and not evicted
+        table.commit(feeds)
+    feeds, evicted = table.plan([(3, 4)], None)
+    assert feeds[0].first and [s.tokens for s in evicted] == [(1, 2)]
 
 
 def test_random_batches_keep_the_tables_invariants():

@@ -28,13 +28,24 @@ The rules:
   leave). The caps are not a guarantee (a long one-off may need more blocks than the
   waiting sessions leave): the model ends waiting sessions when the engine finds no room
   to run a batch.
+* A new session evicts only a session that missed its turn. The *period* is the most
+  batches seen lately between two inputs of one session: 1 when each step is one batch,
+  where a session idle for one batch has missed its turn. With several batches a step,
+  a session must be idle for more than the period, since a particle may land in a later
+  batch of its step than its session's last input did. A step whose particles exceed
+  the cap and arrive in several batches would otherwise evict, batch after batch, the
+  sessions the batch before fed, so that no session was ever fed again (least recently
+  used is the worst rule for a cycle longer than the cache). Instead the sessions the
+  cap holds are fed every step and the rest run as one-offs. Before any session has
+  been fed the period is not known: only sessions idle for :data:`MAX_IDLE_BATCHES`
+  batches are evicted then.
 * A batch that fails ends every session it fed (their state in the engine is unknown).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 
 import attrs
@@ -42,6 +53,14 @@ import attrs
 #: The most tokens one input may add to a session (how far back a context's prefixes are
 #: looked up): an SMC step adds one, a byte-level model's step a few.
 MAX_EXTENSION = 8
+
+#: The batches after which an idle session may be evicted for a new one while no
+#: session has been fed yet (the period is not known).
+MAX_IDLE_BATCHES = 64
+
+#: How many recent feeding batches the period is taken over (its maximum): a step cut
+#: into a varying number of batches must not make the period look shorter than it is.
+PERIOD_WINDOW = 8
 
 _ids = itertools.count()
 
@@ -60,6 +79,8 @@ class Session:
     internal_id: str | None = None
     #: Set once it is aborted in the engine: it is never fed or kept again.
     ended: bool = False
+    #: The table's batch count when its last input was consumed.
+    fed_at: int = 0
 
 
 @attrs.frozen
@@ -111,6 +132,11 @@ class SessionTable:
         #: compared whole, which passes over the ids only where the session matches.
         self._index: dict[tuple[Hashable, int, int], list[Session]] = {}
         self._tokens = 0
+        #: Batches planned so far (the clock of ``Session.fed_at``).
+        self._batches = 0
+        #: For each of the last feeding batches, the most batches one of its sessions had
+        #: waited since its input before.
+        self._gaps: deque[int] = deque(maxlen=PERIOD_WINDOW)
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -123,6 +149,12 @@ class SessionTable:
     def _cost(self, length: int) -> int:
         """The KV-cache tokens a session of ``length`` tokens holds: whole blocks."""
         return -(-length // self.block_size) * self.block_size
+
+    @property
+    def period(self) -> int | None:
+        """The most batches between two inputs of one session lately (see the module's
+        rules); None before any session was fed."""
+        return max(self._gaps) if self._gaps else None
 
     def sessions(self) -> list[Session]:
         """Every live session, least recently used first."""
@@ -155,6 +187,7 @@ class SessionTable:
             (already out of the table; the caller aborts them in the engine before it
             admits the batch's inputs).
         """
+        self._batches += 1
         feeds: list[Feed | None] = [None] * len(contexts)
         claimed: set[str] = set()
         for i, context in enumerate(contexts):
@@ -175,7 +208,15 @@ class SessionTable:
             for f in feeds
             if f is not None and f.session is not None
         )
-        idle = (s for s in list(self._lru.values()) if s.key not in claimed)
+        # Least recently fed first: the sessions that missed their turn lead.
+        idle = [s for s in self._lru.values() if s.key not in claimed]
+        # A session fed at or before ``missed`` has missed its turn.
+        period = self.period
+        if period is None:
+            missed = self._batches - MAX_IDLE_BATCHES
+        else:
+            missed = self._batches - period - (period > 1)
+        next_idle = 0
         for i, context in enumerate(contexts):
             if feeds[i] is not None:
                 continue
@@ -184,9 +225,10 @@ class SessionTable:
                 feeds[i] = Feed(None, context)
                 continue
             while not self._fits(live + 1, tokens + cost):
-                victim = next(idle, None)
-                if victim is None:
+                if next_idle == len(idle) or idle[next_idle].fed_at > missed:
                     break
+                victim = idle[next_idle]
+                next_idle += 1
                 self.discard([victim])
                 evicted.append(victim)
                 live -= 1
@@ -201,7 +243,9 @@ class SessionTable:
                 feeds[i] = Feed(None, context)
         if self.slots is not None:  # a slot for each one-off, where idle sessions can go
             one_offs = sum(f.session is None for f in feeds)  # type: ignore[union-attr]
-            while live + one_offs > self.slots and (victim := next(idle, None)) is not None:
+            while live + one_offs > self.slots and next_idle < len(idle):
+                victim = idle[next_idle]
+                next_idle += 1
                 self.discard([victim])
                 evicted.append(victim)
                 live -= 1
@@ -215,16 +259,22 @@ class SessionTable:
     def commit(self, feeds: Sequence[Feed]) -> None:
         """Record that every session of ``feeds`` has consumed its input: each now holds its
         context and is the most recently used (a session ended meanwhile is left out)."""
+        gap = 0
         for feed in feeds:
             session = feed.session
             if session is None or session.ended:
                 continue
+            if not feed.first:
+                gap = max(gap, self._batches - session.fed_at)
+            session.fed_at = self._batches
             self.discard([session])
             session.tokens += feed.tokens
             self._lru[session.key] = session
             index = (session.variant, len(session.tokens), session.tokens[-1])
             self._index.setdefault(index, []).append(session)
             self._tokens += self._cost(len(session.tokens))
+        if gap:
+            self._gaps.append(gap)
 
     def discard(self, sessions: Sequence[Session]) -> None:
         """Forget ``sessions`` (ended in the engine, or about to be)."""
