@@ -12,6 +12,7 @@ import asyncio
 import numpy as np
 import pytest
 import torch
+from support.rolled import RolledLM
 
 from genlm.backend.llm import MockAsyncLM
 from genlm.bytes import BeamParams, ByteBeamState
@@ -132,3 +133,30 @@ def test_a_single_state_starts_from_a_facade_model_and_its_trie(hf_llm):
         await state.cleanup()
 
     asyncio.run(walk())
+
+
+def test_a_byte_lm_over_a_facade_model_follows_its_adapter():
+    """The facade tells its core model's adapter (``current_variant``): a ByteLM made before
+    ``set_lora`` or ``clear_lora`` gives what a fresh one gives under the same adapter (it
+    kept the masses of the adapter active when they were computed)."""
+    from genlm.bytes import ByteLM
+
+    async def distribution(byte_lm):
+        state = await byte_lm.initial([0])
+        return (await state.logp_next()).logprobs
+
+    async def scenario():
+        llm = MockAsyncLM._wrap(RolledLM([bytes([b]) for b in range(97, 112)]))
+        llm.core_lm.add_lora(5, "rolled")
+        reused = ByteLM(llm, K=None)
+        base = await distribution(reused)
+        llm.set_lora(lora_name="rolled")
+        assert llm.current_variant == "rolled"
+        rolled = await distribution(reused)
+        np.testing.assert_allclose(rolled, await distribution(ByteLM(llm, K=None)), atol=1e-9)
+        assert not np.allclose(rolled, base)
+        llm.clear_lora()
+        np.testing.assert_allclose(await distribution(reused), base, atol=1e-9)
+        await llm.aclose()
+
+    asyncio.run(scenario())

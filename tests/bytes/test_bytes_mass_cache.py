@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.bytes_lms import assert_steps_match_brute_force, run
+from support.rolled import RolledLM
 
 from genlm.bytes import BeamParams, ByteBeamState, ByteLM
 from genlm.core import Vocabulary
 from genlm.core import _trie as trie_module
-from genlm.core.backend import LoraAdapters
 from genlm.core.mock import MockLM
 
 TOKENS = (b"</s>", b"a", b"b", b"ab", b"\n", b"\n\n")
@@ -304,20 +304,6 @@ def test_clear_cache_keeps_out_the_masses_of_a_step_waiting_for_the_lm():
 
     after, expected = run(scenario())
     np.testing.assert_allclose(after, expected, rtol=1e-9, atol=1e-12)
-
-
-class RolledLM(LoraAdapters, MockLM):
-    """A mock whose one adapter rolls its rows (tests/core/test_adapters.py's toy)."""
-
-    def add_lora(self, shift: int, name: str) -> None:
-        self.adapters.add(name, shift)
-
-    def _logprobs_batch(self, contexts, variant):
-        rows = super()._logprobs_batch(contexts, None)
-        return rows if variant is None else np.roll(rows, self.adapters.get(variant), axis=1)
-
-    def _release_adapter(self, name: str, shift: int) -> None:
-        pass
 
 
 def test_masses_follow_the_token_lms_adapter():

@@ -10,6 +10,7 @@ import asyncio
 
 import numpy as np
 import pytest
+from support.rolled import RolledLM
 
 from genlm.core import UnknownVariantError
 from genlm.core.backend import LoraAdapters
@@ -19,31 +20,13 @@ VOCAB = [bytes([b]) for b in range(16)]
 CONTEXT = [1, 2, 3]
 
 
-class RolledLM(LoraAdapters, MockLM):
-    """A mock whose adapters roll its rows; ``released`` lists what removal freed."""
-
-    def __init__(self) -> None:
-        super().__init__(VOCAB)
-        self.released: list[tuple[str, int]] = []
-
-    def add_lora(self, shift: int, name: str) -> None:
-        self.adapters.add(name, shift)
-
-    def _logprobs_batch(self, contexts, variant):
-        rows = super()._logprobs_batch(contexts, None)
-        return rows if variant is None else np.roll(rows, self.adapters.get(variant), axis=1)
-
-    def _release_adapter(self, name: str, shift: int) -> None:
-        self.released.append((name, shift))
-
-
 def rolled(context, shift: int = 0) -> np.ndarray:
     return np.roll(mock_logprobs(context, len(VOCAB)), shift)
 
 
 @pytest.fixture
 def lm():
-    model = RolledLM()
+    model = RolledLM(VOCAB)
     yield model
     model.close()
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from types import ModuleType
 from typing import Any, Self
 
@@ -314,6 +314,13 @@ class _CoreBacked(AsyncLM):
     def clear_lora(self) -> None:
         """Later calls without ``lora_name=`` use the base model."""
         self._lora_method("clear_lora")()
+
+    @property
+    def current_variant(self) -> Hashable:
+        """The adapter a call without ``lora_name=`` uses now (None: the base model), core's
+        :attr:`~genlm.core.backend.BatchedLM.current_variant`: a byte-level model reads it so
+        that its cached masses stay those of one adapter."""
+        return self.core_lm.current_variant
 
     def _lora_method(self, name: str) -> Any:
         """The core model's adapter method ``name``.
