@@ -987,3 +987,21 @@ class TestVocabulary:
         """Importing genlm.core._vocab loads none of transformers, tokenizers, tiktoken or torch."""
         heavy = ("transformers", "tokenizers", "tiktoken", "torch")
         assert modules_loaded_by("import genlm.core._vocab", heavy) == []
+
+
+def test_the_models_eos_ids_join_the_tokenizers(caplog):
+    """A generation configuration's ``eos_token_id`` (an id, a list, None) adds its ids after
+    the tokenizer's, each once; one that is no token id of the vocabulary is left out with
+    a warning (a stale configuration must not stop a model from loading)."""
+    vocab = Vocabulary(tuple(bytes([b]) for b in range(8)), eos_token_ids=[5])
+    assert vocab.with_model_eos(None) is vocab
+    assert vocab.with_model_eos(5) is vocab
+    assert vocab.with_model_eos(np.int64(2)).eos_token_ids == (5, 2)
+    assert vocab.with_model_eos([7, 5, 1, 7]).eos_token_ids == (5, 7, 1)
+    widened = vocab.with_model_eos([3])
+    assert widened.tokens == vocab.tokens and widened.special_ids == vocab.special_ids
+    with caplog.at_level("WARNING", logger="genlm.core._vocab"):
+        assert vocab.with_model_eos([8, -1, True, 2.0, 4]).eos_token_ids == (5, 4)
+        assert vocab.with_model_eos("2") is vocab
+    assert len(caplog.records) == 5
+    assert "not a token id of this 8-token vocabulary" in caplog.records[0].getMessage()

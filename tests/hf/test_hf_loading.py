@@ -106,6 +106,25 @@ def test_a_tokenizer_wider_than_the_models_logits_is_refused():
         HFLM(model, tok, cache_bytes=0)
 
 
+def test_sampling_ends_at_the_models_own_eos_ids():
+    """The EOS ids of the model's generation configuration (what ``generate`` stops on)
+    join the tokenizer's: greedy sampling ends at the token the model picks first once the
+    configuration names it, where it ran on to ``max_tokens``."""
+    tok = transformers.AutoTokenizer.from_pretrained(STORIES)
+    model = transformers.AutoModelForCausalLM.from_pretrained(STORIES).eval()
+    prompt = tok.encode("Once upon a time")
+    with torch.no_grad():
+        first = int(model(torch.tensor([prompt])).logits[0, -1].argmax())
+    assert first != tok.eos_token_id
+    model.generation_config.eos_token_id = [tok.eos_token_id, first, 10**6]  # one stale id
+    lm = HFLM(model, tok, cache_bytes=0)
+    try:
+        assert lm.vocab.eos_token_ids == (tok.eos_token_id, first)
+        assert asyncio.run(lm.sample(prompt, max_tokens=5, temperature=0)) == [first]
+    finally:
+        lm.close()
+
+
 def test_padded_rows_under_a_lora_adapter_are_full_width(reference):
     """An adapter on a padded model gives full-width rows equal to the adapted model's."""
     peft = pytest.importorskip("peft")

@@ -101,3 +101,31 @@ def test_a_model_refused_leaves_no_thread(tokenizer, model, error, match):
     with pytest.raises(error, match=match):
         MLXLM(model, tokenizer)
     assert set(threading.enumerate()) <= before
+
+
+def test_sampling_ends_at_the_models_own_eos_ids(tiny_mild_dir, tmp_path):
+    """The EOS ids mlx-lm reads from the model's configuration (what its generation stops
+    on) join the tokenizer's: greedy sampling ends at the token the model picks first once
+    the configuration names it, where it ran on to ``max_tokens``. (mlx-lm reads
+    ``config.json``'s; 0.32 reads ``generation_config.json``'s first: both say it.)"""
+    import json
+    import shutil
+
+    import mlx_lm
+
+    model_dir = tmp_path / "eos"
+    shutil.copytree(tiny_mild_dir, model_dir)
+    model, _ = mlx_lm.load(str(model_dir))
+    first = int(np.argmax(plain_logprobs(model, [1, 2, 3])))
+    for name in ("config.json", "generation_config.json"):
+        config = json.loads((model_dir / name).read_text())
+        eos = config["eos_token_id"]
+        assert first != eos
+        config["eos_token_id"] = [eos, first]
+        (model_dir / name).write_text(json.dumps(config))
+    lm = MLXLM.from_name(str(model_dir))
+    try:
+        assert sorted(lm.vocab.eos_token_ids) == sorted([eos, first])
+        assert asyncio.run(lm.sample([1, 2, 3], max_tokens=5, temperature=0)) == [first]
+    finally:
+        lm.close()

@@ -43,3 +43,34 @@ def test_a_model_with_its_own_configuration_code_loads_with_trust_remote_code(
     opts = {**ENGINE_OPTS_NO_LORA, "trust_remote_code": True}
     row = np.array(run_in_process(SCRIPT, [str(model), json.dumps(opts)]))
     np.testing.assert_allclose(row, expected([1, 2, 3]), atol=1e-4)
+
+
+#: Starts the backend in a fresh process and prints its EOS ids and a greedy sample.
+EOS_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from genlm.backends.vllm import VLLMLM
+    lm = VLLMLM(sys.argv[1], engine_opts=json.loads(sys.argv[2]))
+    tokens = asyncio.run(lm.sample([1, 2, 3], max_tokens=5, temperature=0))
+    print(json.dumps([list(lm.vocab.eos_token_ids), tokens]))
+    lm.close()
+    """
+)
+
+
+def test_sampling_ends_at_the_models_own_eos_ids(tiny_path, tmp_path, expected):
+    """The EOS ids of the model's generation configuration (what vLLM's generation stops
+    on) join the tokenizer's: greedy sampling ends at the token the model picks first once
+    ``generation_config.json`` names it, where it ran on to ``max_tokens``."""
+    from .conftest import ENGINE_OPTS_NO_LORA, run_in_process
+
+    first = int(np.argmax(expected([1, 2, 3])))
+    model = tmp_path / "eos"
+    shutil.copytree(tiny_path, model)
+    generation = json.loads((model / "generation_config.json").read_text())
+    eos = generation["eos_token_id"]
+    assert first != eos
+    generation["eos_token_id"] = [eos, first]
+    (model / "generation_config.json").write_text(json.dumps(generation))
+    ids, tokens = run_in_process(EOS_SCRIPT, [str(model), json.dumps(ENGINE_OPTS_NO_LORA)])
+    assert ids == [eos, first] and tokens == [first]

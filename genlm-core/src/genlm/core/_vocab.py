@@ -742,6 +742,39 @@ class Vocabulary:
             mask[np.fromiter(excluded, dtype=np.int64, count=len(excluded))] = False
         return np.flatnonzero(mask)
 
+    def with_model_eos(self, eos_token_id: Any) -> Vocabulary:
+        """This vocabulary with the model's own EOS ids added after its own (each once).
+
+        ``eos_token_id`` is what a model's generation configuration says (transformers'
+        ``generation_config.eos_token_id``: an id, a list of ids or None), the ids
+        ``generate`` stops on. It may be wider than the tokenizer's EOS: Llama 3 Instruct's
+        tokenizer names ``<|eot_id|>``, its generation configuration also
+        ``<|end_of_text|>`` and ``<|eom_id|>``. Backends read it when they load a model, so
+        that ``sample`` and byte-level models end where the model's own generation does.
+        A configuration's id that is not a token id of this vocabulary (out of range, not
+        an integer) is left out with a warning: a stale configuration must not stop a model
+        from loading.
+        """
+        if eos_token_id is None:
+            return self
+        if isinstance(eos_token_id, (int, np.integer)):
+            eos_token_id = [eos_token_id]
+        if isinstance(eos_token_id, (str, bytes)) or not isinstance(eos_token_id, Iterable):
+            logger.warning("ignored the model's eos_token_id %r: not token ids", eos_token_id)
+            return self
+        added = []
+        for i in eos_token_id:
+            ok = isinstance(i, (int, np.integer)) and not isinstance(i, bool)
+            if not ok or not 0 <= i < len(self.tokens):
+                logger.warning(
+                    "ignored the model's EOS id %r: not a token id of this %d-token vocabulary",
+                    i,
+                    len(self.tokens),
+                )
+            elif int(i) not in self.eos_token_ids and int(i) not in added:
+                added.append(int(i))
+        return attrs.evolve(self, eos_token_ids=(*self.eos_token_ids, *added)) if added else self
+
     def decode(self, ids: Iterable[int], *, keep_special: bool = False) -> bytes:
         """The bytes of ``ids`` joined (maybe not UTF-8), specials only if ``keep_special``.
 

@@ -637,7 +637,9 @@ def _vocabulary(model: Any, tokenizer: Any) -> Vocabulary:
     tokens): the padding ids are unused (no bytes) and rows are normalized over the full
     width, as the other backends and genlm-backend 0.3.1 do, so one checkpoint gives the
     same rows everywhere. A model without an output-embedding head keeps the tokenizer's
-    size (the probe checks that its logits are that wide).
+    size (the probe checks that its logits are that wide). The EOS ids are the
+    tokenizer's and those of the model's generation configuration (what ``generate``
+    stops on; see :meth:`~genlm.core.Vocabulary.with_model_eos`).
     """
     width = _logit_width(model)
     if width is not None and width < len(tokenizer):  # read once: 0.5 s at 128k tokens
@@ -645,7 +647,9 @@ def _vocabulary(model: Any, tokenizer: Any) -> Vocabulary:
             f"the model has {width} output logits but its tokenizer has {len(tokenizer)} "
             "tokens; pass the tokenizer that belongs to this model"
         )
-    return Vocabulary.from_tokenizer(tokenizer, size=width)
+    generation = getattr(_base_model(model), "generation_config", None)
+    vocab = Vocabulary.from_tokenizer(tokenizer, size=width)
+    return vocab.with_model_eos(getattr(generation, "eos_token_id", None))
 
 
 def _check_full_attention(config: Any) -> None:

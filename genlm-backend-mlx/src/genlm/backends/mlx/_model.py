@@ -87,6 +87,10 @@ class MLXLM(LoraAdapters, BatchedLM):
         hf_tokenizer = _unwrap(tokenizer)
         args = _text_args(model)
         vocab = Vocabulary.from_tokenizer(hf_tokenizer, size=_positive_arg(args, "vocab_size"))
+        # mlx-lm's wrapper holds the model's EOS ids (its configuration's and the tokenizer's):
+        # the ids its generation stops on (a set, ordered here).
+        eos = getattr(tokenizer, "eos_token_ids", None)
+        vocab = vocab.with_model_eos(sorted(eos) if isinstance(eos, (set, frozenset)) else eos)
         kwargs.setdefault("name", "mlx")
         kwargs.setdefault("max_context_length", _max_positions(args))
         # Whether KV can resume, found here: whatever fails, fails before the worker thread

@@ -139,6 +139,19 @@ def _hub_options(opts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return tokenizer, config
 
 
+def _generation_eos(model_path: str, config: Any, config_opts: dict[str, Any]) -> Any:
+    """The EOS ids of the model's generation configuration (``generation_config.json``, else
+    its configuration's), read as vLLM reads them: what its generation stops on."""
+    from transformers import GenerationConfig
+
+    hub = {k: config_opts[k] for k in ("revision", "token") if config_opts.get(k) is not None}
+    try:
+        generation = GenerationConfig.from_pretrained(model_path, **hub)
+    except (OSError, ValueError):  # none beside the weights
+        generation = GenerationConfig.from_model_config(config)
+    return generation.eos_token_id
+
+
 def _check_logprobs_options(opts: dict[str, Any]) -> None:
     """Refuse, before the engine starts, engine options under which the logprobs route
     cannot read a row: each request asks for every token's log-probability, and vLLM
@@ -296,7 +309,9 @@ class VLLMLM(LoraAdapters, BatchedLM):
         kwargs.setdefault("name", f"vllm:{Path(model_path).name}")
         # vLLM schedules within a batch itself; a large batch lets it fill every step.
         kwargs.setdefault("max_batch_size", 128)
-        super().__init__(Vocabulary.from_tokenizer(tokenizer, size=vocab_size), tokenizer, **kwargs)
+        vocab = Vocabulary.from_tokenizer(tokenizer, size=vocab_size)
+        vocab = vocab.with_model_eos(_generation_eos(model_path, config, config_opts))
+        super().__init__(vocab, tokenizer, **kwargs)
         self.row_source = self._choose_row_source(row_source, opts)
         if self.row_source == "logprobs":
             _check_logprobs_options(opts)
