@@ -126,6 +126,15 @@ def test_every_entry_has_its_own_leaf_keyed_by_position(vocab):
         assert trie.children[walk(trie, list(entry))][(None, position)] == reachable[position]
     ws = np.arange(1.0, len(vocab) + 1)
     assert trie.weight_sum(ws)[trie.root] == ws.sum()
+    # 0.3.1's names: (position, leaf) rows, and each node's letters from the root.
+    assert trie.idx_to_leaf.dtype == np.int32
+    assert trie.idx_to_leaf.tolist() == [[p, reachable[p]] for p in range(len(vocab))]
+    for position, entry in enumerate(vocab):
+        assert trie.node2prefix[reachable[position]] == list(entry)
+    for node, letters in trie.node2prefix.items():
+        if node not in reachable.values():
+            assert walk(trie, letters) == node
+    assert len(trie.node2prefix) == trie.num_nodes
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn])
@@ -230,6 +239,35 @@ def test_async_trie_batches_and_equals_the_sync_trie():
     for r, s, m in zip(rows, out[:5], out[5:]):
         np.testing.assert_array_equal(s, trie.weight_sum(r))
         np.testing.assert_array_equal(m, trie.weight_max(r))
+
+
+def test_async_trie_reads_a_row_when_called():
+    """A caller refilling its buffer while a call waits gets the masses of the row it
+    passed: the leaves were read after the wait (the new row's) and the prefixes from core's
+    copy (the old row's), so leaves no longer summed to their parents."""
+    trie = TokenCharacterTrie([Token(i, b) for i, b in enumerate(VOCAB)])
+    row = np.arange(1.0, len(VOCAB) + 1)
+
+    async def run():
+        atrie = AsyncTokenCharacterTrie(trie, max_wait_s=0.05)
+        buffer = row.copy()
+        waiting = asyncio.create_task(atrie.weight_sum(buffer))
+        await asyncio.sleep(0)  # submitted
+        buffer[:] = 100.0  # refilled for the next call
+        out = await waiting
+        await atrie.cleanup()
+        return out
+
+    np.testing.assert_array_equal(asyncio.run(run()), trie.weight_sum(row))
+
+
+@pytest.mark.parametrize("weights", [["1", "2"], np.array([1.0, None], dtype=object)])
+def test_weights_that_are_not_numbers_are_refused(weights):
+    """Numeric strings and None are a TypeError (as core's tries and 0.3.1 refuse them);
+    numpy read "1" as 1.0 and None as NaN."""
+    trie = TokenCharacterTrie([Token(0, b"a"), Token(1, b"b")])
+    with pytest.raises(TypeError, match="array of numbers"):
+        trie.weight_sum(weights)
 
 
 @pytest.mark.parametrize("not_a_trie", [[b"a", b"b"], None, "ab"])

@@ -355,6 +355,15 @@ class TestWeights:
             with pytest.raises(TypeError, match="weights must be real numbers, got complex128"):
                 getattr(trie, method)(weights)
 
+    @pytest.mark.parametrize(
+        "weights", [["0.5", "0.5"], np.array(["0.5", "0.5"]), np.array([0.5, None], dtype=object)]
+    )
+    def test_strings_and_none_are_refused(self, weights):
+        """numpy reads numeric strings as numbers and None as NaN: both are a TypeError."""
+        trie = TokenByteTrie([b"a", b"b"])
+        with pytest.raises(TypeError, match="weights must be an array of numbers, got"):
+            trie.weight_sum(weights)
+
     def test_check_real_refuses_exactly_the_complex_dtypes(self):
         """The public check every reader of weights shares: an array is refused exactly when
         numpy calls its dtype complex; what is not an array yet (a list) is left to the
@@ -434,15 +443,19 @@ except RuntimeError as exc:
 
     @pytest.mark.parametrize("kernel", KERNELS)
     @pytest.mark.parametrize("threads", [1, 2])
-    @pytest.mark.filterwarnings("ignore:invalid value encountered")
+    @pytest.mark.filterwarnings("error::RuntimeWarning")
     def test_nan_propagates_to_ancestors_only(self, kernel, threads):
-        """A NaN weight makes its node's and its ancestors' sums and maxes NaN, as np.maximum."""
+        """A NaN weight makes its node's and its ancestors' sums and maxes NaN, as np.maximum,
+        and so does a sum of +inf and -inf; silently in every kernel (numpy's warned, which
+        failed the call under warnings as errors)."""
         trie = TokenByteTrie([b"a", b"ab", b"abc", b"b"], kernel=kernel, threads=threads)
         w = np.array([[0.1, np.nan, 0.2, 0.3], [0.1, 0.4, 0.2, 0.3]])
         for out in (trie.batch_weight_sum(w), trie.batch_weight_max(w)):
             nan = {trie.prefix(v) for v in np.flatnonzero(np.isnan(out[0]))}
             assert nan == {b"", b"a", b"ab"}
             assert not np.isnan(out[1]).any()
+        out = trie.weight_sum(np.array([0.1, np.inf, -np.inf, 0.3]))
+        assert {trie.prefix(v) for v in np.flatnonzero(np.isnan(out))} == {b"", b"a", b"ab"}
         assert trie.batch_weight_max(w)[0, trie.node_of(b"b")] == 0.3
 
     @given(tries(), st.integers(0, 2**32 - 1))

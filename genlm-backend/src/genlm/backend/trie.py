@@ -14,6 +14,7 @@ torch kernel on that device, and only the assembled masses come back to the host
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ import numpy as np
 
 from genlm.backend.tokenization import Token
 from genlm.core import AsyncTokenByteTrie, TokenByteTrie
-from genlm.core.backend import check_real, is_torch
+from genlm.core.backend import check_real, float64_weights, is_torch
 
 
 @attrs.frozen
@@ -77,6 +78,9 @@ class TokenCharacterTrie:
         word2leaf (dict): ``(byte_string, token_id)`` for a Token, else the entry -> leaf.
         leaf2word (dict): leaf node -> its ``word2leaf`` key.
         token_id_to_leaf (np.ndarray): ``(V, 2)`` rows of ``(token_id or position, leaf)``.
+        idx_to_leaf (np.ndarray): ``(V, 2)`` int32 rows of ``(position, leaf)``, 0.3.1's name.
+        node2prefix (dict): node -> the list of letters from the root to it (a leaf: its
+            entry's), as 0.3.1 has it; built on first use.
         core (genlm.core.TokenByteTrie): the core trie that computes the prefix masses.
     """
 
@@ -114,9 +118,24 @@ class TokenCharacterTrie:
             ids.append(tid)
         self._words = _Words.of(word_pairs)
         self.leaf2word = {leaf: word for word, leaf in self.word2leaf.items()}
-        self.token_id_to_leaf = np.stack(
-            [np.asarray(ids, dtype=np.int64), prefix_nodes + np.arange(V, dtype=np.int64)], axis=1
-        )
+        leaves = prefix_nodes + np.arange(V, dtype=np.int64)
+        self.token_id_to_leaf = np.stack([np.asarray(ids, dtype=np.int64), leaves], axis=1)
+        self.idx_to_leaf = np.stack([np.arange(V), leaves], axis=1).astype(np.int32)
+
+    @functools.cached_property
+    def node2prefix(self) -> dict[int, list[Any]]:
+        """Each node's letters from the root (a leaf's: its entry's), as genlm-backend 0.3.1
+        published it. Built on first use: llama3.2's trie has 400k nodes, and genlm-control
+        never reads it."""
+        prefix: dict[int, list[Any]] = {self.root: []}
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            for letter, child in self.children[node].items():
+                leaf = isinstance(letter, tuple) and letter[0] is None
+                prefix[child] = prefix[node] if leaf else [*prefix[node], letter]
+                stack.append(child)
+        return prefix
 
     def _add_path(self, entry: Any) -> list[int]:
         """Nodes for a word core does not hold, created as needed; returns its root path."""
@@ -161,9 +180,7 @@ class TokenCharacterTrie:
             if ws.device.type == "cpu":  # core's C kernel beats its torch kernel on the CPU
                 ws = ws.double().numpy()  # widened by torch: numpy has no bfloat16
         else:
-            ws = np.asarray(ws)
-            check_real(ws)  # a list of complex rows is complex only from here
-            ws = ws.astype(np.float64, copy=False)
+            ws = float64_weights(ws)  # refuses strings, None and complex numbers
         if ws.ndim != (2 if batched else 1) or ws.shape[-1] < len(self.decode):
             raise ValueError(
                 f"weights of shape {tuple(ws.shape)} do not match a vocabulary of "
@@ -325,13 +342,20 @@ class AsyncTokenCharacterTrie:
 
     async def weight_sum(self, ws: Any) -> np.ndarray:
         """:meth:`TokenCharacterTrie.weight_sum`, batched with concurrent calls."""
-        w = self.trie._weights(ws, batched=False)
+        w = self._snapshot(ws)
         return self.trie._with_leaves(await self.core.weight_sum(w), w, use_max=False)
 
     async def weight_max(self, ws: Any) -> np.ndarray:
         """:meth:`TokenCharacterTrie.weight_max`, batched with concurrent calls."""
-        w = self.trie._weights(ws, batched=False)
+        w = self._snapshot(ws)
         return self.trie._with_leaves(await self.core.weight_max(w), w, use_max=True)
+
+    def _snapshot(self, ws: Any) -> Any:
+        """The row as the trie reads it, copied now: the leaves are read after the wait, and
+        a caller may refill its buffer meanwhile (the prefix masses would be the old row's,
+        the leaves the new one's)."""
+        w = self.trie._weights(ws, batched=False)
+        return w.clone() if is_torch(w) else w.copy()
 
     def start(self) -> None:
         """Nothing to start: batches run when requests arrive (kept for compatibility)."""

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from genlm.core._scheduler import AutoBatcher
-from genlm.core._trie import TokenByteTrie, _as_float64, _check_real, _is_torch
+from genlm.core._trie import TokenByteTrie, _check_real, _is_torch, float64_weights
 from genlm.core._worker import ModelWorker
 
 #: Operation name -> the batched trie method computing it.
@@ -92,7 +92,7 @@ class AsyncTokenByteTrie:
         # and a caller may refill one buffer between calls, as the direct calls allow.
         where = str(row.device) if _is_torch(row) else "numpy"
         if where == "numpy":
-            weights = _as_float64(row)
+            weights = float64_weights(row)
             if weights is row or not weights.flags.owndata:  # a view of the caller's buffer
                 weights = weights.copy()
             row = weights

@@ -538,7 +538,7 @@ class TokenByteTrie:
         return out if batched else out[0]
 
     def _row(self, weights: np.ndarray) -> np.ndarray:
-        w = _as_float64(weights)
+        w = float64_weights(weights)
         if w.shape != (self.vocab_size,):
             raise ValueError(f"expected weights of shape ({self.vocab_size},), got {w.shape}")
         return w
@@ -551,7 +551,7 @@ class TokenByteTrie:
         work, and where the output is fresh memory (not a pooled block), each
         thread also takes the page faults of its own part of it.
         """
-        w = _as_float64(weights)
+        w = float64_weights(weights)
         if w.ndim != 2 or w.shape[1] != self.vocab_size:
             raise ValueError(f"expected weights of shape (B, {self.vocab_size}), got {w.shape}")
         out = _empty((w.shape[0], self.num_nodes))
@@ -605,6 +605,7 @@ class TokenByteTrie:
             self._sweep(w, op, identity, out)
         return out
 
+    @np.errstate(invalid="ignore")  # NaN and inf - inf are documented values, as in C
     def _sweep(self, w: np.ndarray, op: np.ufunc, identity: float, out: np.ndarray) -> None:
         """The numpy kernel for one row: gathers, deep pairs, then the level sweep."""
         w_ext = np.empty(self.vocab_size + 1)
@@ -744,12 +745,15 @@ def _executor() -> ThreadPoolExecutor:
         return _EXECUTOR
 
 
-def _as_float64(weights: object) -> np.ndarray:
-    """``weights`` as a float64 array (no copy if they are one).
+def float64_weights(weights: object) -> np.ndarray:
+    """``weights`` (an array, a list, nested lists) as a float64 array, no copy if they are
+    one: what the tries take from callers, checked so that nothing silently becomes a
+    number.
 
     Raises:
         TypeError, ValueError: they are not numbers (numpy's error class, with a message
-            that says so), or are complex (numpy would drop the imaginary parts).
+            that says so), are strings (numpy would parse "0.5"), hold None (numpy would
+            make it NaN), or are complex (numpy would drop the imaginary parts).
     """
     _check_real(weights)
     try:
@@ -761,6 +765,8 @@ def _as_float64(weights: object) -> np.ndarray:
         array.dtype == object and any(isinstance(w, (str, bytes)) for w in array.flat)
     ):
         raise TypeError(f"weights must be an array of numbers, got strings ({array.dtype})")
+    if array.dtype == object and any(w is None for w in array.flat):  # numpy: NaN
+        raise TypeError("weights must be an array of numbers, got None among them")
     try:
         return array.astype(np.float64, copy=False)
     except (TypeError, ValueError) as error:

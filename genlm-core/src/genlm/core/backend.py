@@ -10,7 +10,7 @@ the mixin of a backend with named LoRA adapters (:class:`LoraAdapters`, its
 others through), the scheduler, the caches and the byte-bounded LRU under them, the row
 planner for KV reuse, the plugin registry, ``BackendSpec``, the plugin API version it
 declares (``PLUGIN_API``) and ``backend_hook`` (a plugin's registration hook made from its
-specs), and small helpers (``is_torch``, ``check_real``, ``compact_row``,
+specs), and small helpers (``is_torch``, ``check_real``, ``float64_weights``, ``compact_row``,
 ``resolve_model_path``, the sampler and its argument checks, ``gather_all``,
 ``lazy_exports`` and ``type_checking_exports``). Command plugins use :mod:`genlm.core.cli`
 (``Command``, ``command_hook``) and :mod:`genlm.core.hookspecs`. A distribution other than
@@ -64,6 +64,7 @@ if _TYPE_CHECKING:
     from genlm.core._sampling import sample_token as sample_token
     from genlm.core._sampling import seeded_rng as seeded_rng
     from genlm.core._scheduler import AutoBatcher as AutoBatcher
+    from genlm.core._trie import float64_weights as float64_weights
     from genlm.core._validation import check_token_bytes as check_token_bytes
     from genlm.core._validation import checked_count as checked_count
     from genlm.core._validation import checked_seconds as checked_seconds
