@@ -349,9 +349,14 @@ def test_async_lm_base_class_samples_with_cores_sampler():
             assert mine == [t for t in core_draw if t != 3]
     with pytest.raises(ValueError, match="temperature"):
         asyncio.run(lm.sample([1, 2], 3, [3], temperature=-1.0))
-    for bad, error in ((-1, ValueError), (1.5, TypeError), ("7", TypeError)):
+    for bad, error in ((-(2**63) - 1, ValueError), (1.5, TypeError), ("7", TypeError)):
         with pytest.raises(error, match="seed must be None or a non-negative integer"):
             asyncio.run(lm.sample([1, 2], 3, [3], seed=bad))
+    # A negative seed is torch's (0.3.1 seeded torch): its two's complement.
+    for seed in (-1, -(2**63), -12345):
+        assert asyncio.run(lm.sample([1, 2], 8, [3], seed=seed)) == asyncio.run(
+            lm.sample([1, 2], 8, [3], seed=seed + 2**64)
+        )
     core.close()
 
 
@@ -597,3 +602,77 @@ def test_the_documented_modules_hold_the_classes():
         assert loaded.__all__ == names
         for name in names:
             assert getattr(loaded, name) is getattr(llm, name)
+
+
+class Forced(AsyncTransformer):
+    """A subclass that changes rows where 0.3.1 let it (its own ``next_token_logprobs``):
+    every row puts all its mass on token 5."""
+
+    def _forced(self):
+        row = torch.full((len(self.vocab),), -torch.inf)
+        row[5] = 0.0
+        return row
+
+    async def next_token_logprobs(self, token_ids, lora_name=None):
+        return self._forced()
+
+    def next_token_logprobs_sync(self, token_ids, lora_name=None):
+        return self._forced()
+
+
+def test_a_subclass_with_its_own_rows_samples_and_batches_from_them():
+    """0.3.1 built the batch calls, ``sample`` and ``batch_sample`` on
+    ``next_token_logprobs``; the facade sent them to its core model, past the subclass."""
+    llm = Forced.from_name("stories260K", device="cpu")
+    try:
+        assert asyncio.run(llm.sample([1, 20], 3, [], seed=0)) == [5, 5, 5]
+        assert asyncio.run(llm.batch_sample([[1, 20], [1, 30]], 2, [])) == [[5, 5], [5, 5]]
+        for rows in (
+            asyncio.run(llm.batch_next_token_logprobs(CONTEXTS)),
+            llm.batch_next_token_logprobs_sync(CONTEXTS),
+        ):
+            assert rows.shape == (3, len(llm.vocab)) and (rows.argmax(dim=1) == 5).all()
+            assert torch.isinf(rows).sum() == 3 * (len(llm.vocab) - 1)
+        # Core's keywords keep core's rows (genlm.core APIs ask for them).
+        core_rows = llm.batch_next_token_logprobs_sync(CONTEXTS, output="numpy")
+        np.testing.assert_array_equal(
+            core_rows, llm.core_lm.batch_next_token_logprobs_sync(CONTEXTS)
+        )
+    finally:
+        llm.close()
+
+
+def test_a_negative_seed_samples_as_torch_reads_it(hf_llm):
+    """0.3.1 seeded torch, which takes -2**63 to 2**64 - 1 (``hash()``-derived seeds are
+    often negative): a negative seed is its two's complement, where core refused it."""
+    for seed in (-1, -987654321):
+        tokens = asyncio.run(hf_llm.sample(CONTEXTS[2], 6, [], seed=seed))
+        assert tokens == asyncio.run(hf_llm.sample(CONTEXTS[2], 6, [], seed=seed + 2**64))
+
+
+class OwnVocab(AsyncLM):
+    """A subclass of the documented base class keeping an attribute named ``vocab`` (0.3.1's
+    base class had none)."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        self.vocab = self.str_vocab
+
+    async def next_token_logprobs(self, token_ids):
+        return self.next_token_logprobs_sync(token_ids)
+
+    def next_token_logprobs_sync(self, token_ids):
+        return torch.log_softmax(torch.zeros(len(self.byte_vocab)), -1)
+
+
+def test_a_subclass_may_set_its_own_vocab_attribute(hf_llm):
+    """The facade's ``vocab`` (genlm.core's Vocabulary) gives way to a subclass's own."""
+    from genlm.core import Vocabulary
+
+    lm = OwnVocab(hf_llm.tokenizer)
+    assert lm.vocab == lm.str_vocab
+    mock = MockAsyncLM.from_name("stories260K")
+    assert isinstance(mock.vocab, Vocabulary)
+    mock.vocab = ["mine"]
+    assert mock.vocab == ["mine"]
+    mock.close()

@@ -73,7 +73,17 @@ class AsyncLM(ABC):
     def vocab(self) -> Vocabulary:
         """The tokenizer's :class:`~genlm.core.Vocabulary` (EOS ids included): what
         genlm-bytes (``ByteBeamState.initial``, ``ByteLM``) and genlm.core APIs read, so a
-        subclass works with them as the model classes do."""
+        subclass works with them as the model classes do. 0.3.1's base class had no
+        ``vocab``: a subclass may set its own (which those APIs then read instead)."""
+        if "_own_vocab" in self.__dict__:
+            return self.__dict__["_own_vocab"]
+        return self._default_vocab()
+
+    @vocab.setter
+    def vocab(self, value: Any) -> None:
+        self.__dict__["_own_vocab"] = value
+
+    def _default_vocab(self) -> Vocabulary:
         return self._token_vocab
 
     @abstractmethod
@@ -156,7 +166,7 @@ class AsyncLM(ABC):
                 EOS id that is not an integer, before any work.
         """
         temperature = check_sampling_args(max_tokens, temperature)
-        rng = seeded_rng(seed)
+        rng = seeded_rng(_torch_seed(seed))
         eos = eos_id_set(eos_token_ids, ())
         lora = _lora_option(lora_name)
         out: list[int] = []
@@ -184,6 +194,15 @@ class AsyncLM(ABC):
             self.sample(p, max_tokens, eos_token_ids, temperature, seed, **lora)
             for p in prompt_token_ids_list
         )
+
+
+def _torch_seed(seed: Any) -> Any:
+    """A negative seed as torch reads it (0.3.1 seeded torch, which takes -2**63 to
+    2**64 - 1, a negative seed as its two's complement: ``hash()``-derived seeds are often
+    negative); any other seed as it is, for core's check."""
+    if isinstance(seed, int) and not isinstance(seed, bool) and -(2**63) <= seed < 0:
+        return seed + 2**64
+    return seed
 
 
 def _lora_option(lora_name: str | None) -> dict[str, str]:
@@ -378,7 +397,11 @@ class _CoreBacked(AsyncLM):
     async def batch_next_token_logprobs(
         self, token_ids_list: Sequence[Sequence[int]], lora_name: str | None = None, **options: Any
     ) -> torch.Tensor:
-        """One row per context: a float32 ``(len(token_ids_list), V)`` tensor."""
+        """One row per context: a float32 ``(len(token_ids_list), V)`` tensor (through a
+        subclass's own :meth:`next_token_logprobs`, if it has one and no core ``options``
+        are given, as in 0.3.1)."""
+        if not options and self._overrides("next_token_logprobs"):
+            return await AsyncLM.batch_next_token_logprobs(self, token_ids_list, lora_name)
         return await self.core_lm.batch_next_token_logprobs(
             token_ids_list, **self._options(lora_name, options)
         )
@@ -387,9 +410,17 @@ class _CoreBacked(AsyncLM):
         self, token_ids_list: Sequence[Sequence[int]], lora_name: str | None = None, **options: Any
     ) -> torch.Tensor:
         """The blocking twin of :meth:`batch_next_token_logprobs`."""
+        if not options and self._overrides("next_token_logprobs_sync"):
+            return AsyncLM.batch_next_token_logprobs_sync(self, token_ids_list, lora_name)
         return self.core_lm.batch_next_token_logprobs_sync(
             token_ids_list, **self._options(lora_name, options)
         )
+
+    def _overrides(self, name: str) -> bool:
+        """Whether a subclass defines its own method ``name``: 0.3.1 built the batch calls
+        and ``sample`` on :meth:`next_token_logprobs`, the natural place for a subclass to
+        change rows (a bias, a constraint), so they go through it then."""
+        return getattr(type(self), name) is not getattr(_CoreBacked, name)
 
     def next_token_logprobs_uncached(
         self, token_ids: Sequence[int], lora_name: str | None = None, **options: Any
@@ -450,21 +481,25 @@ class _CoreBacked(AsyncLM):
         """Draw up to ``max_tokens`` tokens; stops at an EOS token, which is not returned.
 
         Draws are exact (core's Gumbel-max over the float32 row); the same seed gives the same
-        tokens, though not the same tokens as genlm-backend's torch.multinomial draws.
-        ``lora_name``: the adapter of every step (core's ``variant``; None: the model's
-        current one).
+        tokens, though not the same tokens as genlm-backend's torch.multinomial draws (a
+        negative seed is read as torch reads it). ``lora_name``: the adapter of every step
+        (core's ``variant``; None: the model's current one). A subclass with its own
+        :meth:`next_token_logprobs` samples from its rows, as in 0.3.1.
         """
+        if self._overrides("next_token_logprobs"):
+            return await AsyncLM.sample(
+                self, prompt_token_ids, max_tokens, eos_token_ids, temperature, seed, lora_name
+            )
         eos = eos_id_set(eos_token_ids, ())
         options = _variant_option(lora_name)
         tokens = await self.core_lm.sample(
-            prompt_token_ids, max_tokens, eos, temperature, seed, **options
+            prompt_token_ids, max_tokens, eos, temperature, _torch_seed(seed), **options
         )
         if tokens and tokens[-1] in eos:
             tokens.pop()
         return tokens
 
-    @property
-    def vocab(self) -> Vocabulary:
+    def _default_vocab(self) -> Vocabulary:
         """The core model's :class:`~genlm.core.Vocabulary`, as wide as its rows (logit rows
         padded beyond the tokenizer are unused ids here, absent from ``byte_vocab``)."""
         return self.core_lm.vocab
