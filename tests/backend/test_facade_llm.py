@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+import transformers
 
 from genlm.backend.llm import (
     AsyncLM,
@@ -676,3 +677,26 @@ def test_a_subclass_may_set_its_own_vocab_attribute(hf_llm):
     mock.vocab = ["mine"]
     assert mock.vocab == ["mine"]
     mock.close()
+
+
+def test_a_tokenizer_with_tokens_past_the_logits_lists_them_all():
+    """GPT-2's tokenizer given a pad token, its model not resized: 0.3.1 serves rows as wide
+    as the logits and a byte_vocab of every tokenizer token (genlm-control's "fewer logits"
+    case); the facade refused the model."""
+    from support.random_llama import cached_random_llama
+
+    path = cached_random_llama("tiny")
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    tok.add_special_tokens({"pad_token": "[PAD]"})
+    model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    llm = AsyncTransformer(model, tok)
+    try:
+        assert len(llm.byte_vocab) == len(llm.str_vocab) == 50258
+        assert llm.byte_vocab[50257].byte_string == b"[PAD]"
+        assert llm.next_token_logprobs_sync(tok.encode("Hello")).shape == (50257,)
+        assert (
+            llm.byte_vocab[:50257]
+            == decode_vocab(transformers.AutoTokenizer.from_pretrained(path))[0]
+        )
+    finally:
+        llm.close()

@@ -76,7 +76,9 @@ def test_decode_vocab_raises_on_a_wordpiece_tokenizer(tmp_path):
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello", ",", "world", "!", "it", "'", "s"]
     words += ["42", "degrees", ".", "##s"]
     (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
-    bert = transformers.BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"))
+    bert = transformers.BertTokenizerFast.from_pretrained(tmp_path)  # vocab_file= reads no
+    # words on transformers 5: every word would be [UNK]
+    assert bert.tokenize("hello world") == ["hello", "world"]
     with pytest.raises(ValueError, match="Could not decode byte representation"):
         decode_vocab(bert)
     # The model classes refuse it too, as genlm-backend's did (its AsyncLM read the
@@ -91,6 +93,30 @@ def test_decode_vocab_raises_on_a_wordpiece_tokenizer(tmp_path):
         core.next_token_logprobs_sync([4])
     with pytest.raises(ValueError, match="byte2str_fallback"):
         decode_vocab(transformers.AutoTokenizer.from_pretrained(GPT2_TOKENIZER), "bogus")
+
+
+def test_an_exact_tokenizer_with_a_small_alphabet_is_accepted(tmp_path):
+    """A lowercase Unigram tokenizer without byte fallback (a user-trained or protein one)
+    spells "hello world" exactly but reads the probe text's capitals, digits and punctuation
+    as its unknown token: it was refused as inexact (0.3.1 serves it). The probe keeps what
+    the tokenizer can spell; a WordPiece vocabulary missing some probe words still fails."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pieces = [("<unk>", 0.0), *((c, -1.0) for c in letters), *(("▁" + c, -1.5) for c in letters)]
+    unigram = Tokenizer(models.Unigram([*pieces, ("▁", -2.0)], unk_id=0, byte_fallback=False))
+    unigram.pre_tokenizer, unigram.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    small = transformers.PreTrainedTokenizerFast(tokenizer_object=unigram, unk_token="<unk>")
+    byte_vocab, _ = decode_vocab(small)
+    ids = small.encode("hello world", add_special_tokens=False)
+    assert b"".join(byte_vocab[i].byte_string for i in ids) in (b"hello world", b" hello world")
+    MockAsyncLM(small).close()
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello", "world", "it", "s", "degrees"]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    bert = transformers.BertTokenizerFast.from_pretrained(tmp_path)
+    assert bert.tokenize("hello world") == ["hello", "world"]
+    with pytest.raises(ValueError, match="Could not decode byte representation"):
+        decode_vocab(bert)
 
 
 def test_the_top_level_names_are_genlm_backend_031s():

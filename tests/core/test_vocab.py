@@ -695,6 +695,22 @@ class TestShapes:
         with pytest.raises(ValueError, match=r"50000.*50257"):
             Vocabulary.from_tokenizer(gpt2_tiktoken(), size=50000)
 
+    def test_tokens_added_past_the_logits_are_left_out(self, caplog):
+        """GPT-2 given a pad token (its embeddings not resized, as Gemma 3 ships): 50258
+        tokens, 50257 logits. The added token, which the model can neither read nor
+        predict, is left out with a warning; the model's own are as without it."""
+        transformers = pytest.importorskip("transformers")
+        tok = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir("gpt2")))
+        tok.add_special_tokens({"pad_token": "[PAD]"})
+        assert len(tok) == 50258
+        with caplog.at_level("WARNING", logger="genlm.core._vocab"):
+            vocab = Vocabulary.from_tokenizer(tok, size=50257)
+        assert "['[PAD]']" in caplog.text and "left out" in caplog.text
+        plain = Vocabulary.from_tokenizer(hf_tokenizer("gpt2"))
+        assert vocab.tokens == plain.tokens and vocab.eos_token_ids == plain.eos_token_ids
+        assert vocab.special_ids == plain.special_ids
+        assert len(Vocabulary.from_tokenizer(tok)) == 50258
+
     def test_slow_sentencepiece_tokenizer(self):
         """A SentencePiece-backed transformers tokenizer gives the tokenizer.json's bytes."""
         transformers = pytest.importorskip("transformers")

@@ -106,6 +106,28 @@ def test_a_tokenizer_wider_than_the_models_logits_is_refused():
         HFLM(model, tok, cache_bytes=0)
 
 
+def test_tokens_added_past_the_logits_are_left_out():
+    """GPT-2's tokenizer given a pad token, its model not resized (Gemma 3 ships so): 50258
+    tokens for 50257 logits was refused; the model's rows come back, the added token left
+    out of the vocabulary (the model can neither read nor predict it)."""
+    from support.random_llama import cached_random_llama
+
+    path = cached_random_llama("tiny")
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    tok.add_special_tokens({"pad_token": "[PAD]"})
+    model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    lm = HFLM(model, tok, cache_bytes=0)
+    try:
+        assert len(lm.vocab) == 50257 and len(tok) == 50258
+        context = tok.encode("Hello world")
+        with torch.no_grad():
+            logits = model(torch.tensor([context])).logits[0, -1]
+        expected = torch.log_softmax(logits.double(), -1).numpy()
+        np.testing.assert_allclose(lm.next_token_logprobs_sync(context), expected, atol=1e-4)
+    finally:
+        lm.close()
+
+
 def test_sampling_ends_at_the_models_own_eos_ids():
     """The EOS ids of the model's generation configuration (what ``generate`` stops on)
     join the tokenizer's: greedy sampling ends at the token the model picks first once the

@@ -198,15 +198,30 @@ def _check_exact(vocab: Vocabulary, tokenizer: Any) -> None:
     """Raise unless the bytes of a probe text's tokens join back to the text.
 
     Tokenizers that prepend a space (SentencePiece ``▁``) give the text with one leading space.
+    The probe keeps only the characters the tokenizer can spell (a lowercase or a protein
+    alphabet without byte fallback reads the others as its unknown token, whose bytes are
+    not theirs), with its words still apart, which is what a WordPiece vocabulary loses.
     """
     encode = getattr(tokenizer, "encode", None)
     if encode is None:
         return
-    ids: Sequence[int] = encode(_PROBE, add_special_tokens=False)
+    probe = _spellable(_PROBE, encode, getattr(tokenizer, "unk_token_id", None))
+    if not probe:
+        return
+    ids: Sequence[int] = encode(probe, add_special_tokens=False)
     joined = vocab.decode(ids)
-    text = _PROBE.encode("utf-8")
+    text = probe.encode("utf-8")
     if joined not in (text, b" " + text):
         raise ValueError(
             f"Could not decode byte representation of {type(tokenizer).__name__}: its tokens of "
-            f"{_PROBE!r} join to {joined!r} (e.g. a WordPiece vocabulary, which drops spaces)"
+            f"{probe!r} join to {joined!r} (e.g. a WordPiece vocabulary, which drops spaces)"
         )
+
+
+def _spellable(text: str, encode: Any, unk: int | None) -> str:
+    """``text`` without the characters the tokenizer reads as its unknown token, its words
+    separated by single spaces (a normalizer may fold the runs left)."""
+    if unk is None or unk not in encode(text, add_special_tokens=False):
+        return text
+    kept = "".join(c for c in text if c == " " or unk not in encode(c, add_special_tokens=False))
+    return " ".join(kept.split())

@@ -359,13 +359,31 @@ def _build(
     eos: Iterable[int] = (),
 ) -> Vocabulary:
     """Build a Vocabulary from model tokens, added tokens (see :func:`_added_tokens`) and
-    the scheme spelling the model tokens; an added token's bytes replace its id's."""
+    the scheme spelling the model tokens; an added token's bytes replace its id's.
+
+    A ``size`` below the tokenizer's ids is a model whose embeddings stop before tokens
+    added to its tokenizer (GPT-2 given a pad token, Gemma 3): the model can neither read
+    nor predict them, so they are left out, with a warning. One short of the model's own
+    tokens is another model's tokenizer: a ``ValueError``.
+    """
     ids = [*model_tokens, *added]
     n = max(ids) + 1 if ids else 0
     if size is None:
         size = n
     elif size < n:
-        raise ValueError(f"size={size} is smaller than the tokenizer's {n} token ids")
+        if max(model_tokens, default=-1) >= size:
+            raise ValueError(f"size={size} is smaller than the tokenizer's {n} token ids")
+        past = sorted(i for i in added if i >= size)
+        logger.warning(
+            "the model has %d logits; the tokenizer's added tokens %s past them are left out "
+            "(the model can neither read nor predict them)",
+            size,
+            [added[i].content for i in past][:8],
+        )
+        added = {i: token for i, token in added.items() if i < size}
+        extra_special = [i for i in extra_special if i < size]
+        bos = None if bos is not None and bos >= size else bos
+        eos = [i for i in eos if i is None or i < size]
     tokens = [b""] * size
     assigned = np.zeros(size, dtype=bool)
     model_ids = list(model_tokens)

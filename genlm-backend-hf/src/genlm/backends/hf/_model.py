@@ -143,7 +143,7 @@ class HFLM(LoraAdapters, BatchedLM):
             "forwards": 0,
             "resident_rows": 0,
         }
-        self._pad_id = _pad_id(tokenizer)
+        self._pad_id = _pad_id(tokenizer, len(vocab))
         forward = inspect.signature(_base_model(model).forward).parameters
         #: Whether the forward computes the last position's logits alone (transformers >= 4.50).
         self._keeps_last_logits = "logits_to_keep" in forward
@@ -636,19 +636,25 @@ def _vocabulary(model: Any, tokenizer: Any) -> Vocabulary:
     Checkpoints pad their output head beyond the tokenizer (Qwen2: 151936 logits for 151665
     tokens): the padding ids are unused (no bytes) and rows are normalized over the full
     width, as the other backends and genlm-backend 0.3.1 do, so one checkpoint gives the
-    same rows everywhere. A model without an output-embedding head keeps the tokenizer's
-    size (the probe checks that its logits are that wide). The EOS ids are the
-    tokenizer's and those of the model's generation configuration (what ``generate``
-    stops on; see :meth:`~genlm.core.Vocabulary.with_model_eos`).
+    same rows everywhere. Tokens added to the tokenizer past the model's embeddings (GPT-2
+    given a pad token, Gemma 3) are left out with a warning (the model can neither read nor
+    predict them); a tokenizer whose own tokens go past them is refused. A model without an
+    output-embedding head keeps the tokenizer's size (the probe checks that its logits are
+    that wide). The EOS ids are the tokenizer's and those of the model's generation
+    configuration (what ``generate`` stops on; see
+    :meth:`~genlm.core.Vocabulary.with_model_eos`).
     """
     width = _logit_width(model)
-    if width is not None and width < len(tokenizer):  # read once: 0.5 s at 128k tokens
+    try:
+        vocab = Vocabulary.from_tokenizer(tokenizer, size=width)
+    except ValueError as exc:  # len(tokenizer) read only here: 0.5 s at 128k tokens
+        if width is None or width >= len(tokenizer):
+            raise
         raise ValueError(
             f"the model has {width} output logits but its tokenizer has {len(tokenizer)} "
-            "tokens; pass the tokenizer that belongs to this model"
-        )
+            "tokens, its own beyond them; pass the tokenizer that belongs to this model"
+        ) from exc
     generation = getattr(_base_model(model), "generation_config", None)
-    vocab = Vocabulary.from_tokenizer(tokenizer, size=width)
     return vocab.with_model_eos(getattr(generation, "eos_token_id", None))
 
 
@@ -696,10 +702,12 @@ def _max_positions(config: Any) -> int | None:
     return None
 
 
-def _pad_id(tokenizer: Any) -> int:
+def _pad_id(tokenizer: Any, size: int) -> int:
+    """The id that fills padding: the tokenizer's pad, EOS or BOS id, the first that is a
+    token of the model's ``size`` (a pad token added past its embeddings is not)."""
     for attr in ("pad_token_id", "eos_token_id", "bos_token_id"):
         value = getattr(tokenizer, attr, None)
-        if isinstance(value, int):
+        if isinstance(value, int) and 0 <= value < size:
             return value
     return 0
 

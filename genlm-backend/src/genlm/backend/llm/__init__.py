@@ -61,7 +61,9 @@ class AsyncLM(ABC):
     Rows are as wide as the model's logits, which a checkpoint may pad beyond its tokenizer
     (Qwen2: 151936 logits for 151665 tokens): then rows are wider than ``byte_vocab``, as in
     genlm-backend 0.3.1, and :attr:`vocab` (as wide as the rows) holds the padding ids as
-    unused ids with no bytes.
+    unused ids with no bytes. Tokens added to a tokenizer past the model's logits (GPT-2
+    given a pad token, Gemma 3) make rows narrower than ``byte_vocab``, as in 0.3.1
+    (genlm-control gives those tokens no weight); :attr:`vocab` leaves them out.
     """
 
     def __init__(self, tokenizer: Any):
@@ -249,8 +251,13 @@ class _CoreBacked(AsyncLM):
                     core_lm.close()
                 raise
         self.core_lm = core_lm
-        self.tokenizer = core_lm.tokenizer
-        self.byte_vocab, self.str_vocab = vocab_lists(core_lm.vocab, core_lm.tokenizer)
+        self.tokenizer = tokenizer = core_lm.tokenizer
+        listed = core_lm.vocab
+        if tokenizer is not None and len(tokenizer) > len(listed):
+            # Tokens added past the model's logits (GPT-2 given a pad token, Gemma 3): 0.3.1
+            # lists every token of the tokenizer, with rows as wide as the logits.
+            listed = _read_vocab(tokenizer)
+        self.byte_vocab, self.str_vocab = vocab_lists(listed, tokenizer)
 
     @classmethod
     def _wrap(cls, core_lm: BatchedLM) -> Any:
