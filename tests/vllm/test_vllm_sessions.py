@@ -88,15 +88,23 @@ def test_past_the_caps_the_least_recently_used_idle_session_goes_then_one_offs()
 
 def test_idle_sessions_make_room_for_the_batchs_one_off_requests():
     """Each waiting session holds an engine slot: one-offs past the caps would otherwise
-    run one at a time through the slots the sessions leave."""
+    wait for the slots the sessions leave. Sessions that missed their turn make way, the
+    least recently used first; one fed in the batch before, in a step of several batches,
+    keeps its slot."""
     table = SessionTable(3, max_tokens=10, slots=4)
-    for context in [(1,), (2,), (3,)]:  # (1,) the least recently used
-        table.commit(table.plan([context], None)[0])
-    feeds, evicted = table.plan([(1, 5), tuple(range(20, 40)), tuple(range(40, 60))], None)
+    table.commit(table.plan([(1,), (2,), (3,)], None)[0])
+    table.commit(table.plan([(1, 5), (2, 5), (3, 5)], None)[0])  # one batch a step
+    feeds, evicted = table.plan([(1, 5, 6), tuple(range(20, 40)), tuple(range(40, 60))], None)
     assert feeds[0].session is not None and not feeds[0].first
     assert feeds[1].session is None and feeds[2].session is None  # 20 tokens: never fit
-    assert [s.tokens for s in evicted] == [(2,)]  # 2 live sessions + 2 one-offs = 4 slots
+    assert [s.tokens for s in evicted] == [(2, 5)]  # 2 live sessions + 2 one-offs = 4 slots
     assert len(table) == 2
+    table = SessionTable(2, slots=4)  # steps of two batches: (1,) then (2,)
+    for context in [(1,), (2,), (1, 5), (2, 5)]:
+        table.commit(table.plan([context], None)[0])
+    assert table.period == 2
+    feeds, evicted = table.plan([(1, 5, 6), (30,), (31,), (32,)], None)
+    assert not evicted and sum(f.session is None for f in feeds) == 3  # (2, 5) waits its turn
 
 
 def test_sessions_are_counted_in_whole_kv_blocks_and_an_ended_one_is_not_kept():
@@ -128,15 +136,25 @@ def cycle(table: SessionTable, particles: list[tuple[int, ...]], batch: int) -> 
     return kinds
 
 
-@pytest.mark.parametrize("n_particles, batch", [(12, 4), (12, 6), (300, 128)])
+@pytest.mark.parametrize(
+    "n_particles, batch, cap, slots",
+    [
+        (12, 4, 8, 16),
+        (12, 6, 8, 16),
+        (300, 128, 128, 256),
+        (300, 128, 64, 128),
+        (200, 100, 64, 128),
+    ],
+)
 def test_more_particles_than_sessions_in_several_batches_feed_the_capped_sessions(
-    n_particles, batch
+    n_particles, batch, cap, slots
 ):
     """Least recently used would evict, batch after batch, the sessions the batch before
     fed (a cycle longer than the cache), so that no session was ever fed again: the
-    sessions the cap holds are fed every step, the rest run as one-offs."""
-    cap = 8 if n_particles < 100 else 128
-    table = SessionTable(cap, slots=2 * cap)
+    sessions the cap holds are fed every step, the rest run as one-offs. With fewer slots
+    than a batch's one-offs and the sessions, the one-offs wait for a slot rather than
+    evict them."""
+    table = SessionTable(cap, slots=slots)
     particles = [(1000 + i, 7) for i in range(n_particles)]
     assert cycle(table, particles, batch) == {
         "fed": 0,
@@ -188,6 +206,23 @@ def test_before_any_session_is_fed_an_idle_one_goes_only_after_many_batches():
     assert feeds[0].first and [s.tokens for s in evicted] == [(1, 2)]
 
 
+def test_a_long_idle_session_fed_again_does_not_stall_the_table():
+    """A session fed again 201 batches on makes the period 201: new work got no session for
+    as long (the table's sessions never missed their turn). The period counts for
+    MAX_IDLE_BATCHES at most."""
+    table = SessionTable(2)
+    table.commit(table.plan([(1, 2)], None)[0])
+    context = (500,)
+    for _ in range(200):  # another session, fed every batch
+        table.commit(table.plan([context], None)[0])
+        context += (7,)
+    table.commit(table.plan([(1, 2, 3)], None)[0])  # the first, fed again
+    assert table.period == 201
+    particles = [(900, 1), (901, 1)]
+    fed = [cycle(table, particles, 2)["fed"] for _ in range(MAX_IDLE_BATCHES + 2)]
+    assert fed[-1] == 2
+
+
 def test_random_batches_keep_the_tables_invariants():
     """Random SMC-like batches (extensions, forks, repeats, variants, caps): every session
     fed is extended to exactly its context, none is fed twice in a batch or evicted while
@@ -219,8 +254,15 @@ def test_random_batches_keep_the_tables_invariants():
                 assert 1 <= len(feed.tokens) <= MAX_EXTENSION
         claimed = {id(s) for s in fed}
         one_offs = sum(f.session is None for f in feeds)
-        idle = [s for s in table.sessions() if id(s) not in claimed]
-        assert len(table) + sum(f.first for f in feeds) + one_offs <= 8 or not idle
+        # Past the slots only while every idle session is still within its turn.
+        period = table.period
+        turn = MAX_IDLE_BATCHES if period is None else min(period + (period > 1), MAX_IDLE_BATCHES)
+        missed = [
+            s
+            for s in table.sessions()
+            if id(s) not in claimed and s.fed_at <= table._batches - turn
+        ]
+        assert len(table) + sum(f.first for f in feeds) + one_offs <= 8 or not missed
         for context, feed in zip(batch, feeds):
             if feed.session is None or feed.first:
                 reachable = [

@@ -23,22 +23,25 @@ The rules:
   (``max_num_seqs``): live sessions are capped (least recently used evicted first) at
   half the slots and half the KV cache (each session's blocks counted whole, shared
   prefixes included: an overestimate). Past the caps a context runs as a one-off
-  request, as without sessions, and idle sessions are evicted until the batch's one-offs
-  have a slot each (else they would run one at a time through the slots the sessions
-  leave). The caps are not a guarantee (a long one-off may need more blocks than the
+  request, as without sessions, and idle sessions that may go (next rule) are evicted
+  until the batch's one-offs have a slot each (else they would wait for the slots the
+  sessions leave). The caps are not a guarantee (a long one-off may need more blocks than the
   waiting sessions leave): the model ends waiting sessions when the engine finds no room
   to run a batch.
-* A new session evicts only a session that missed its turn. The *period* is the most
-  batches seen lately between two inputs of one session: 1 when each step is one batch,
-  where a session idle for one batch has missed its turn. With several batches a step,
-  a session must be idle for more than the period, since a particle may land in a later
-  batch of its step than its session's last input did. A step whose particles exceed
-  the cap and arrive in several batches would otherwise evict, batch after batch, the
-  sessions the batch before fed, so that no session was ever fed again (least recently
-  used is the worst rule for a cycle longer than the cache). Instead the sessions the
-  cap holds are fed every step and the rest run as one-offs. Before any session has
-  been fed the period is not known: only sessions idle for :data:`MAX_IDLE_BATCHES`
-  batches are evicted then.
+* A session is evicted, for a new session or for a one-off's slot, only once it has
+  missed its turn. The *period* is the most batches seen lately between two inputs of
+  one session: 1 when each step is one batch, where a session idle for one batch has
+  missed its turn. With several batches a step, a session must be idle for more than the
+  period, since a particle may land in a later batch of its step than its session's last
+  input did. A step whose particles exceed the cap and arrive in several batches would
+  otherwise evict, batch after batch, the sessions the batch before fed, so that no
+  session was ever fed again (least recently used is the worst rule for a cycle longer
+  than the cache). Instead the sessions the cap holds are fed every step and the rest
+  run as one-offs; one-offs left without a slot wait for one (the sessions hold at most
+  half of them). Before any session has been fed the period is not known: only sessions
+  idle for :data:`MAX_IDLE_BATCHES` batches are evicted then, and a period counts for no
+  more than that (one long-idle session fed again must not keep the table from new work
+  for as long).
 * A batch that fails ends every session it fed (their state in the engine is unknown).
 """
 
@@ -210,12 +213,11 @@ class SessionTable:
         )
         # Least recently fed first: the sessions that missed their turn lead.
         idle = [s for s in self._lru.values() if s.key not in claimed]
-        # A session fed at or before ``missed`` has missed its turn.
+        # A session fed at or before ``missed`` has missed its turn (a period read from one
+        # long-idle session fed again counts no more than MAX_IDLE_BATCHES).
         period = self.period
-        if period is None:
-            missed = self._batches - MAX_IDLE_BATCHES
-        else:
-            missed = self._batches - period - (period > 1)
+        turn = MAX_IDLE_BATCHES if period is None else min(period + (period > 1), MAX_IDLE_BATCHES)
+        missed = self._batches - turn
         next_idle = 0
         for i, context in enumerate(contexts):
             if feeds[i] is not None:
@@ -243,8 +245,13 @@ class SessionTable:
                 feeds[i] = Feed(None, context)
         if self.slots is not None:  # a slot for each one-off, where idle sessions can go
             one_offs = sum(f.session is None for f in feeds)  # type: ignore[union-attr]
+            # Only sessions that missed their turn make way, as for a new session: a batch of
+            # one-offs would otherwise evict the sessions the batch before fed (one-offs left
+            # without a slot wait for one; sessions hold at most half of them).
             while live + one_offs > self.slots and next_idle < len(idle):
                 victim = idle[next_idle]
+                if victim.fed_at > missed:
+                    break
                 next_idle += 1
                 self.discard([victim])
                 evicted.append(victim)
