@@ -700,3 +700,39 @@ def test_a_tokenizer_with_tokens_past_the_logits_lists_them_all():
         )
     finally:
         llm.close()
+
+
+class Shifted(MockAsyncLM):
+    """A subclass computing its row with the batch call, then shifting it (valid on 0.3.1's
+    ``AsyncVirtualLM``, whose batch calls were engine calls)."""
+
+    async def next_token_logprobs(self, token_ids, lora_name=None):
+        return (await self.batch_next_token_logprobs([token_ids], lora_name=lora_name))[0] + 1.0
+
+    def next_token_logprobs_sync(self, token_ids, lora_name=None):
+        return self.batch_next_token_logprobs_sync([token_ids], lora_name=lora_name)[0] + 1.0
+
+
+def test_an_override_that_calls_the_batch_call_is_applied_once():
+    """Routing the batch calls through a subclass's rows sent its own batch call back into
+    it, for ever (async: no end; sync: RecursionError): a batch call made inside the
+    override goes to the core model, so every way of asking shifts the row once."""
+    llm = Shifted.from_name("stories260K")
+    try:
+        core = llm.core_lm.next_token_logprobs_sync(CONTEXTS[1], output="torch")
+
+        async def asked():
+            return [
+                await llm.next_token_logprobs(CONTEXTS[1]),
+                (await llm.batch_next_token_logprobs([CONTEXTS[1]]))[0],
+            ]
+
+        rows = asyncio.run(asyncio.wait_for(asked(), 30))
+        rows += [
+            llm.next_token_logprobs_sync(CONTEXTS[1]),
+            llm.batch_next_token_logprobs_sync([CONTEXTS[1]])[0],
+        ]
+        for row in rows:
+            torch.testing.assert_close(row, core + 1.0)
+    finally:
+        llm.close()

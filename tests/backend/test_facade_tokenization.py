@@ -111,12 +111,15 @@ def test_an_exact_tokenizer_with_a_small_alphabet_is_accepted(tmp_path):
     ids = small.encode("hello world", add_special_tokens=False)
     assert b"".join(byte_vocab[i].byte_string for i in ids) in (b"hello world", b" hello world")
     MockAsyncLM(small).close()
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello", "world", "it", "s", "degrees"]
-    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
-    bert = transformers.BertTokenizerFast.from_pretrained(tmp_path)
-    assert bert.tokenize("hello world") == ["hello", "world"]
-    with pytest.raises(ValueError, match="Could not decode byte representation"):
-        decode_vocab(bert)
+    # Missing some probe words; then with no single character at all (nothing of the probe
+    # is spelled alone, so the whole probe is judged).
+    for words in (["hello", "world", "it", "s", "degrees"], ["hello", "world", "degrees"]):
+        words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *words]
+        (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+        bert = transformers.BertTokenizerFast.from_pretrained(tmp_path)
+        assert bert.tokenize("hello world") == ["hello", "world"]
+        with pytest.raises(ValueError, match="Could not decode byte representation"):
+            decode_vocab(bert)
 
 
 def test_the_top_level_names_are_genlm_backend_031s():

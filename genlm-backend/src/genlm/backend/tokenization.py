@@ -200,14 +200,15 @@ def _check_exact(vocab: Vocabulary, tokenizer: Any) -> None:
     Tokenizers that prepend a space (SentencePiece ``▁``) give the text with one leading space.
     The probe keeps only the characters the tokenizer can spell (a lowercase or a protein
     alphabet without byte fallback reads the others as its unknown token, whose bytes are
-    not theirs), with its words still apart, which is what a WordPiece vocabulary loses.
+    not theirs), with its words still apart, which is what a WordPiece vocabulary loses;
+    where fewer than two words are left, the whole probe is judged.
     """
     encode = getattr(tokenizer, "encode", None)
     if encode is None:
         return
     probe = _spellable(_PROBE, encode, getattr(tokenizer, "unk_token_id", None))
-    if not probe:
-        return
+    if len(probe.split()) < 2:  # no two words to keep apart: judge the whole probe
+        probe = _PROBE
     ids: Sequence[int] = encode(probe, add_special_tokens=False)
     joined = vocab.decode(ids)
     text = probe.encode("utf-8")

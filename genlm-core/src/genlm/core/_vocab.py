@@ -372,7 +372,10 @@ def _build(
         size = n
     elif size < n:
         if max(model_tokens, default=-1) >= size:
-            raise ValueError(f"size={size} is smaller than the tokenizer's {n} token ids")
+            raise ValueError(
+                f"size={size} is smaller than the tokenizer's {n} token ids, its own tokens "
+                "beyond it (not only added ones): is it this model's tokenizer?"
+            )
         past = sorted(i for i in added if i >= size)
         logger.warning(
             "the model has %d logits; the tokenizer's added tokens %s past them are left out "

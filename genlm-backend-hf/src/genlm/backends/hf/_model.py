@@ -645,15 +645,13 @@ def _vocabulary(model: Any, tokenizer: Any) -> Vocabulary:
     :meth:`~genlm.core.Vocabulary.with_model_eos`).
     """
     width = _logit_width(model)
-    try:
-        vocab = Vocabulary.from_tokenizer(tokenizer, size=width)
-    except ValueError as exc:  # len(tokenizer) read only here: 0.5 s at 128k tokens
-        if width is None or width >= len(tokenizer):
-            raise
+    own = getattr(tokenizer, "vocab_size", None)  # transformers: without added tokens
+    if width is not None and isinstance(own, int) and own > width:
         raise ValueError(
-            f"the model has {width} output logits but its tokenizer has {len(tokenizer)} "
-            "tokens, its own beyond them; pass the tokenizer that belongs to this model"
-        ) from exc
+            f"the model has {width} output logits but its tokenizer has {own} tokens of its "
+            "own; pass the tokenizer that belongs to this model"
+        )
+    vocab = Vocabulary.from_tokenizer(tokenizer, size=width)
     generation = getattr(_base_model(model), "generation_config", None)
     return vocab.with_model_eos(getattr(generation, "eos_token_id", None))
 

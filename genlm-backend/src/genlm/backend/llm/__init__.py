@@ -14,9 +14,13 @@ the same classes.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import importlib
+import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from types import ModuleType
 from typing import Any, Self
 
@@ -196,6 +200,43 @@ class AsyncLM(ABC):
             self.sample(p, max_tokens, eos_token_ids, temperature, seed, **lora)
             for p in prompt_token_ids_list
         )
+
+
+#: Set while a subclass's own ``next_token_logprobs`` (or its ``_sync`` twin) runs: a batch
+#: call or ``sample`` made inside it (an override computing its row with
+#: ``batch_next_token_logprobs([ids])``, as 0.3.1's ``AsyncVirtualLM`` allowed) goes to the
+#: core model, not back into the override.
+_IN_OVERRIDE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "genlm_backend_in_override", default=False
+)
+
+
+@contextlib.contextmanager
+def _in_override() -> Iterator[None]:
+    token = _IN_OVERRIDE.set(True)
+    try:
+        yield
+    finally:
+        _IN_OVERRIDE.reset(token)
+
+
+def _marked(method: Any) -> Any:
+    """A subclass's row method, run with ``_IN_OVERRIDE`` set."""
+    if inspect.iscoroutinefunction(method):
+
+        @functools.wraps(method)
+        async def marked_async(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with _in_override():
+                return await method(self, *args, **kwargs)
+
+        return marked_async
+
+    @functools.wraps(method)
+    def marked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _in_override():
+            return method(self, *args, **kwargs)
+
+    return marked
 
 
 def _torch_seed(seed: Any) -> Any:
@@ -406,7 +447,7 @@ class _CoreBacked(AsyncLM):
     ) -> torch.Tensor:
         """One row per context: a float32 ``(len(token_ids_list), V)`` tensor (through a
         subclass's own :meth:`next_token_logprobs`, if it has one and no core ``options``
-        are given, as in 0.3.1)."""
+        are given, as 0.3.1's ``AsyncTransformer`` did)."""
         if not options and self._overrides("next_token_logprobs"):
             return await AsyncLM.batch_next_token_logprobs(self, token_ids_list, lora_name)
         return await self.core_lm.batch_next_token_logprobs(
@@ -423,11 +464,21 @@ class _CoreBacked(AsyncLM):
             token_ids_list, **self._options(lora_name, options)
         )
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in ("next_token_logprobs", "next_token_logprobs_sync"):
+            if name in cls.__dict__:
+                setattr(cls, name, _marked(cls.__dict__[name]))
+
     def _overrides(self, name: str) -> bool:
-        """Whether a subclass defines its own method ``name``: 0.3.1 built the batch calls
-        and ``sample`` on :meth:`next_token_logprobs`, the natural place for a subclass to
-        change rows (a bias, a constraint), so they go through it then."""
-        return getattr(type(self), name) is not getattr(_CoreBacked, name)
+        """Whether a subclass defines its own row method ``name`` and the call is not made
+        from inside it. 0.3.1's ``AsyncTransformer`` built the batch calls and ``sample`` on
+        :meth:`next_token_logprobs`, the natural place for a subclass to change rows (a
+        bias, a constraint), so they go through it then; a batch call the override makes
+        itself (``AsyncVirtualLM``'s were engine calls) goes to the core model."""
+        return getattr(type(self), name) is not getattr(_CoreBacked, name) and not (
+            _IN_OVERRIDE.get()
+        )
 
     def next_token_logprobs_uncached(
         self, token_ids: Sequence[int], lora_name: str | None = None, **options: Any
@@ -491,7 +542,8 @@ class _CoreBacked(AsyncLM):
         tokens, though not the same tokens as genlm-backend's torch.multinomial draws (a
         negative seed is read as torch reads it). ``lora_name``: the adapter of every step
         (core's ``variant``; None: the model's current one). A subclass with its own
-        :meth:`next_token_logprobs` samples from its rows, as in 0.3.1.
+        :meth:`next_token_logprobs` samples from its rows, as 0.3.1's ``AsyncTransformer``
+        did.
         """
         if self._overrides("next_token_logprobs"):
             return await AsyncLM.sample(
