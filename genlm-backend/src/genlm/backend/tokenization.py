@@ -206,10 +206,14 @@ def _check_exact(vocab: Vocabulary, tokenizer: Any) -> None:
     encode = getattr(tokenizer, "encode", None)
     if encode is None:
         return
-    probe = _spellable(_PROBE, encode, getattr(tokenizer, "unk_token_id", None))
-    if len(probe.split()) < 2:  # no two words to keep apart: judge the whole probe
-        probe = _PROBE
+    probe = _PROBE
     ids: Sequence[int] = encode(probe, add_special_tokens=False)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is not None and unk in ids:
+        spellable = _spellable(probe, encode, unk)
+        if len(spellable.split()) >= 2:  # else no two words to keep apart: judge it whole
+            probe = spellable
+            ids = encode(probe, add_special_tokens=False)
     joined = vocab.decode(ids)
     text = probe.encode("utf-8")
     if joined not in (text, b" " + text):
@@ -219,10 +223,8 @@ def _check_exact(vocab: Vocabulary, tokenizer: Any) -> None:
         )
 
 
-def _spellable(text: str, encode: Any, unk: int | None) -> str:
+def _spellable(text: str, encode: Any, unk: int) -> str:
     """``text`` without the characters the tokenizer reads as its unknown token, its words
     separated by single spaces (a normalizer may fold the runs left)."""
-    if unk is None or unk not in encode(text, add_special_tokens=False):
-        return text
     kept = "".join(c for c in text if c == " " or unk not in encode(c, add_special_tokens=False))
     return " ".join(kept.split())

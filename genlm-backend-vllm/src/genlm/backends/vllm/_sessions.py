@@ -211,14 +211,13 @@ class SessionTable:
             for f in feeds
             if f is not None and f.session is not None
         )
-        # Least recently fed first: the sessions that missed their turn lead.
-        idle = [s for s in self._lru.values() if s.key not in claimed]
         # A session fed at or before ``missed`` has missed its turn (a period read from one
-        # long-idle session fed again counts no more than MAX_IDLE_BATCHES).
+        # long-idle session fed again counts no more than MAX_IDLE_BATCHES); only those may
+        # go, least recently fed first.
         period = self.period
         turn = MAX_IDLE_BATCHES if period is None else min(period + (period > 1), MAX_IDLE_BATCHES)
         missed = self._batches - turn
-        next_idle = 0
+        idle = (s for s in list(self._lru.values()) if s.key not in claimed and s.fed_at <= missed)
         for i, context in enumerate(contexts):
             if feeds[i] is not None:
                 continue
@@ -227,10 +226,9 @@ class SessionTable:
                 feeds[i] = Feed(None, context)
                 continue
             while not self._fits(live + 1, tokens + cost):
-                if next_idle == len(idle) or idle[next_idle].fed_at > missed:
+                victim = next(idle, None)
+                if victim is None:
                     break
-                victim = idle[next_idle]
-                next_idle += 1
                 self.discard([victim])
                 evicted.append(victim)
                 live -= 1
@@ -248,11 +246,7 @@ class SessionTable:
             # Only sessions that missed their turn make way, as for a new session: a batch of
             # one-offs would otherwise evict the sessions the batch before fed (one-offs left
             # without a slot wait for one; sessions hold at most half of them).
-            while live + one_offs > self.slots and next_idle < len(idle):
-                victim = idle[next_idle]
-                if victim.fed_at > missed:
-                    break
-                next_idle += 1
+            while live + one_offs > self.slots and (victim := next(idle, None)) is not None:
                 self.discard([victim])
                 evicted.append(victim)
                 live -= 1
