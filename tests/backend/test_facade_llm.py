@@ -361,6 +361,48 @@ def test_async_lm_base_class_samples_with_cores_sampler():
     core.close()
 
 
+class RowsAs(RowsOf):
+    """A subclass whose rows come in another form: a bf16 model's own dtype, or a
+    ``(1, V)`` batch of one (0.3.1's sampler took both)."""
+
+    def __init__(self, core_lm, form):
+        super().__init__(core_lm)
+        self.form = form
+
+    async def next_token_logprobs(self, token_ids):
+        return self.form(await super().next_token_logprobs(token_ids))
+
+    def next_token_logprobs_sync(self, token_ids):
+        return self.form(super().next_token_logprobs_sync(token_ids))
+
+
+@pytest.mark.parametrize(
+    "form",
+    [lambda row: row.to(torch.bfloat16), lambda row: row[None]],
+    ids=["bfloat16", "one-row-batch"],
+)
+def test_the_base_class_samples_rows_of_another_form(form):
+    """bf16 rows (numpy has none) and ``(1, V)`` rows are drawn from, as 0.3.1 did: the
+    same tokens as core's sampler over those rows widened to float64, step by step."""
+    from genlm.core import Vocabulary
+    from genlm.core.mock import MockLM
+
+    core = MockLM(Vocabulary([bytes([i]) for i in range(16)], eos_token_ids=(3,)))
+    lm = RowsAs(core, form)
+    for seed in range(4):
+        drawn = asyncio.run(lm.sample([1, 2], 6, [3], temperature=0.7, seed=seed))
+        rng, context, expected = np.random.default_rng(seed), [1, 2], []
+        for _ in range(6):
+            row = form(torch.from_numpy(mock_logprobs(context, 16).astype(np.float32)))
+            token = sample_token(row.to(torch.float64).numpy().reshape(-1), rng, 0.7)
+            if token == 3:
+                break
+            expected.append(token)
+            context.append(token)
+        assert drawn == expected
+    core.close()
+
+
 class RowsUnder(RowsOf):
     """A user's subclass with adapters, as genlm-backend 0.3.1's base class calls it: the
     rows of the core model under ``lora_name`` (a core variant)."""

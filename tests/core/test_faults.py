@@ -848,6 +848,12 @@ class TestSamplingArguments:
         with pytest.raises(ValueError, match=says):
             sample_token(np.array(row), np.random.default_rng(0), temperature)
 
+    def test_sample_token_refuses_anything_but_one_row(self):
+        """A batch of rows is not read as one long row (argmax over the flattened array
+        then indexed the 2-D one: an IndexError, or a wrong row's score)."""
+        with pytest.raises(ValueError, match=r"shape \(2, 4\): one row"):
+            sample_token(np.log(np.full((2, 4), 0.25)), np.random.default_rng(0))
+
     def test_sample_token_draws_follow_the_distribution(self):
         """Seeded Gumbel-max draws match the probabilities (chi-square style bound)."""
         logprobs = np.array([np.log(0.1), np.log(0.6), np.log(0.3), -np.inf])

@@ -154,9 +154,12 @@ def sample_token(logprobs: np.ndarray, rng: np.random.Generator, temperature: fl
     before dividing, so a tiny temperature (``1e-308``) cannot overflow every score to
     ``-inf``: it draws among the most likely tokens, as its limit does. ``temperature``
     must satisfy :func:`check_sampling_args`. A row holding NaN or ``+inf``, or only
-    ``-inf``, raises ``ValueError`` (``np.argmax`` would silently answer token 0).
+    ``-inf``, raises ``ValueError`` (``np.argmax`` would silently answer token 0), as does
+    anything but one row (``np.argmax`` would answer an index into the flattened array).
     """
     scores = np.asarray(logprobs, dtype=np.float64)
+    if scores.ndim != 1:
+        raise ValueError(f"cannot sample from log-probabilities of shape {scores.shape}: one row")
     token = int(np.argmax(scores))  # the first NaN if there is one
     best = scores[token]
     if not np.isfinite(best):

@@ -24,6 +24,7 @@ from collections.abc import Hashable, Iterator, Sequence
 from types import ModuleType
 from typing import Any, Self
 
+import numpy as np
 import torch
 
 from genlm.backend.tokenization import (
@@ -178,7 +179,7 @@ class AsyncLM(ABC):
         out: list[int] = []
         for _ in range(max_tokens):
             logprobs = await self.next_token_logprobs(list(prompt_token_ids) + out, **lora)
-            token = sample_token(logprobs.detach().cpu().numpy(), rng, temperature)
+            token = sample_token(_sampling_row(logprobs), rng, temperature)
             if token in eos:
                 break
             out.append(token)
@@ -200,6 +201,14 @@ class AsyncLM(ABC):
             self.sample(p, max_tokens, eos_token_ids, temperature, seed, **lora)
             for p in prompt_token_ids_list
         )
+
+
+def _sampling_row(logprobs: torch.Tensor) -> np.ndarray:
+    """A row of :meth:`AsyncLM.next_token_logprobs` as the float64 vector ``sample_token``
+    draws from: widened on its device first (numpy has no bfloat16, a bf16 model's own
+    dtype), and a ``(1, V)`` row read as its one row (0.3.1's sampler took both)."""
+    row = logprobs.detach().to(torch.float64).cpu().numpy()
+    return row[0] if row.ndim == 2 and row.shape[0] == 1 else row
 
 
 #: Set while a subclass's own ``next_token_logprobs`` (or its ``_sync`` twin) runs: a batch
