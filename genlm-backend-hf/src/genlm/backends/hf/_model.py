@@ -123,11 +123,12 @@ class HFLM(LoraAdapters, BatchedLM):
         backends = None if sdpa_backends is None else _sdpa_backends(sdpa_backends)
         vocab = _vocabulary(model, tokenizer)
         _check_full_attention(model.config)
-        #: Whether the model's attention depends on how far apart two columns of the KV
-        #: buffer are (see :func:`_attends_by_column`): then only rows that add the same
-        #: number of tokens share a forward, so no padding separates a row's past from its
-        #: new tokens.
-        self._equal_new = _attends_by_column(model.config)
+        #: Whether only rows that add the same number of tokens share a forward, so that
+        #: no padding separates a row's past from its new tokens and no fresh row is
+        #: padded: where the model's attention depends on how far apart two columns of the
+        #: KV buffer are (see :func:`_attends_by_column`), and where a padded query may be
+        #: NaN (float64 without SDPA, see :func:`_pads_to_nan`).
+        self._equal_new = _attends_by_column(model.config) or _pads_to_nan(model)
         kwargs.setdefault("name", getattr(model, "name_or_path", None) or type(model).__name__)
         kwargs.setdefault("max_context_length", _max_positions(model.config))
         super().__init__(vocab, tokenizer, **kwargs)
@@ -665,6 +666,19 @@ def _check_full_attention(config: Any) -> None:
             "the hf backend reuses KV for full-attention layers only; "
             f"this model has {sorted(kinds)}"
         )
+
+
+def _pads_to_nan(model: Any) -> bool:
+    """Whether a padding query with every column masked may come out NaN: in a float64
+    model whose attention is not torch's SDPA. Padding left of a fresh row's first token
+    (no past) sees only padding; attention that takes its softmax in float32 (transformers'
+    eager attention, Bloom's, CodeGen's on 4.57) casts float64's mask minimum to -inf there,
+    and the softmax of a row of -inf is NaN, which the next layer's values carry to every
+    position of the row (NaN times weight 0 is NaN). In float32 and half precision the
+    minimum stays finite, and SDPA computes in the model's dtype: such a query attends to
+    padding whose result nobody reads."""
+    attention = getattr(model.config, "_attn_implementation", None)
+    return getattr(model, "dtype", None) == torch.float64 and attention != "sdpa"
 
 
 def _attends_by_column(config: Any) -> bool:
