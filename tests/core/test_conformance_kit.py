@@ -18,13 +18,15 @@ import pytest
 
 BACKENDS = textwrap.dedent(
     '''
+    import asyncio
+    import threading
     import time
 
     import numpy as np
     import pytest
     from scipy.special import logsumexp
 
-    from genlm.core import Vocabulary
+    from genlm.core import ModelClosedError, Vocabulary
     from genlm.core.backend import BatchedLM
     from genlm.core.mock import MockLM, mock_logprobs
     from genlm.core.testing import AsyncLMConformance
@@ -234,6 +236,79 @@ BACKENDS = textwrap.dedent(
             return await super().sample(prompt, max_tokens, eos, temperature, seed)
 
 
+    class CloseHangs(Correct):
+        """Its release waits for a signal that never comes (a minute, then gives up)."""
+
+        def _close_backend(self):
+            threading.Event().wait(60)
+
+
+    class ServesOnceClosed(Correct):
+        """Its close does nothing: a closed model still computes rows and samples."""
+
+        def close(self):
+            pass
+
+        async def aclose(self):
+            pass
+
+
+    class WaitsOnceClosed(Correct):
+        """A request failed by the close waits for a reopening that never comes, and so
+        does a request made on the closed model."""
+
+        async def next_token_logprobs(self, token_ids, **options):
+            try:
+                return await super().next_token_logprobs(token_ids, **options)
+            except ModelClosedError:
+                await asyncio.Event().wait()
+
+
+    class LeavesQueuedRequestsPending(WaitsOnceClosed):
+        """Refuses a request made on the closed model, but a request still queued when
+        it closed waits for a reopening that never comes."""
+
+        def __init__(self, **options):
+            super().__init__(**options)
+            self.closing = False
+
+        async def next_token_logprobs(self, token_ids, **options):
+            if self.closing:
+                raise ModelClosedError("closed")
+            return await super().next_token_logprobs(token_ids, **options)
+
+        def close(self):
+            self.closing = True
+            super().close()
+
+        async def aclose(self):
+            self.closing = True
+            await super().aclose()
+
+
+    class FreesWeightsFirst(Correct):
+        """Its close frees the weights at once, under the batch still running (each takes
+        50 ms), which then computes uniform rows (normalized: core cannot tell)."""
+
+        def __init__(self, **options):
+            super().__init__(**options)
+            self.weights = True
+
+        def _logprobs_batch(self, contexts, variant):
+            time.sleep(0.05)
+            if self.weights:
+                return super()._logprobs_batch(contexts, variant)
+            return np.full((len(contexts), V), -np.log(V), dtype=np.float32)
+
+        def close(self):
+            self.weights = False
+            super().close()
+
+        async def aclose(self):
+            self.weights = False
+            await super().aclose()
+
+
     def shifted_vocabulary(**options):
         """stories260K's mock with its tokenizer, every token's bytes moved to the next id."""
         lm = MockLM.from_name("stories260K")
@@ -260,14 +335,36 @@ BACKENDS = textwrap.dedent(
         return Kit
 
 
-    TestCorrect = kit(Correct)
-    TestCorrectUncached = kit(Correct, cache_bytes=0)
+    def closing_kit(backend, atol=1e-4, only=False, timeout=60.0, **options):
+        """``kit`` with the close checks, each on a new model, failed as hung after
+        ``timeout`` seconds; ``only``: the other checks skip (a backend broken at close)."""
+
+        class Kit(kit(backend, atol, **options)):
+            close_timeout_s = timeout
+
+            @pytest.fixture(scope="class")
+            @classmethod
+            def make_lm(cls):
+                return lambda: backend(**options)
+
+            if only:
+
+                @pytest.fixture(scope="class")
+                @classmethod
+                def lm(cls):
+                    pytest.skip("a backend broken at close: the close checks alone")
+
+        return Kit
+
+
+    TestCorrect = closing_kit(Correct)
+    TestCorrectUncached = closing_kit(Correct, cache_bytes=0)
     TestShortLimit = kit(Correct, max_context_length=6)
     TestLongContextsCut = kit(Correct, max_context_length=20)
-    TestLimitOne = kit(Correct, max_context_length=1)
-    TestLimitOneThreeTokens = kit(MockLM, vocab=[b"a", b"b", b"c"], max_context_length=1)
-    TestSmallBatches = kit(Correct, max_batch_size=5)
-    TestNoisyUncached = kit(Noisy, atol=1e-3, cache_bytes=0)
+    TestLimitOne = closing_kit(Correct, max_context_length=1)
+    TestLimitOneThreeTokens = closing_kit(MockLM, vocab=[b"a", b"b", b"c"], max_context_length=1)
+    TestSmallBatches = closing_kit(Correct, max_batch_size=5)
+    TestNoisyUncached = closing_kit(Noisy, atol=1e-3, cache_bytes=0)
     TestNoisyTinyCache = kit(Noisy, atol=1e-3, cache_bytes=1000)  # a row is 2 KiB
     TestSortsByLength = kit(SortsByLength)
     TestStalePrefixState = kit(StalePrefixState)
@@ -286,6 +383,13 @@ BACKENDS = textwrap.dedent(
     TestSyncOnCallersThread = kit(SyncOnCallersThread)
     TestComputesOnTheLoop = kit(ComputesOnTheLoop)
     TestDropsARow = kit(DropsARow)
+    TestCloseHangs = closing_kit(CloseHangs, only=True, timeout=0.5)
+    TestServesOnceClosed = closing_kit(ServesOnceClosed, only=True, timeout=1.0)
+    TestWaitsOnceClosed = closing_kit(WaitsOnceClosed, only=True, timeout=1.0)
+    TestLeavesQueuedRequestsPending = closing_kit(
+        LeavesQueuedRequestsPending, only=True, timeout=1.0
+    )
+    TestFreesWeightsFirst = closing_kit(FreesWeightsFirst, only=True, timeout=1.0)
     '''
 )
 
@@ -297,7 +401,7 @@ def kit_output(tmp_path_factory) -> str:
     (folder / "test_backends.py").write_text(BACKENDS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-c", os.devnull]
+        [sys.executable, "-m", "pytest", "-q", "-rfEsp", "-p", "no:cacheprovider", "-c", os.devnull]
         + ["--rootdir", str(folder), str(folder / "test_backends.py")],
         capture_output=True,
         text=True,
@@ -360,6 +464,101 @@ def test_broken_backends_fail(failed_checks, cls, check):
     assert check in failed_checks.get(cls, set())
 
 
+#: The kit's close checks, by the names of their tests.
+CLOSE_CHECKS = {
+    "test_close_is_idempotent_and_refuses_later_calls",
+    "test_aclose_with_requests_in_flight_resolves_each",
+    "test_close_from_other_threads_with_requests_in_flight",
+}
+
+
+@pytest.mark.parametrize(
+    "cls",
+    ["TestCorrect", "TestCorrectUncached", "TestLimitOne", "TestLimitOneThreeTokens"]
+    + ["TestSmallBatches", "TestNoisyUncached"],
+)
+def test_correct_backends_pass_the_close_checks(kit_output, failed_checks, cls):
+    """A correct backend given a ``make_lm`` runs the close checks and passes them: with
+    or without the output cache, a context limit of 1 (one or three distinct contexts),
+    batches of at most 5, kernels that vary within ``atol``."""
+    assert not CLOSE_CHECKS & failed_checks.get(cls, set())
+    passed = set(re.findall(rf"^PASSED \S+::{cls}::(\w+)", kit_output, re.MULTILINE))
+    assert CLOSE_CHECKS <= passed
+
+
+def test_close_checks_skip_without_make_lm(kit_output):
+    """A kit subclass that overrides ``lm`` alone (every plugin's before the close checks)
+    runs as before: each of its close checks skips, saying how to run them."""
+    without = len(re.findall(r"^Test\w+ = kit\(", BACKENDS, re.MULTILINE))
+    reason = r"^SKIPPED \[(\d+)\] .*: the close checks need a new model each: override the"
+    counts = re.findall(reason, kit_output, re.MULTILINE)
+    assert sum(map(int, counts)) == len(CLOSE_CHECKS) * without
+
+
+@pytest.mark.parametrize(
+    ("cls", "check", "says"),
+    [
+        (
+            "TestCloseHangs",
+            "test_close_is_idempotent_and_refuses_later_calls",
+            "close() did not finish within 0.5 s",
+        ),
+        (
+            "TestCloseHangs",
+            "test_aclose_with_requests_in_flight_resolves_each",
+            "(it was at: aclose(), on leaving `async with lm`)",
+        ),
+        (
+            "TestCloseHangs",
+            "test_close_from_other_threads_with_requests_in_flight",
+            "close() from another thread, in flight did not finish within 0.5 s",
+        ),
+        (
+            "TestServesOnceClosed",
+            "test_close_is_idempotent_and_refuses_later_calls",
+            "next_token_logprobs on the closed model gave an array of shape (512,), "
+            "not ModelClosedError",
+        ),
+        (
+            "TestWaitsOnceClosed",
+            "test_close_is_idempotent_and_refuses_later_calls",
+            "next_token_logprobs on the closed model did not finish within 1 s",
+        ),
+        (
+            "TestLeavesQueuedRequestsPending",
+            "test_aclose_with_requests_in_flight_resolves_each",
+            "requests made before the close were still pending 1 s after it",
+        ),
+        (
+            "TestFreesWeightsFirst",
+            "test_aclose_with_requests_in_flight_resolves_each",
+            "made first gave rows unlike those computed before the close",
+        ),
+    ],
+)
+def test_backends_broken_at_close_fail_saying_how(kit_output, failed_checks, cls, check, says):
+    """A close that hangs, or does nothing, calls on a closed model that hang, requests
+    queued at the close left pending, and a batch in flight at the close computed from
+    freed weights each fail the close check aimed at them, whose report names the bug."""
+    assert check in failed_checks.get(cls, set())
+    assert says in _report(kit_output, cls, check)
+
+
+def test_a_close_check_can_fail_alone(failed_checks):
+    """A backend that leaves the requests queued at its close pending, but refuses calls
+    once closed, passes the check of a plain close and fails the one of a close with
+    requests in flight."""
+    failed = failed_checks["TestLeavesQueuedRequestsPending"]
+    assert "test_aclose_with_requests_in_flight_resolves_each" in failed
+    assert "test_close_is_idempotent_and_refuses_later_calls" not in failed
+
+
+def _report(kit_output: str, cls: str, check: str) -> str:
+    """What the child pytest reported of ``cls``'s failed ``check``."""
+    sections = re.split(r"^_+ (\S+) _+$", kit_output, flags=re.MULTILINE)
+    return dict(zip(sections[1::2], sections[2::2]))[f"{cls}.{check}"]
+
+
 @pytest.mark.parametrize(
     ("cls", "check"),
     [
@@ -397,6 +596,4 @@ def test_failures_say_what_went_wrong(kit_output, cls, check, says):
     """A failing check's report names the bug: a model that computes on the event loop,
     a good request failed beside a bad one (not a TypeError comparing an exception with
     rows), a long context computed after which others."""
-    sections = re.split(r"^_{3,} (\S+) _{3,}$", kit_output, flags=re.MULTILINE)
-    reports = dict(zip(sections[1::2], sections[2::2]))
-    assert says in reports[f"{cls}.{check}"]
+    assert says in _report(kit_output, cls, check)

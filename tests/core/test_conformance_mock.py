@@ -25,3 +25,9 @@ class TestMockConformance(AsyncLMConformance):
         model = request.param()
         yield model
         model.close()
+
+    @pytest.fixture(scope="class", params=list(MOCKS.values()), ids=list(MOCKS))
+    @classmethod
+    def make_lm(cls, request):
+        """Each mock, made anew for each close check."""
+        return request.param

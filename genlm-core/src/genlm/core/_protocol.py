@@ -14,26 +14,27 @@ from genlm.core._vocab import Vocabulary
 class AsyncLM(Protocol):
     """A token-level language model answering "log-probabilities of every next token".
 
-    Rows are numpy ``float32`` arrays of shape ``(len(vocab),)``, one entry per token id,
-    normalized (``logsumexp == 0`` up to float32 rounding: byte-level models built on top
-    rely on it). They may be read-only, shared with a cache: copy before modifying.
+        Rows are numpy ``float32`` arrays of shape ``(len(vocab),)``, one entry per token id,
+        normalized (``logsumexp == 0`` up to float32 rounding: byte-level models built on top
+        rely on it). They may be read-only, shared with a cache: copy before modifying.
 
-    A context is a non-empty sequence of token ids, ints in ``range(len(vocab))``; raw
-    text, an empty context or an id out of range raises ``InvalidContextError`` (a
-    ``ValueError``) before anything is computed, and a batch call computes nothing if one
-    of its contexts is bad. After ``aclose`` every call raises ``ModelClosedError``.
+        A context is a non-empty sequence of token ids, ints in ``range(len(vocab))``; raw
+        text, an empty context or an id out of range raises ``InvalidContextError`` (a
+        ``ValueError``) before anything is computed, and a batch call computes nothing if one
+        of its contexts is bad. After ``aclose`` every request raises ``ModelClosedError`` (and
+    ``clear_cache`` does nothing).
 
-    Every GenLM backend (a :class:`~genlm.core.backend.BatchedLM`) satisfies this protocol, and
-    ``isinstance(lm, AsyncLM)`` checks it at run time. Concurrent calls are batched:
-    awaiting many requests at once is the fast path, never a hazard. Each ``_sync`` method
-    is the blocking twin of its async namesake, for code without an event loop.
+        Every GenLM backend (a :class:`~genlm.core.backend.BatchedLM`) satisfies this protocol, and
+        ``isinstance(lm, AsyncLM)`` checks it at run time. Concurrent calls are batched:
+        awaiting many requests at once is the fast path, never a hazard. Each ``_sync`` method
+        is the blocking twin of its async namesake, for code without an event loop.
 
-    The four log-probability methods also take two keywords (:class:`BatchedLM` has them):
-    ``variant=`` selects what besides the context changes the distribution for this request
-    only (hf: a LoRA adapter name, None for the base model; by default the model's current
-    one), and ``output="torch"`` returns float32 torch tensors on the device the backend
-    computed them on instead of numpy arrays. ``sample`` and ``batch_sample`` take
-    ``variant=`` too: the variant of every step.
+        The four log-probability methods also take two keywords (:class:`BatchedLM` has them):
+        ``variant=`` selects what besides the context changes the distribution for this request
+        only (hf: a LoRA adapter name, None for the base model; by default the model's current
+        one), and ``output="torch"`` returns float32 torch tensors on the device the backend
+        computed them on instead of numpy arrays. ``sample`` and ``batch_sample`` take
+        ``variant=`` too: the variant of every step.
     """
 
     @property
@@ -92,10 +93,13 @@ class AsyncLM(Protocol):
         """:meth:`sample` for several prompts, their steps batched; one seed for all."""
 
     def clear_cache(self) -> None:
-        """Forget every cached result and backend state (KV); results are unchanged."""
+        """Forget every cached result and backend state (KV); results are unchanged. On a
+        closed model, nothing (closing released it all)."""
 
     async def aclose(self) -> None:
-        """Release the model; queued requests fail with ``ModelClosedError``. Idempotent."""
+        """Release the model; queued requests fail with ``ModelClosedError`` (those the
+        backend already computes may still get their results), none is left pending.
+        Idempotent."""
 
     async def __aenter__(self) -> AsyncLM: ...
 

@@ -15,6 +15,26 @@ class-scoped fixtures defined as instance methods)::
             yield model
             model.close()
 
+        @pytest.fixture(scope="class")
+        @classmethod
+        def make_lm(cls):
+            return lambda: MyLM.from_name("stories260K")
+
+The close checks need a model each, since a closed model serves nothing more: they skip
+unless the subclass also overrides ``make_lm``, a class-scoped fixture returning a callable
+that makes a new model (opt-in, so a subclass written before them runs as it did). Each
+check makes one, closes it and leaves it closed before the next makes another, so an engine
+that allows one instance at a time (vLLM's in-process engine) serves too, as long as the
+``lm`` fixture's model is not open meanwhile: run the close checks in a process of their
+own, with ``lm`` overridden to skip, as genlm's vllm tests do. They check that ``close()``
+(where the model has one) and ``aclose()`` (``async with``) finish, more than once and from
+two threads at once; that closing while requests are in flight, some with the backend, some
+queued, some sync calls on other threads, ends each of them with its result or
+``ModelClosedError``, none left pending; and that every request method of a closed model
+raises ``ModelClosedError`` while ``clear_cache()`` does nothing. Each step runs on a thread
+of its own and fails its check as hung after :attr:`AsyncLMConformance.close_timeout_s`
+seconds (60), so no close check can hang the test run.
+
 Every check runs its coroutines with ``asyncio.run``, one event loop per check, so the
 suite also proves the model survives successive event loops. Tolerances are class
 attributes, so a backend with batch-dependent kernels can loosen ``atol`` explicitly.
@@ -37,20 +57,43 @@ beside its worker, races).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import threading
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import TypeVar
 
 import numpy as np
 import pytest
 from scipy.special import logsumexp
 from scipy.stats import binom
 
-from genlm.core._errors import InvalidContextError
+from genlm.core._close_checks import (
+    InFlight,
+    InThread,
+    aclose_call,
+    assert_resolved,
+    describe_outcome,
+    has_close,
+    make_requests,
+    outcome_of,
+    rows_problem,
+    settle,
+    sync_on_a_thread,
+    tokens_problem,
+)
+from genlm.core._errors import InvalidContextError, ModelClosedError
 from genlm.core._protocol import AsyncLM
 from genlm.core.cli import encode_text
 
 __all__ = ["AsyncLMConformance"]
+
+#: The seed of the close checks' contexts and of their seeded sample.
+_CLOSE_SEED = 97531
+
+T = TypeVar("T")
 
 
 class AsyncLMConformance:
@@ -71,12 +114,29 @@ class AsyncLMConformance:
     #: more than two of a paged KV cache's 16-token blocks (vLLM's default size), so that
     #: it resumes from a cached prefix of whole blocks.
     long_context: int = 40
+    #: Seconds each step of a close check (a close, a call on the closed model, the
+    #: requests in flight at a close) may take before the check fails it as hung; raise it
+    #: for an engine whose batches or release take longer.
+    close_timeout_s: float = 60.0
 
     @pytest.fixture(scope="class")
     @classmethod
     def lm(cls) -> AsyncLM:
         """The model under test (override this)."""
         pytest.fail("override the `lm` fixture in your AsyncLMConformance subclass")
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def make_lm(cls) -> Callable[[], AsyncLM]:
+        """Makes the close checks' models (override this to run them; they skip
+        otherwise): a callable without arguments that returns a new open model, as ``lm``
+        would be. Each close check makes one and closes it before the next is made, so an
+        engine that allows one instance at a time (vLLM's in-process engine) serves too,
+        provided ``lm``'s is not open meanwhile."""
+        pytest.skip(
+            "the close checks need a new model each: override the `make_lm` fixture to "
+            "run them (see genlm.core.testing)"
+        )
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -111,19 +171,13 @@ class AsyncLMConformance:
         batcher = getattr(lm, "batcher", None)  # a BatchedLM's scheduler
         size = min(cls.large_batch, getattr(batcher, "max_batch_size", cls.large_batch))
         wanted = size + 3
-        rng = np.random.default_rng(4321)
-        start, room = _start_and_room(lm, 8)
-        text_ids = np.asarray(lm.vocab.text_ids)
-        out: dict[tuple[int, ...], None] = {}  # distinct, in the order drawn
-        for _ in range(20 * wanted):  # a model with room for enough contexts has them drawn
-            length = int(rng.integers(1, room + 1))
-            out[tuple(start + [int(t) for t in rng.choice(text_ids, size=length)])] = None
-            if len(out) == wanted:
-                return [list(c) for c in out]
-        pytest.skip(
-            f"found {len(out)} distinct contexts within the model's max_context_length, "
-            f"not the {wanted} a large batch needs"
-        )
+        out = _distinct_contexts(lm, wanted, seed=4321)
+        if len(out) < wanted:
+            pytest.skip(
+                f"found {len(out)} distinct contexts within the model's max_context_length, "
+                f"not the {wanted} a large batch needs"
+            )
+        return out
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -602,6 +656,191 @@ class AsyncLMConformance:
         for context, row in zip(contexts[1:] + [contexts[0]], results):
             np.testing.assert_allclose(row, lm.next_token_logprobs_sync(context), atol=self.atol)
 
+    # ---- closing ---------------------------------------------------------------------
+
+    def test_close_is_idempotent_and_refuses_later_calls(self, make_lm):
+        """``close()`` (where the model has one) and ``aclose()`` finish, twice each, and
+        then every request method raises ModelClosedError while ``clear_cache()`` does
+        nothing; a step that takes :attr:`close_timeout_s` fails the check as hung."""
+        lm = make_lm()
+        with self._closing(lm):
+            context = _distinct_contexts(lm, 1, seed=_CLOSE_SEED)[0]
+            self._within("a row before the close", partial(lm.next_token_logprobs_sync, context))
+            closes = [("close()", lm.close), ("close() again", lm.close)] if has_close(lm) else []
+            closes += [("aclose()", aclose_call(lm)), ("aclose() again", aclose_call(lm))]
+            for what, close in closes:
+                self._within(what, close)
+            self._assert_refuses(lm)
+
+    def test_aclose_with_requests_in_flight_resolves_each(self, make_lm):
+        """Leaving ``async with lm`` (``aclose()``) while requests are in flight, some with
+        the backend, some still queued and some sync calls on other threads (rows, batches,
+        a seeded and an unseeded ``sample``), finishes, and each request then ends with its
+        result (the rows and seeded tokens computed before, within ``atol``) or
+        ModelClosedError, none left pending; ``aclose()`` again returns, and every call
+        raises ModelClosedError."""
+        lm = make_lm()
+        with self._closing(lm):
+            requests = self._requests_to_close_on(lm)
+            stage = ["making the requests"]
+
+            async def scenario() -> tuple[dict[str, object], list[str]]:
+                async with lm:
+                    tasks = await make_requests(requests)
+                    stage.append("aclose(), on leaving `async with lm`")
+                stage.append("the requests made before the close, after it")
+                return await settle(tasks, self.close_timeout_s)
+
+            outcomes, pending = self._within(
+                "`async with lm` with requests in flight",
+                lambda: asyncio.run(scenario()),
+                stage=stage,
+                steps=3,
+            )
+            assert_resolved(requests, outcomes, pending, self.close_timeout_s)
+            self._within("aclose() again", aclose_call(lm))
+            self._assert_refuses(lm)
+
+    def test_close_from_other_threads_with_requests_in_flight(self, make_lm):
+        """``close()`` from two other threads at once, while the requests of the previous
+        check are in flight on an event loop, returns in both; each request then ends with
+        its result or ModelClosedError, none left pending, and every call raises
+        ModelClosedError."""
+        lm = make_lm()
+        with self._closing(lm):
+            if not has_close(lm):
+                pytest.skip("the model has no sync close() (the protocol's is aclose())")
+            requests = self._requests_to_close_on(lm)
+            made = threading.Event()
+
+            async def on_loop() -> tuple[dict[str, object], list[str]]:
+                tasks = await make_requests(requests)
+                made.set()
+                return await settle(tasks, 2 * self.close_timeout_s)  # the close, then they
+
+            loop = InThread(lambda: asyncio.run(on_loop()))
+            if not made.wait(self.close_timeout_s):
+                loop.result(0, "making the requests")  # raises what stopped it, or fails
+            closers = [InThread(lm.close) for _ in range(2)]
+            for closer in closers:
+                closer.result(self.close_timeout_s, "close() from another thread, in flight")
+            outcomes, pending = loop.result(
+                3 * self.close_timeout_s, "the requests on the event loop, after close()"
+            )
+            assert_resolved(requests, outcomes, pending, 2 * self.close_timeout_s)
+            self._within("close() again", lm.close)
+            self._assert_refuses(lm)
+
+    def _requests_to_close_on(self, lm: AsyncLM) -> list[InFlight]:
+        """The requests a close check makes before it closes ``lm``, with the results each
+        may end with, computed first (then the cache is cleared, so that none is a hit).
+        Made first (wave 0): a row for each of 4 contexts (fewer where the context limit
+        leaves fewer than 8), a seeded and an unseeded
+        ``sample`` of 8 tokens (fewer where ``max_context_length`` stops them), and the
+        4 rows by ``batch_next_token_logprobs_sync`` on another thread; made last (wave 1):
+        a row for each of 4 more contexts, a batch of them, and one of them by
+        ``next_token_logprobs_sync`` on another thread."""
+        contexts = _distinct_contexts(lm, 8, seed=_CLOSE_SEED)
+        prompt = min(contexts, key=len)
+        count = self._room(lm, prompt, 8)
+        reference = np.array(
+            self._within(
+                "the rows before the close", lambda: lm.batch_next_token_logprobs_sync(contexts)
+            )
+        )
+        drawn = self._within(
+            "a seeded sample before the close",
+            lambda: asyncio.run(lm.sample(prompt, count, [], seed=_CLOSE_SEED)),
+        )
+        self._within("clear_cache() before the close", lm.clear_cache)
+        row_of = {tuple(c): row for c, row in zip(contexts, reference)}
+        first = contexts[0::2]
+        last = contexts[1::2] or first  # a context limit that leaves one context
+
+        def rows(wave: int, name: str, call: Callable, arg: list, where: str = "") -> InFlight:
+            """``call(arg)``, a row request (``arg`` a context) or a batch (contexts)."""
+            several = isinstance(arg[0], list)
+            expected = np.stack([row_of[tuple(c)] for c in arg]) if several else row_of[tuple(arg)]
+            return InFlight(
+                f"{name}({arg}){where}, made {('first', 'last')[wave]}",
+                wave,
+                partial(call, arg),
+                partial(rows_problem, expected, self.atol),
+            )
+
+        single, batch = lm.next_token_logprobs, lm.batch_next_token_logprobs
+        vocab_size = len(lm.vocab)
+        return [
+            *(rows(0, "next_token_logprobs", single, c) for c in first),
+            InFlight(
+                f"sample({prompt}, {count}, seed={_CLOSE_SEED})",
+                0,
+                partial(lm.sample, prompt, count, [], seed=_CLOSE_SEED),
+                partial(tokens_problem, drawn, count, vocab_size),
+            ),
+            InFlight(
+                f"sample({prompt}, {count}), unseeded",
+                0,
+                partial(lm.sample, prompt, count, []),
+                partial(tokens_problem, None, count, vocab_size),
+            ),
+            rows(
+                0,
+                "batch_next_token_logprobs_sync",
+                sync_on_a_thread(lm.batch_next_token_logprobs_sync),
+                first,
+                " on another thread",
+            ),
+            *(rows(1, "next_token_logprobs", single, c) for c in last),
+            rows(1, "batch_next_token_logprobs", batch, last),
+            rows(
+                1,
+                "next_token_logprobs_sync",
+                sync_on_a_thread(lm.next_token_logprobs_sync),
+                last[0],
+                " on another thread",
+            ),
+        ]
+
+    def _assert_refuses(self, lm: AsyncLM) -> None:
+        """Every request method of the closed ``lm``, async, sync and batch, raises
+        ModelClosedError (within :attr:`close_timeout_s`), and ``clear_cache()`` returns."""
+        context = _distinct_contexts(lm, 1, seed=_CLOSE_SEED)[0]
+        calls = {
+            "next_token_logprobs": lambda: asyncio.run(lm.next_token_logprobs(context)),
+            "batch_next_token_logprobs": lambda: asyncio.run(
+                lm.batch_next_token_logprobs([context])
+            ),
+            "sample": lambda: asyncio.run(lm.sample(context, 1, [])),
+            "batch_sample": lambda: asyncio.run(lm.batch_sample([context], 1, [])),
+            "next_token_logprobs_sync": lambda: lm.next_token_logprobs_sync(context),
+            "batch_next_token_logprobs_sync": lambda: lm.batch_next_token_logprobs_sync([context]),
+        }
+        for name, call in calls.items():
+            outcome = self._within(f"{name} on the closed model", partial(outcome_of, call))
+            assert isinstance(outcome, ModelClosedError), (
+                f"{name} on the closed model gave {describe_outcome(outcome)}, not ModelClosedError"
+            )
+        self._within("clear_cache() on the closed model", lm.clear_cache)
+
+    def _within(
+        self, what: str, call: Callable[[], T], *, stage: list[str] | None = None, steps: int = 1
+    ) -> T:
+        """``call()``, on another thread, whose result or exception it returns or raises;
+        fails the check, naming ``what`` (and the last of ``stage``), where it takes
+        ``steps`` times :attr:`close_timeout_s`."""
+        return InThread(call).result(steps * self.close_timeout_s, what, stage)
+
+    @contextlib.contextmanager
+    def _closing(self, lm: AsyncLM) -> Iterator[None]:
+        """Closes ``lm`` after the check's body, however it ended, so that the next check
+        can make its model (waiting :attr:`close_timeout_s` at most: a close that hangs is
+        left to its thread; what it raises, the check has seen)."""
+        try:
+            yield
+        finally:
+            InThread(lm.close if has_close(lm) else aclose_call(lm)).wait(self.close_timeout_s)
+
 
 def _limit(lm: AsyncLM) -> int | None:
     """The model's ``max_context_length``, or None where it has none."""
@@ -625,6 +864,22 @@ def _after(before: list[list[int]], context: list[int]) -> str:
         f"{len(c)} tokens ({len(os.path.commonprefix([c, context]))} shared)" for c in before
     )
     return f"the {len(context)}-token context {context}, computed after: {history or 'none'}"
+
+
+def _distinct_contexts(lm: AsyncLM, wanted: int, seed: int) -> list[list[int]]:
+    """``wanted`` distinct valid contexts, or fewer where ``max_context_length`` and the
+    vocabulary leave fewer: random bodies of 1 to 8 tokens after the BOS token as in
+    ``contexts``, in the order drawn."""
+    rng = np.random.default_rng(seed)
+    start, room = _start_and_room(lm, 8)
+    text_ids = np.asarray(lm.vocab.text_ids)
+    out: dict[tuple[int, ...], None] = {}  # distinct, in the order drawn
+    for _ in range(20 * wanted):  # a model with room for enough contexts has them drawn
+        length = int(rng.integers(1, room + 1))
+        out[tuple(start + [int(t) for t in rng.choice(text_ids, size=length)])] = None
+        if len(out) == wanted:
+            break
+    return [list(c) for c in out]
 
 
 def _start_and_room(lm: AsyncLM, longest: int) -> tuple[list[int], int]:
