@@ -21,3 +21,9 @@ class TestHFConformance(AsyncLMConformance):
         model = HFLM.from_name("stories260K", **request.param)
         yield model
         model.close()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def make_lm(cls):
+        """stories260K with the default options, loaded anew for each close check."""
+        return lambda: HFLM.from_name("stories260K")

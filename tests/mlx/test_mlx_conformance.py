@@ -17,3 +17,11 @@ class TestMLXConformance(AsyncLMConformance):
         model = load_model_by_name("stories260K", backend="mlx")
         yield model
         model.close()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def make_lm(cls):
+        """stories260K, loaded anew through the registry for each close check."""
+        from genlm.core import load_model_by_name
+
+        return lambda: load_model_by_name("stories260K", backend="mlx")
