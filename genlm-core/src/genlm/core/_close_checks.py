@@ -121,7 +121,7 @@ def sync_on_a_thread(method: Callable[..., T]) -> Callable[..., Awaitable[T]]:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[T] = loop.create_future()
 
-        def settle(result: object, exc: BaseException | None) -> None:
+        def resolve(result: object, exc: BaseException | None) -> None:
             if done.done():
                 return
             if exc is not None:
@@ -133,7 +133,7 @@ def sync_on_a_thread(method: Callable[..., T]) -> Callable[..., Awaitable[T]]:
             outcome = outcome_of(partial(method, *args))
             exc = outcome if isinstance(outcome, Exception) else None
             with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
-                loop.call_soon_threadsafe(settle, outcome, exc)
+                loop.call_soon_threadsafe(resolve, outcome, exc)
 
         threading.Thread(target=run, name="genlm-kit-sync-call", daemon=True).start()
         return await done

@@ -714,13 +714,15 @@ class AsyncLMConformance:
             made = threading.Event()
 
             async def on_loop() -> tuple[dict[str, object], list[str]]:
-                tasks = await make_requests(requests)
-                made.set()
+                try:
+                    tasks = await make_requests(requests)
+                finally:  # made, or failed: loop.result raises why
+                    made.set()
                 return await settle(tasks, 2 * self.close_timeout_s)  # the close, then they
 
             loop = InThread(lambda: asyncio.run(on_loop()))
             if not made.wait(self.close_timeout_s):
-                loop.result(0, "making the requests")  # raises what stopped it, or fails
+                pytest.fail(f"making the requests did not finish within {self.close_timeout_s:g} s")
             closers = [InThread(lm.close) for _ in range(2)]
             for closer in closers:
                 closer.result(self.close_timeout_s, "close() from another thread, in flight")
