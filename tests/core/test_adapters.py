@@ -133,3 +133,72 @@ def test_an_adapter_whose_value_is_none_is_removed_like_any_other():
             lm.set_lora(None)
     finally:
         lm.close()
+
+
+def test_replace_keeps_the_old_adapter_until_the_new_one_has_loaded():
+    """``add_lora(..., replace=True)`` over a loaded name: a load that fails leaves the
+    old adapter loaded, active and serving (nothing released); one that loads takes the
+    name (still active, now the last loaded), a request queued before the swap and the
+    cached rows follow the new adapter, and the old one is released once."""
+    lm = RolledLM(VOCAB)  # output cache on: a stale row would be served from it
+    try:
+        lm.add_lora(2, "x")
+        lm.add_lora(3, "y")
+        lm.set_lora("x")
+        np.testing.assert_allclose(lm.next_token_logprobs_sync(CONTEXT), rolled(CONTEXT, 2))
+        with pytest.raises(FileNotFoundError, match="no adapter at 'nowhere'"):
+            lm.add_lora("nowhere", "x", replace=True)
+        assert lm.loaded_loras == ("x", "y") and lm.active_lora == "x" and lm.released == []
+        np.testing.assert_allclose(lm.next_token_logprobs_sync(CONTEXT), rolled(CONTEXT, 2))
+
+        async def replaced_while_queued():
+            queued = asyncio.ensure_future(lm.next_token_logprobs([4, 5]))
+            await asyncio.sleep(0)  # queued under "x"; its batch's flush not yet run
+            lm.add_lora(7, "x", replace=True)
+            return await queued
+
+        np.testing.assert_allclose(asyncio.run(replaced_while_queued()), rolled([4, 5], 7))
+        assert lm.loaded_loras == ("y", "x") and lm.active_lora == "x"
+        assert lm.released == [("x", 2)]
+        np.testing.assert_allclose(lm.next_token_logprobs_sync(CONTEXT), rolled(CONTEXT, 7))
+        lm.add_lora(1, "z", replace=True)  # nothing to replace: an ordinary load
+        assert lm.loaded_loras == ("y", "x", "z") and lm.released == [("x", 2)]
+    finally:
+        lm.close()
+
+
+class FailingCloseLM(RolledLM):
+    """A RolledLM whose backend release fails."""
+
+    def _close_backend(self) -> None:
+        raise RuntimeError("release failed")
+
+
+@pytest.mark.parametrize("model", [RolledLM, FailingCloseLM])
+def test_close_forgets_the_adapters_and_adapter_calls_then_raise(model):
+    """A closed model serves no adapter: none is listed or active (they were, and
+    set_lora/clear_lora still changed the active one), also when the backend's release
+    failed, and the adapter calls raise ModelClosedError, as every call does."""
+    from genlm.core import ModelClosedError
+
+    lm = model(VOCAB)
+    lm.add_lora(2, "x")
+    lm.add_lora(3, "y")
+    lm.set_lora("x")
+    if model is FailingCloseLM:
+        with pytest.raises(RuntimeError, match="release failed"):
+            lm.close()
+    else:
+        lm.close()
+    assert lm.loaded_loras == () and lm.active_lora is None
+    calls = [
+        lambda: lm.set_lora("y"),
+        lm.clear_lora,
+        lambda: lm.remove_lora("x"),
+        lambda: lm.add_lora(5, "z"),
+        lambda: lm.add_lora(5, "x", replace=True),
+    ]
+    for call in calls:
+        with pytest.raises(ModelClosedError, match="is closed"):
+            call()
+    assert lm.loaded_loras == () and lm.released == []

@@ -18,8 +18,12 @@ class RolledLM(LoraAdapters, MockLM):
         super().__init__(vocab)
         self.released: list[tuple[str, int]] = []
 
-    def add_lora(self, shift: int, name: str) -> None:
-        self.adapters.add(name, shift)
+    def _load_adapter(self, shift: int, name: str) -> int:
+        """The adapter "saved at" ``shift`` is the shift itself (``add_lora(shift, name)``);
+        anything but an int is a path with no adapter (its load fails)."""
+        if not isinstance(shift, int):
+            raise FileNotFoundError(f"no adapter at {shift!r}")
+        return shift
 
     def _logprobs_batch(self, contexts, variant):
         rows = super()._logprobs_batch(contexts, None)

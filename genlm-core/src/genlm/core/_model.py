@@ -244,6 +244,13 @@ class BatchedLM(abc.ABC):
     def _close_backend(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Release backend resources (runs on the worker thread, once)."""
 
+    def _close_on_worker(self) -> None:
+        """The worker's last call at close: the backend's :meth:`_close_backend`. A mixin
+        that keeps state for the backend (:class:`~genlm.core.backend.LoraAdapters`, its
+        adapters) extends it to drop that state after the release, so no backend has to
+        remember to."""
+        self._close_backend()
+
     # ---- the AsyncLM protocol ------------------------------------------------------
 
     @property
@@ -621,7 +628,7 @@ class BatchedLM(abc.ABC):
                 self.batcher.reject_new()
                 self._closed = True
                 try:  # the release is the worker's last call: none can follow it
-                    self._release = self.worker.close_after(self._close_backend)
+                    self._release = self.worker.close_after(self._close_on_worker)
                 except ModelClosedError:  # the worker was closed directly: nothing to run on
                     self._release = concurrent.futures.Future()
                     self._release.set_result(None)
