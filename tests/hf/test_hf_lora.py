@@ -333,13 +333,10 @@ def test_close_gives_a_callers_peft_model_back_as_it_came(adapters, reference):
         np.testing.assert_allclose(reference(mine, context), row)
 
 
-def test_a_first_adapter_that_fails_to_load_leaves_the_base_model_as_it_was(
-    tmp_path, base_model, check
-):
-    """An adapter saved for another model (a wider MLP) fails to load as the first one, and
-    the base model's rows are still its plain forward (peft's layers, put in before its
-    weights failed to load, stayed in the model: rows were off by 12-19 nats); a good
-    adapter then loads and serves."""
+@pytest.fixture(scope="module")
+def misfit(tmp_path_factory):
+    """An adapter saved for another model (stories260K with a wider MLP): peft fails to
+    load its weights into stories260K, after putting in their layers."""
     import torch
     import transformers
 
@@ -348,7 +345,22 @@ def test_a_first_adapter_that_fails_to_load_leaves_the_base_model_as_it_was(
     torch.manual_seed(0)
     sibling = transformers.AutoModelForCausalLM.from_config(config)
     lora = peft.LoraConfig(r=4, target_modules=TARGETS, init_lora_weights=False)
-    peft.get_peft_model(sibling, lora).save_pretrained(tmp_path / "other")
+    path = tmp_path_factory.mktemp("misfit")
+    peft.get_peft_model(sibling, lora).save_pretrained(path)
+    return path
+
+
+def test_a_first_adapter_that_fails_to_load_leaves_the_base_model_as_it_was(
+    tmp_path, misfit, base_model, check
+):
+    """An adapter saved for another model (a wider MLP) fails to load as the first one, and
+    the base model's rows are still its plain forward (peft's layers, put in before its
+    weights failed to load, stayed in the model: rows were off by 12-19 nats); a good
+    adapter then loads and serves."""
+    import torch
+    import transformers
+
+    lora = peft.LoraConfig(r=4, target_modules=TARGETS, init_lora_weights=False)
     torch.manual_seed(1)
     good = peft.get_peft_model(load_base(torch, transformers, torch.float32), lora)
     good.save_pretrained(tmp_path / "good")
@@ -356,7 +368,7 @@ def test_a_first_adapter_that_fails_to_load_leaves_the_base_model_as_it_was(
     lm = HFLM(load_base(torch, transformers, torch.float64), tok, cache_bytes=0)
     try:
         with pytest.raises(RuntimeError):
-            lm.add_lora(tmp_path / "other", "other")
+            lm.add_lora(misfit, "other")
         assert lm.loaded_loras == ()
         for context in CONTEXTS:
             check(base_model, context, lm.next_token_logprobs_sync(context))
@@ -375,3 +387,52 @@ def test_a_first_adapter_that_fails_to_load_leaves_the_base_model_as_it_was(
         )
     finally:
         lm.close()
+
+
+def test_replacing_an_adapter_keeps_it_until_the_new_one_has_loaded(
+    lm, adapters, misfit, tmp_path, base_model, check
+):
+    """``add_lora(..., replace=True)``: a path without an adapter, or an adapter of another
+    model, fails and leaves the adapter loaded, active and serving its rows, with nothing of
+    the failed load left in peft; b's weights then take the name (still active, loaded
+    last), its rows are b's and the replaced adapter's KV is never reused; with both
+    adapters removed the model is the plain one again (one peft adapter per loaded name)."""
+    lm.set_lora("a")
+    prompt = CONTEXTS[2]
+    check(adapters["a"][1], prompt, lm.next_token_logprobs_sync(prompt))
+    for bad, error in ((tmp_path / "nowhere", ValueError), (misfit, RuntimeError)):
+        with pytest.raises(error):
+            lm.add_lora(bad, "a", replace=True)
+        assert lm.loaded_loras == ("a", "b") and lm.active_lora == "a"
+        assert len(lm.model.peft_config) == 2
+        check(adapters["a"][1], prompt + [40], lm.next_token_logprobs_sync(prompt + [40]))
+    lm.add_lora(adapters["b"][0], "a", replace=True)
+    assert lm.loaded_loras == ("b", "a") and lm.active_lora == "a"
+    assert len(lm.model.peft_config) == 2
+    before = lm.kv_stats["computed_tokens"]
+    check(adapters["b"][1], prompt + [40], lm.next_token_logprobs_sync(prompt + [40]))
+    assert lm.kv_stats["computed_tokens"] - before == len(prompt) + 1
+    lm.remove_lora("b")
+    check(adapters["b"][1], prompt + [41], lm.next_token_logprobs_sync(prompt + [41]))
+    lm.remove_lora("a")
+    assert lm.loaded_loras == () and not isinstance(lm.model, peft.PeftModel)
+    check(base_model, prompt, lm.next_token_logprobs_sync(prompt))
+
+
+def test_a_closed_model_lists_no_adapter_and_its_adapter_calls_raise(lm, adapters):
+    """After close no adapter is listed or active (both were, and set_lora and clear_lora
+    still changed the active one), and the adapter calls raise ModelClosedError."""
+    from genlm.core import ModelClosedError
+
+    lm.set_lora("a")
+    lm.close()
+    assert lm.loaded_loras == () and lm.active_lora is None
+    calls = [
+        lambda: lm.set_lora("b"),
+        lm.clear_lora,
+        lambda: lm.remove_lora("a"),
+        lambda: lm.add_lora(adapters["a"][0], "c"),
+    ]
+    for call in calls:
+        with pytest.raises(ModelClosedError, match="is closed"):
+            call()

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import inspect
+import itertools
 import logging
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Collection, Hashable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -156,8 +157,8 @@ class HFLM(LoraAdapters, BatchedLM):
         #: previous batch find their past already in place (see ``_resident_rows``).
         self._buffer: torch.Tensor | None = None
         self._resident: _Resident | None = None
-        # ``adapters`` holds each loaded adapter's KV marker (``adapters.new_marker()``;
-        # the base model's is -1).
+        # ``adapters`` holds an ``_Adapter`` for each loaded adapter (the base model's KV
+        # marker is -1).
         self._peft: Any = model if _is_peft(model) else None
         #: A caller's PeftModel as it came (its adapters' names, its active one), to give it
         #: back so at close; None while ``_peft`` is the wrapper add_lora put around the
@@ -165,7 +166,7 @@ class HFLM(LoraAdapters, BatchedLM):
         self._given: tuple[frozenset[str], Any] | None = None
         if self._peft is not None:
             for name in self._peft.peft_config:
-                self.adapters.add(name, self.adapters.new_marker())
+                self.adapters.add(name, _Adapter(self.adapters.new_marker(), name))
             self.adapters.active = getattr(self._peft, "active_adapter", None)
             self._given = (frozenset(self._peft.peft_config), self.adapters.active)
         try:
@@ -274,21 +275,27 @@ class HFLM(LoraAdapters, BatchedLM):
 
     # ---- LoRA ------------------------------------------------------------------------
 
-    def add_lora(self, path: str, name: str) -> None:
-        """Load the peft adapter saved at ``path`` as a new ``name``; it does not become active.
+    def add_lora(self, path: str, name: str, replace: bool = False) -> None:
+        """Load the peft adapter saved at ``path`` as ``name``; it does not become active.
+
+        With ``replace``, an adapter loaded as ``name`` is replaced once the new one has
+        loaded (see :meth:`genlm.core.backend.LoraAdapters.add_lora`): a path that holds
+        no adapter, or one of another model, leaves it loaded.
 
         Raises:
-            ValueError: an adapter named ``name`` is already loaded (checked on the worker,
-                so of two callers loading one name, one gets it and the other this error).
+            ValueError: an adapter named ``name`` is already loaded (without ``replace``;
+                checked on the worker, so of two callers loading one name, one gets it and
+                the other this error).
         """
         if importlib.util.find_spec("peft") is None:
             raise ImportError("LoRA adapters need peft: pip install 'genlm-backend-hf[lora]'")
-        self.worker.call(self._add_lora, str(path), name)
+        super().add_lora(str(path), name, replace)
 
-    def _add_lora(self, path: str, name: str) -> None:
+    def _load_adapter(self, path: str, name: str) -> _Adapter:
+        """Load the adapter into peft, under ``name`` unless peft holds an adapter of that
+        name (the one a replacement replaces): then beside it, under a name of its own."""
         from peft import PeftModel
 
-        self.adapters.check_new(name)
         if self._peft is None:
             # peft puts its layers into the model itself before it loads the adapter's
             # weights: an adapter that fails to load (shapes of another model) would stay
@@ -302,18 +309,30 @@ class HFLM(LoraAdapters, BatchedLM):
                     delattr(self.model, attribute)
                 raise
             self.model = self._peft
-        else:
-            self._peft.load_adapter(path, adapter_name=name)
-        self.adapters.add(name, self.adapters.new_marker())
+            return _Adapter(self.adapters.new_marker(), name)
+        peft_name = _free_name(name, self._peft.peft_config)
+        try:
+            self._peft.load_adapter(path, adapter_name=peft_name)
+        except BaseException:
+            # peft adds the adapter's layers and config before its weights: one that fails
+            # to load (shapes of another model) would stay in peft, inactive.
+            if peft_name in self._peft.peft_config:
+                self._peft.delete_adapter(peft_name)
+            raise
+        return _Adapter(self.adapters.new_marker(), peft_name)
 
-    def _release_adapter(self, name: str, marker: int) -> None:
+    def _release_adapter(self, name: str, adapter: _Adapter) -> None:
         """Unload the removed adapter from peft and drop its KV, pinned prompts included."""
         if len(self._peft.peft_config) == 1:  # the last one: back to the plain model (a
             self.model = self._peft.unload()  # PeftModel without adapters cannot run)
             self._peft = self._given = None  # a caller's PeftModel is unloaded too
         else:
-            self._peft.delete_adapter(name)
-        self.kv.cache.remove_below((marker,))
+            # Another one active first: peft warns when deleting its active adapter (naming
+            # it as peft does, a replacement's "a#2").
+            others = [n for n in self._peft.peft_config if n != adapter.peft_name]
+            self._peft.set_adapter(others[0])
+            self._peft.delete_adapter(adapter.peft_name)
+        self.kv.cache.remove_below((adapter.marker,))
 
     @contextlib.contextmanager
     def _use_variant(self, variant: Hashable) -> Iterator[None]:
@@ -324,7 +343,7 @@ class HFLM(LoraAdapters, BatchedLM):
             with self._peft.disable_adapter():
                 yield
         else:
-            self._peft.set_adapter(variant)
+            self._peft.set_adapter(self.adapters.get(variant).peft_name)
             yield
 
     def _marker(self, variant: Hashable) -> int:
@@ -333,7 +352,7 @@ class HFLM(LoraAdapters, BatchedLM):
         Raises:
             UnknownVariantError: the adapter was removed after the request was made.
         """
-        return -1 if variant is None else self.adapters.get(variant)
+        return -1 if variant is None else self.adapters.get(variant).marker
 
     # ---- KV cache management -------------------------------------------------------
 
@@ -406,10 +425,10 @@ class HFLM(LoraAdapters, BatchedLM):
             self._peft.unload()
         else:
             names, active = self._given
+            if active in self._peft.peft_config:  # first: peft warns when deleting its active
+                self._peft.set_adapter(active)
             for name in [n for n in self._peft.peft_config if n not in names]:
                 self._peft.delete_adapter(name)
-            if active in self._peft.peft_config:
-                self._peft.set_adapter(active)
 
     # ---- the forward pass ----------------------------------------------------------
 
@@ -539,6 +558,22 @@ class HFLM(LoraAdapters, BatchedLM):
             return frozenset()
         holds = last.rows.holds
         return frozenset(i for i, row in enumerate(rows) if holds(i, row.context, row.past))
+
+
+@attrs.frozen
+class _Adapter:
+    """A loaded adapter: its KV marker (the first element of its KV keys) and its name in
+    peft, the adapter's own name unless a replacement loaded it beside the adapter it
+    replaced."""
+
+    marker: int
+    peft_name: str
+
+
+def _free_name(name: str, taken: Collection[str]) -> str:
+    """``name``, or the first of ``name#2``, ``name#3``, ... not in ``taken``."""
+    candidates = itertools.chain([name], (f"{name}#{i}" for i in itertools.count(2)))
+    return next(n for n in candidates if n not in taken)
 
 
 @attrs.frozen
