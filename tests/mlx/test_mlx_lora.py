@@ -257,3 +257,31 @@ def test_the_last_adapter_removed_or_a_close_gives_the_model_its_own_layers(
     finally:
         lm.close()
     np.testing.assert_allclose(plain_logprobs(model, PROMPT), expected(PROMPT), atol=ATOL)
+
+
+def test_replacing_an_adapter_keeps_it_until_the_new_one_has_loaded(
+    lm, adapters, expected, tmp_path
+):
+    """``add_lora(..., replace=True)``: a path without an adapter fails and the name keeps
+    serving its adapter (still active); the other adapter then takes the name, its rows
+    mlx-lm's for that adapter, also for a context whose prefix ran under the replaced one.
+    A closed model lists none, and its adapter calls raise ModelClosedError."""
+    from genlm.core import ModelClosedError
+
+    lm.add_lora(adapters[0], "x")
+    lm.set_lora("x")
+    np.testing.assert_allclose(lm.next_token_logprobs_sync(PROMPT), expected(PROMPT, 0), atol=ATOL)
+    with pytest.raises(FileNotFoundError):
+        lm.add_lora(tmp_path / "nowhere", "x", replace=True)
+    assert lm.loaded_loras == ("x",) and lm.active_lora == "x"
+    longer = PROMPT + (7,)
+    np.testing.assert_allclose(lm.next_token_logprobs_sync(longer), expected(longer, 0), atol=ATOL)
+    lm.add_lora(adapters[1], "x", replace=True)
+    assert lm.loaded_loras == ("x",) and lm.active_lora == "x"
+    longer += (8,)
+    np.testing.assert_allclose(lm.next_token_logprobs_sync(longer), expected(longer, 1), atol=ATOL)
+    lm.close()
+    assert lm.loaded_loras == () and lm.active_lora is None
+    for call in (lambda: lm.set_lora("x"), lm.clear_lora, lambda: lm.remove_lora("x")):
+        with pytest.raises(ModelClosedError):
+            call()

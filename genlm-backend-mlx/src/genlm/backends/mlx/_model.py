@@ -137,25 +137,28 @@ class MLXLM(LoraAdapters, BatchedLM):
 
     # ---- LoRA ------------------------------------------------------------------------
 
-    def add_lora(self, path: str | os.PathLike, name: str) -> None:
+    def add_lora(self, path: str | os.PathLike, name: str, replace: bool = False) -> None:
         """Load the mlx-lm adapter saved at ``path`` (``adapter_config.json`` and
         ``adapters.safetensors``, as ``mlx_lm.lora`` writes them) as a new ``name``; it does
         not become active.
 
         The first adapter turns the model's layers into LoRA layers (mlx-lm's
         ``linear_to_lora_layers``), which every later adapter must fit: the same
-        ``num_layers``, ``lora_parameters`` and kind (LoRA or DoRA).
+        ``num_layers``, ``lora_parameters`` and kind (LoRA or DoRA). With ``replace``, an
+        adapter loaded as ``name`` is replaced once the new one has loaded (see
+        :meth:`genlm.core.backend.LoraAdapters.add_lora`); it is among those the new one
+        must fit.
 
         Raises:
-            ValueError: an adapter named ``name`` is already loaded; the adapter is a full
-                fine-tune, wants another layout than the adapters before it, or has arrays
-                that do not fit the model's LoRA layers (each named).
+            ValueError: an adapter named ``name`` is already loaded (without ``replace``);
+                the adapter is a full fine-tune, wants another layout than the adapters
+                before it, or has arrays that do not fit the model's LoRA layers (each
+                named).
             FileNotFoundError: ``path`` holds no mlx-lm adapter.
         """
-        self.adapters.check_new(name)
-        self.worker.call(self._add_lora, Path(path), name)
+        super().add_lora(Path(path), name, replace)
 
-    def _add_lora(self, path: Path, name: str) -> None:
+    def _load_adapter(self, path: Path, name: str) -> _lora.Adapter:
         layout = _lora.read_layout(path, len(self.model.layers))
         if self._layout is None:  # the first adapter: it wraps the layers, or leaves no trace
             base, undo = _lora.wrap(self.model, layout)
@@ -177,7 +180,7 @@ class MLXLM(LoraAdapters, BatchedLM):
             )
         else:
             weights = _lora.read_weights(path, self._base_weights)
-        self.adapters.add(name, _lora.Adapter(self.adapters.new_marker(), weights))
+        return _lora.Adapter(self.adapters.new_marker(), weights)
 
     def _release_adapter(self, name: str, adapter: _lora.Adapter) -> None:
         """Drop the removed adapter's KV, and its arrays from the model if they are on it;
@@ -351,7 +354,8 @@ class MLXLM(LoraAdapters, BatchedLM):
         closed object is still referenced (after ``async with``)."""
         self.kv_cache.clear()
         # The model may be the caller's: it gets its own layers back (it kept computing
-        # the adapter on it), and the adapters' arrays go.
+        # the adapter on it), and the adapters' arrays go, before MLX's cache is cleared
+        # (core forgets the adapters after the release too, too late for that).
         self._unwrap_layers()
         self.model = None
         self.adapters.clear()
