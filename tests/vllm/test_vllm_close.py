@@ -223,3 +223,51 @@ def test_close_stops_an_unseeded_generation_at_the_next_engine_step(tiny_path):
     generation, and the sample returned all its tokens after the close."""
     report = _in_a_process(CLOSE_WHILE_SAMPLING, tiny_path)
     assert report == {"steps": 1, "sample": "ModelClosedError", "threads_left": []}
+
+
+CLOSED_ADAPTERS = textwrap.dedent(
+    """
+    import json, sys
+    from genlm.backends.vllm import VLLMLM
+
+    path, opts, adapter = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    lm = VLLMLM.from_name(path, engine_opts=opts, cache_bytes=0)
+    lm.add_lora(adapter, "a")
+    lm.set_lora("a")
+    lm.close()
+    report = {"loaded": list(lm.loaded_loras), "active": lm.active_lora}
+    calls = {
+        "set_lora": lambda: lm.set_lora("a"),
+        "clear_lora": lm.clear_lora,
+        "remove_lora": lambda: lm.remove_lora("a"),
+        "add_lora": lambda: lm.add_lora(adapter, "b"),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+            report[name] = "returned"
+        except Exception as exc:
+            report[name] = type(exc).__name__
+    print(json.dumps(report))
+    """
+)
+
+
+def test_a_closed_model_lists_no_adapter_and_its_adapter_calls_raise(tiny_path, adapter):
+    """After close no adapter is listed or active (the closed model still listed its
+    adapters, set_lora and clear_lora still returned), and the adapter calls raise
+    ModelClosedError."""
+    from .conftest import ENGINE_OPTS, run_in_process
+
+    report = run_in_process(
+        CLOSED_ADAPTERS, [str(tiny_path), json.dumps(ENGINE_OPTS), str(adapter[0])]
+    )
+    closed = "ModelClosedError"
+    assert report == {
+        "loaded": [],
+        "active": None,
+        "set_lora": closed,
+        "clear_lora": closed,
+        "remove_lora": closed,
+        "add_lora": closed,
+    }

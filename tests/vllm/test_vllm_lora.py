@@ -231,7 +231,7 @@ def test_an_adapter_removed_then_registered_again_serves_its_new_weights(
         vllm_lm.remove_lora("swap")
     with pytest.raises(UnknownVariantError, match="'swap'"):
         vllm_lm.remove_lora("swap")
-    vllm_lm.add_lora(adapter[0], "never used")  # never loaded into the engine
+    vllm_lm.add_lora(adapter[0], "never used")  # loaded, never run
     vllm_lm.remove_lora("never used")
     assert "never used" not in vllm_lm.loaded_loras
 
@@ -296,3 +296,54 @@ def test_the_facade_loads_replaces_selects_and_removes_adapters(
     finally:
         facade.remove_lora("facade")
     assert "facade" not in vllm_lm.loaded_loras
+
+
+def test_replacing_an_adapter_keeps_it_until_the_new_one_has_loaded(
+    vllm_lm, adapter, merged_model, second_adapter, expected, tmp_path
+):
+    """``add_lora(..., replace=True)``: the engine loads the new adapter first, so a path
+    without one fails at once and the name keeps serving its adapter (the facade's
+    add_new_lora dropped it first, and vLLM failed the path only at a request); the
+    second adapter then takes the name, its rows are the second merged model's, and the
+    engine no longer holds the first."""
+    from vllm.exceptions import LoRAAdapterNotFoundError
+
+    engine = vllm_lm.llm.llm_engine
+    context = [50256, 464, 3296]
+    vllm_lm.add_lora(adapter[0], "kept")
+    try:
+        first = vllm_lm._lora_request("kept").lora_int_id
+        with pytest.raises(LoRAAdapterNotFoundError):
+            vllm_lm.add_lora(tmp_path / "nowhere", "kept", replace=True)
+        assert "kept" in vllm_lm.loaded_loras
+        vllm_lm.clear_cache()
+        row = vllm_lm.next_token_logprobs_sync(context, variant="kept")
+        np.testing.assert_allclose(row, expected(context, model=merged_model), atol=1e-4)
+        vllm_lm.add_lora(second_adapter[0], "kept", replace=True)
+        assert first not in engine.list_loras()
+        row = vllm_lm.next_token_logprobs_sync(context, variant="kept")
+        np.testing.assert_allclose(row, expected(context, model=second_adapter[1]), atol=1e-4)
+    finally:
+        vllm_lm.remove_lora("kept")
+
+
+def test_a_release_whose_first_step_fails_still_frees_the_adapter(vllm_lm, adapter, monkeypatch):
+    """remove_lora whose first release step fails (stepping a generation that made way to
+    its end: an engine step raising) still removes the adapter's weights from the engine,
+    then raises that failure; the name is gone. The engine kept the weights: the steps
+    after the failing one were skipped."""
+    engine = vllm_lm.llm.llm_engine
+    vllm_lm.add_lora(adapter[0], "half")
+    lora_id = vllm_lm._lora_request("half").lora_int_id
+    vllm_lm.next_token_logprobs_sync([50256, 464, 3297], variant="half")
+    assert lora_id in engine.list_loras()
+
+    def broken_step() -> None:
+        raise RuntimeError("an engine step failed")
+
+    monkeypatch.setattr(vllm_lm, "_finish_others", broken_step)
+    with pytest.raises(RuntimeError, match="an engine step failed"):
+        vllm_lm.remove_lora("half")
+    monkeypatch.undo()
+    assert "half" not in vllm_lm.loaded_loras
+    assert lora_id not in engine.list_loras()

@@ -1109,22 +1109,27 @@ class VLLMLM(LoraAdapters, BatchedLM):
 
     # ---- LoRA ----------------------------------------------------------------------
 
-    def add_lora(self, path: str | Path, name: str) -> None:
-        """Register a PEFT LoRA adapter directory under ``name`` (loaded on first use).
+    def add_lora(self, path: str | Path, name: str, replace: bool = False) -> None:
+        """Load a PEFT LoRA adapter directory into the engine as ``name``.
 
         Args:
             path: the adapter's directory.
             name: the name :meth:`set_lora` selects it by.
+            replace: replace an adapter loaded as ``name``, once the new one has loaded
+                (see :meth:`genlm.core.backend.LoraAdapters.add_lora`).
 
-        Safe to call from several threads at once: each adapter gets its own id, and a
-        name is registered once.
+        The engine loads the adapter now, so a path without an adapter, or one the engine
+        cannot serve (a rank above ``max_lora_rank``), fails here, not at its first
+        request. Safe to call from several threads at once: each adapter gets its own
+        id, and a name is registered once.
 
         Raises:
-            ValueError: the engine was started without ``enable_lora=True``, or ``name`` is
-                already registered.
+            ValueError: the engine was started without ``enable_lora=True``, or ``name``
+                is already registered (without ``replace``).
+            Exception: what the engine raised loading the adapter (vLLM's
+                ``LoRAAdapterNotFoundError`` for a path without one, a ``ValueError`` for a
+                rank above ``max_lora_rank``).
         """
-        from vllm.lora.request import LoRARequest
-
         if self.llm is None:
             raise ModelClosedError("this model is closed")
         if not self.llm.llm_engine.vllm_config.lora_config:
@@ -1132,19 +1137,32 @@ class VLLMLM(LoraAdapters, BatchedLM):
                 "this engine was started without LoRA support; "
                 "load with engine_opts={'enable_lora': True, 'max_lora_rank': ...}"
             )
-        self.adapters.check_new(name)
+        super().add_lora(str(path), name, replace)
+
+    def _load_adapter(self, path: str, name: str) -> Any:
+        from vllm.lora.request import LoRARequest
+
         # vLLM's prefix cache keys blocks by the adapter's name (0.27; name and path in
         # 0.32): a name given to the engine once, so that an adapter registered again
         # under a removed one's name never reads the removed one's KV.
         lora_id = next(self._lora_ids)
-        self.adapters.add(name, LoRARequest(f"{name}#{lora_id}", lora_id, str(path)))
+        lora = LoRARequest(f"{name}#{lora_id}", lora_id, path)
+        self.llm.llm_engine.add_lora(lora)
+        return lora
 
     def _release_adapter(self, name: str, lora: Any) -> None:
         """Free the removed adapter's weights in the engine. A generation under way
-        (``sample`` without a seed) and live sessions end first, as for ``clear_cache``."""
-        self._finish_others()  # a generation that made way may step under this adapter
-        self._end_sessions(self._sessions.take_all())
-        self.llm.llm_engine.remove_lora(lora.lora_int_id)
+        (``sample`` without a seed) and live sessions end first, as for ``clear_cache``.
+        Each step runs even if one before it failed (a step of the generation raising
+        must leave no session live nor the weights in the engine); a failure propagates
+        once the later steps have run (chained to a later one's, if that fails too)."""
+        try:
+            self._finish_others()  # a generation that made way may step under this adapter
+        finally:
+            try:
+                self._end_sessions(self._sessions.take_all())
+            finally:
+                self.llm.llm_engine.remove_lora(lora.lora_int_id)
 
     def _lora_request(self, variant: Hashable) -> Any:
         """vLLM's request for ``variant``'s adapter (None for the base model).
