@@ -321,6 +321,47 @@ def test_lora_management_follows_0_3_1(tmp_path):
         llm.close()
 
 
+def test_add_new_lora_over_a_loaded_name_keeps_it_when_the_new_one_fails(tmp_path):
+    """add_new_lora under a loaded name whose new adapter fails to load (no adapter at the
+    path; an adapter of a wider model) raises and leaves the loaded one current and
+    serving the rows it served (the facade removed it first, as genlm-backend 0.3.1's hf
+    class does, so the name was gone); one that loads replaces it, still current."""
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    from genlm.core.backend import resolve_model_path
+
+    path = resolve_model_path("stories260K")
+    config = transformers.AutoConfig.from_pretrained(path)
+    config.hidden_size *= 2
+    lora = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    torch.manual_seed(2)
+    wider = transformers.AutoModelForCausalLM.from_config(config)
+    peft.get_peft_model(wider, lora).save_pretrained(tmp_path / "wider")
+    llm = with_random_adapter(tmp_path / "a")
+    core = llm.core_lm
+    try:
+        base = llm.next_token_logprobs_sync(CONTEXTS[0])
+        llm.set_lora(lora_name="a")
+        served = llm.next_token_logprobs_sync(CONTEXTS[0])
+        assert (served - base).abs().max() > 1e-3
+        for bad, error in ((tmp_path / "nowhere", ValueError), (tmp_path / "wider", RuntimeError)):
+            with pytest.raises(error):
+                llm.add_new_lora(str(bad), "a")
+            assert core.loaded_loras == ("a",) and core.active_lora == "a"
+            llm.clear_cache()  # the row computed again, not the cached one
+            torch.testing.assert_close(
+                llm.next_token_logprobs_sync(CONTEXTS[0]), served, atol=1e-6, rtol=0
+            )
+        llm.add_new_lora(str(tmp_path / "a"), "a")  # the same weights again: the same rows
+        assert core.loaded_loras == ("a",) and core.active_lora == "a"
+        torch.testing.assert_close(
+            llm.next_token_logprobs_sync(CONTEXTS[0]), served, atol=1e-6, rtol=0
+        )
+    finally:
+        llm.close()
+
+
 class RowsOf(AsyncLM):
     """A user's AsyncLM subclass: the base class samples over its torch rows."""
 

@@ -355,19 +355,17 @@ class _CoreBacked(AsyncLM):
 
     def add_new_lora(self, lora_path: str, lora_name: str = "lora_1") -> None:
         """Load the adapter saved at ``lora_path`` as ``lora_name``; an adapter already
-        loaded under that name is replaced (:meth:`remove_lora` first, as in genlm-backend
-        0.3.1's hf class: if the new one then fails to load, the name is left unloaded).
-        hf: a peft adapter (needs peft); vllm: a PEFT adapter
+        loaded under that name is replaced, once the new one has loaded (core's
+        ``add_lora(..., replace=True)``): if the new one fails to load, the old one stays
+        loaded and serving, where genlm-backend 0.3.1's hf class had removed it first. The
+        name stays current if it was. hf: a peft adapter (needs peft); vllm: a PEFT adapter
         directory, on an engine started with ``enable_lora=True``; mlx: an adapter saved
         by ``mlx_lm.lora``.
 
         Raises:
             NotImplementedError: the backend has no adapters (the mock).
         """
-        add = self._lora_method("add_lora")
-        if lora_name in getattr(self.core_lm, "loaded_loras", ()):
-            self.remove_lora(lora_name)
-        add(lora_path, lora_name)
+        self._lora_method("add_lora")(lora_path, lora_name, replace=True)
 
     def remove_lora(self, lora_name: str) -> None:
         """Unload the adapter ``lora_name``, its KV and the cached rows (the backend's
