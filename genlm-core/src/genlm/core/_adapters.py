@@ -102,7 +102,8 @@ class AdapterTable(Generic[A]):
     def replace(self, name: str, value: A) -> list[A]:
         """Store ``value`` under ``name`` as the adapter loaded last, in place of the one
         loaded under ``name``, if any (it stays active if it was: the name still names a
-        loaded adapter); the values replaced (none or one, so a value may be None).
+        loaded adapter). Returns the values replaced, in a list (none or one: a stored
+        value may itself be None).
 
         Raises:
             TypeError, ValueError: ``name`` is not a valid name (as :meth:`check_new`).
@@ -186,7 +187,7 @@ class LoraAdapters:
         self.adapters = AdapterTable()
         super().__init__(*args, **kwargs)
 
-    def add_lora(self, path: Any, name: str, replace: bool = False) -> None:
+    def add_lora(self, path: Any, name: str, *, replace: bool = False) -> None:
         """Load the adapter saved at ``path`` as ``name``; it does not become active.
 
         With ``replace``, an adapter already loaded as ``name`` is replaced, only once the

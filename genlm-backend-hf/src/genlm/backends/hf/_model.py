@@ -275,7 +275,7 @@ class HFLM(LoraAdapters, BatchedLM):
 
     # ---- LoRA ------------------------------------------------------------------------
 
-    def add_lora(self, path: str, name: str, replace: bool = False) -> None:
+    def add_lora(self, path: str, name: str, *, replace: bool = False) -> None:
         """Load the peft adapter saved at ``path`` as ``name``; it does not become active.
 
         With ``replace``, an adapter loaded as ``name`` is replaced once the new one has
@@ -289,7 +289,7 @@ class HFLM(LoraAdapters, BatchedLM):
         """
         if importlib.util.find_spec("peft") is None:
             raise ImportError("LoRA adapters need peft: pip install 'genlm-backend-hf[lora]'")
-        super().add_lora(str(path), name, replace)
+        super().add_lora(str(path), name, replace=replace)
 
     def _load_adapter(self, path: str, name: str) -> _Adapter:
         """Load the adapter into peft, under ``name`` unless peft holds an adapter of that

@@ -137,7 +137,7 @@ class MLXLM(LoraAdapters, BatchedLM):
 
     # ---- LoRA ------------------------------------------------------------------------
 
-    def add_lora(self, path: str | os.PathLike, name: str, replace: bool = False) -> None:
+    def add_lora(self, path: str | os.PathLike, name: str, *, replace: bool = False) -> None:
         """Load the mlx-lm adapter saved at ``path`` (``adapter_config.json`` and
         ``adapters.safetensors``, as ``mlx_lm.lora`` writes them) as a new ``name``; it does
         not become active.
@@ -156,7 +156,7 @@ class MLXLM(LoraAdapters, BatchedLM):
                 named).
             FileNotFoundError: ``path`` holds no mlx-lm adapter.
         """
-        super().add_lora(Path(path), name, replace)
+        super().add_lora(Path(path), name, replace=replace)
 
     def _load_adapter(self, path: Path, name: str) -> _lora.Adapter:
         layout = _lora.read_layout(path, len(self.model.layers))

@@ -1109,7 +1109,7 @@ class VLLMLM(LoraAdapters, BatchedLM):
 
     # ---- LoRA ----------------------------------------------------------------------
 
-    def add_lora(self, path: str | Path, name: str, replace: bool = False) -> None:
+    def add_lora(self, path: str | Path, name: str, *, replace: bool = False) -> None:
         """Load a PEFT LoRA adapter directory into the engine as ``name``.
 
         Args:
@@ -1137,7 +1137,7 @@ class VLLMLM(LoraAdapters, BatchedLM):
                 "this engine was started without LoRA support; "
                 "load with engine_opts={'enable_lora': True, 'max_lora_rank': ...}"
             )
-        super().add_lora(str(path), name, replace)
+        super().add_lora(str(path), name, replace=replace)
 
     def _load_adapter(self, path: str, name: str) -> Any:
         from vllm.lora.request import LoRARequest
