@@ -422,3 +422,82 @@ def test_encode_text_reads_every_tokenizer_form(form):
     else:
         tokenizer = raw
     assert encode_text(tokenizer, "Hello world") == expected == [15496, 995]
+
+
+def test_smc_encodes_its_prompt_with_a_tokenizers_tokenizer(capsys, monkeypatch, fresh_registry):
+    """A model whose tokenizer is a raw ``tokenizers.Tokenizer`` (its ``encode`` returns an
+    ``Encoding``) runs ``genlm smc``, its prompt the tokenizer's own ids; the command
+    failed with "'tokenizers.Encoding' object is not iterable" (``genlm bytes`` read it)."""
+    from pathlib import Path
+
+    from genlm.core import Vocabulary
+    from genlm.core.cli._smc import encode_prompt
+    from genlm.core.mock import MockLM
+
+    tokenizers = pytest.importorskip("tokenizers")
+    path = Path(__file__).parents[1] / "fixtures" / "tokenizers" / "gpt2" / "tokenizer.json"
+    raw = tokenizers.Tokenizer.from_file(str(path))
+    vocab = Vocabulary.from_tokenizer(raw)
+    monkeypatch.setattr(
+        MockLM, "from_name", staticmethod(lambda name, **o: MockLM(vocab, tokenizer=raw, **o))
+    )
+    argv = ["smc", "Hello world", "--backend", "mock", "--particles", "2", "--max-tokens", "2"]
+    assert main([*argv, "--no-progress"]) == 0
+    assert "posterior over" in capsys.readouterr().out
+    lm = MockLM(vocab, tokenizer=raw)
+    assert encode_prompt(lm, "Hello world") == raw.encode("Hello world").ids == [15496, 995]
+    lm.close()
+
+
+@pytest.mark.parametrize("command", [["smc", "hi"], ["bytes", "hi"]])
+def test_ctrl_c_during_the_load_stops_the_command_at_once(command, monkeypatch, fresh_registry):
+    """A Ctrl-C while the model loads (a big checkpoint, a download: here a loader busy for
+    up to 30 s without an await) ends the command with 130 at once. The load ran inside
+    the command's coroutine, where asyncio.run's SIGINT handler only cancels the task: the
+    Ctrl-C waited for the whole load."""
+    import signal
+    import threading
+    import time
+
+    from genlm.core.mock import MockLM
+
+    if command[0] == "bytes":
+        pytest.importorskip("genlm.bytes")
+    loading = threading.Event()
+    finished = []
+
+    def slow_load(model, **opts):
+        loading.set()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # busy in Python, as a load is between C calls
+            sum(range(1000))
+        finished.append(model)
+        raise AssertionError("the load was not interrupted")
+
+    monkeypatch.setattr(MockLM, "from_name", staticmethod(slow_load))
+
+    def interrupt() -> None:
+        if loading.wait(timeout=30):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    assert main([*command, "--backend", "mock", "--no-progress"]) == 130
+    assert finished == []
+
+
+def test_no_progress_hides_the_hugging_face_loading_bars():
+    """``--no-progress`` hides the loader's bars too (transformers 5's "Loading weights"
+    bar was drawn on stderr), as a separate process: the libraries read the setting when
+    imported."""
+    pytest.importorskip("genlm.backends.hf")
+    argv = ["smc", "Once", "--backend", "hf", "--particles", "2", "--max-tokens", "2"]
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    out = subprocess.run(
+        [sys.executable, "-m", "genlm.core.cli", *argv, "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "%|" not in out.stderr and "it/s]" not in out.stderr, out.stderr

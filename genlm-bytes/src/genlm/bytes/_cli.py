@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import math
 import os
@@ -91,11 +90,10 @@ def _show(symbol: int) -> str:
     return repr(bytes([symbol]))[1:]
 
 
-async def _main(args: argparse.Namespace) -> int:
+async def _main(args: argparse.Namespace, lm) -> int:
     from genlm.bytes._bytelm import ByteLM
-    from genlm.core.cli import load_model, progress_bar
+    from genlm.core.cli import progress_bar
 
-    lm = load_model(args.model, args.backend)
     async with ByteLM(lm, K=args.beam, close_lm=True) as byte_lm:
         state, context = await prompt_state(byte_lm, args.prompt)
         dist = await state.logp_next()
@@ -145,5 +143,9 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from genlm.core.cli import load_model, run_with
+
     check_args(args)
-    return asyncio.run(_main(args))
+    # Loaded before the event loop starts: a Ctrl-C during the load stops it at once.
+    lm = load_model(args.model, args.backend, progress=not args.no_progress)
+    return run_with(lm, _main(args, lm))

@@ -28,7 +28,7 @@ from genlm.core._command import Command
 from genlm.core._errors import describe
 from genlm.core._plugin_hooks import command_hook
 from genlm.core.cli._errors import CLIError, one_line
-from genlm.core.cli._load import load_model
+from genlm.core.cli._load import load_model, run_with
 from genlm.core.cli._progress import add_progress_option, progress_bar
 from genlm.core.cli._prompt import check_prompt, encode_text
 
@@ -43,6 +43,7 @@ __all__ = [
     "main",
     "one_line",
     "progress_bar",
+    "run_with",
 ]
 
 

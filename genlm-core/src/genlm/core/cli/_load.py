@@ -10,10 +10,14 @@ found by one hub request, whose failure is reported once.
 
 from __future__ import annotations
 
+import asyncio
 import os
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from genlm.core.cli._errors import CLIError, one_line
+
+T = TypeVar("T")
 
 #: Backends whose loaders resolve model names on the Hugging Face hub.
 HUB_BACKENDS = frozenset({"hf", "vllm", "mlx"})
@@ -97,19 +101,42 @@ def _check_hub_model(name: str) -> None:
         ) from exc
 
 
-def load_model(model: str, backend: str | None, **opts: Any) -> Any:
+def load_model(model: str, backend: str | None, *, progress: bool = True, **opts: Any) -> Any:
     """Check the backend and the model name, then load the model with that backend.
 
     What a command plugin calls to load the model its user named (``genlm bytes`` does):
     a mistake becomes a :class:`~genlm.core.cli.CLIError` before anything heavy loads.
     With ``backend=None``, as :func:`~genlm.core.load_model_by_name`: a chosen backend
     whose code fails to import is skipped with a warning for the next usable one.
+    Call it before the command's event loop starts (see :func:`run_with`): a Ctrl-C
+    during a load then stops it at once.
+
+    ``progress=False`` (a command's ``--no-progress``) hides the loaders' own bars too:
+    the Hugging Face libraries' (transformers' "Loading weights", downloads), which
+    read ``HF_HUB_DISABLE_PROGRESS_BARS`` when they are imported, as they are after this
+    point in a ``genlm`` command (a value the user set is kept).
     """
     from genlm.core._registry import get_registry
 
+    if not progress:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     for option, value in (("--model", model), ("--backend", backend)):
         if value is not None and not value.strip():
             raise CLIError(f"{option} is empty: name one, or leave the option out")
     spec = select_backend(backend)
     name = check_model(model, spec.name)
     return get_registry().load_model(name, None if backend is None else spec.name, **opts)
+
+
+def run_with(lm: Any, main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)``, a command's work on the model ``lm`` it loaded before, which
+    ``main`` closes (``async with lm``); closed here too if ``main`` did not get to (a
+    Ctrl-C before it started, a failure). Loading outside the event loop is what lets a
+    Ctrl-C stop a load at once: ``asyncio.run`` turns it into a cancellation of its task,
+    which a load running inside the task, with no ``await``, would see only at its end."""
+    try:
+        return asyncio.run(main)
+    except BaseException:
+        main.close()  # never started (a Ctrl-C at once): no "never awaited" warning
+        asyncio.run(lm.aclose())  # closing twice is a no-op
+        raise

@@ -70,7 +70,8 @@ def encode_prompt(lm, prompt: str) -> list[int]:
         if isinstance(lm, MockLM) and importlib.util.find_spec("tokenizers") is None:
             why = f": {_NO_TOKENIZERS}"
         raise CLIError(f"{lm!r} has no tokenizer, so it cannot encode a text prompt{why}")
-    ids = list(lm.tokenizer.encode(prompt))
+    encoded = lm.tokenizer.encode(prompt)
+    ids = list(getattr(encoded, "ids", encoded))  # a tokenizers.Tokenizer's Encoding
     bos = lm.vocab.bos_token_id
     if bos is not None and (not ids or ids[0] != bos):
         ids.insert(0, bos)
@@ -83,11 +84,9 @@ def decode(lm, tokens: list[int]) -> str:
     return text.decode("utf-8", errors="replace")
 
 
-async def _main(args: argparse.Namespace) -> int:
-    from genlm.core.cli._load import load_model
+async def _main(args: argparse.Namespace, lm) -> int:
     from genlm.core.smc import forbid_bytes, smc
 
-    lm = load_model(args.model, args.backend)
     async with lm:
         prompt = encode_prompt(lm, args.prompt)
         mask = None
@@ -141,10 +140,11 @@ def print_result(lm, args: argparse.Namespace, result) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
+    from genlm.core.cli._load import load_model, run_with
 
     check_prompt(args.prompt)
-    return asyncio.run(_main(args))
+    lm = load_model(args.model, args.backend, progress=not args.no_progress)
+    return run_with(lm, _main(args, lm))
 
 
 COMMAND = Command(
