@@ -489,7 +489,8 @@ def test_no_progress_hides_the_hugging_face_loading_bars():
     """``--no-progress`` hides the loader's bars too (transformers 5's "Loading weights"
     bar was drawn on stderr), as a separate process: the libraries read the setting when
     imported."""
-    pytest.importorskip("genlm.backends.hf")
+    for module in ("genlm.backends.hf", "torch", "transformers"):
+        pytest.importorskip(module)
     argv = ["smc", "Once", "--backend", "hf", "--particles", "2", "--max-tokens", "2"]
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
     out = subprocess.run(

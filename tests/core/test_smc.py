@@ -320,6 +320,38 @@ def test_every_particle_dead_estimates_zero():
     assert abs(estimates.mean() - 0.25) < 4 * standard_error
 
 
+def test_on_step_counts_every_step_that_ran_even_the_last_of_a_dead_run():
+    """``on_step`` (the CLI's progress bar) is called once per step the run made, counted
+    here from the contexts the model was asked for, also for the step at which every
+    particle reached weight 0 (it was not: the bar stopped a step short)."""
+    lm, mask = TrapLM(), np.array([True, False, True])
+    asked = lm.next_token_logprobs
+    dead = 0
+    for seed in range(40):
+        lengths, steps = [], []
+
+        def recording(context, lengths=lengths, **options):
+            lengths.append(len(context))
+            return asked(context, **options)
+
+        lm.next_token_logprobs = recording
+        result = asyncio.run(
+            smc(
+                lm,
+                [1],
+                n_particles=2,
+                max_tokens=2,
+                seed=seed,
+                token_mask=mask,
+                on_step=steps.append,
+            )
+        )
+        dead += result.log_marginal == -np.inf
+        assert steps == list(range(1, max(lengths) + 1))  # step k asks with k - 1 after [1]
+    lm.close()
+    assert dead
+
+
 def test_a_nan_row_is_an_error_not_a_dead_particle():
     """An allowed NaN in a row (an AsyncLM that is not a checked backend) raises ValueError
     naming it; it used to set the particle's weight to 0 silently."""

@@ -250,6 +250,8 @@ async def smc(
         )
         for particle, logp in zip(active, rows):
             _extend(particle, logp.astype(np.float64), mask, temperature, eos, rng)
+        if on_step is not None:  # the step's draws are made: also before a dead run ends
+            on_step(step + 1)
         log_weights = np.array([p.log_weight for p in particles])
         if np.isneginf(log_weights).all():  # Z estimated as 0: no step can change that
             break
@@ -258,8 +260,6 @@ async def smc(
             keep = systematic_resample(log_weights, rng)
             particles = [Particle(list(particles[i].tokens), 0.0, particles[i].done) for i in keep]
             resampled_at.append(step + 1)
-        if on_step is not None:
-            on_step(step + 1)
     log_weights = np.array([p.log_weight for p in particles])
     log_marginal += logsumexp(log_weights) - np.log(n_particles)
     return SMCResult(particles, float(log_marginal), tuple(resampled_at))
