@@ -441,3 +441,26 @@ def test_a_batch_refused_for_nan_rows_leaves_no_kv_behind(stories_dir, monkeypat
             )
     finally:
         lm.close()
+
+
+def test_clear_cache_after_the_weights_changed_serves_the_new_weights(stories_dir):
+    """The caller changes the model's weights on its own thread (lazy arrays of that
+    thread), then calls clear_cache, as core documents: the next rows are the new weights'
+    (a plain forward of the changed model). On MLX 0.30 and later every request failed:
+    the worker may not evaluate another thread's lazy arrays."""
+    from mlx.utils import tree_map
+
+    model, tokenizer = mlx_lm.load(stories_dir)
+    lm = MLXLM(model, tokenizer)
+    context = [1, 403, 407, 261]
+    before = lm.next_token_logprobs_sync(context)
+    model.update(tree_map(lambda p: p * 1.5, model.parameters()))
+    lm.clear_cache()
+    try:
+        for ids in (context, context + [5]):
+            np.testing.assert_allclose(
+                lm.next_token_logprobs_sync(ids), plain_logprobs(model, ids), atol=1e-5
+            )
+    finally:
+        lm.close()
+    assert np.abs(before - plain_logprobs(model, context)).max() > 1e-2  # the weights changed

@@ -333,6 +333,17 @@ class MLXLM(LoraAdapters, BatchedLM):
                 mx.eval([c.state for c in cache])
         return self.model(tokens[:, -1:], cache=cache)[:, -1, :]
 
+    def clear_cache(self) -> None:
+        """Core's ``clear_cache`` (for after the model's weights changed), once the model's
+        arrays are evaluated on the calling thread: weights the caller changed
+        (``model.update``, ``load_weights``) are lazy arrays of its thread, which MLX 0.30
+        and later refuses to evaluate on the worker (every request failed with "There is
+        no Stream(cpu, 0) in current thread")."""
+        model = self.model
+        if model is not None and not self._closed:
+            _materialize(model)
+        super().clear_cache()
+
     def clear_kv_cache(self) -> None:
         """Drop every cached prefix KV and the live batch, and hand MLX's freed buffers
         back (output rows stay cached); after close, nothing to do (the release dropped
@@ -406,8 +417,9 @@ def _materialize(model: nn.Module) -> None:
         if "Stream" not in str(exc):
             raise
         raise RuntimeError(
-            "the MLX model holds lazy arrays built on another thread; construct MLXLM "
-            "on the thread that loaded the model (or load it with lazy=False there)"
+            "the MLX model holds lazy arrays built on another thread; construct MLXLM, or "
+            "call clear_cache after changing its weights, on the thread that built them "
+            "(or evaluate them there: mx.eval(model.parameters()))"
         ) from exc
 
 
