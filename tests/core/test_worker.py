@@ -4,6 +4,7 @@ import asyncio
 import concurrent.futures
 import gc
 import logging
+import signal
 import threading
 import time
 import weakref
@@ -11,6 +12,7 @@ import weakref
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.child import run_program
 from support.faulty import within
 
 from genlm.core import BackendError, ModelClosedError
@@ -225,30 +227,6 @@ class TestClose:
         gc.collect()
         assert ref() is None and thread.is_alive()
 
-    @pytest.mark.parametrize("closed", [True, False], ids=["closed", "never_closed"])
-    def test_the_exit_lets_a_parking_worker_finish_and_park(self, tmp_path, closed):
-        """A program that leaves a parking worker with a queued call (closed without
-        waiting, or never closed) and ends at once: the exit lets the thread finish the
-        call and block before the interpreter finalizes (a thread ended then aborts an
-        MLX process), seen here in the file the call writes."""
-        import subprocess
-        import sys
-
-        done = tmp_path / "done"
-        program = (
-            "import time\n"
-            "from genlm.core._worker import ModelWorker\n"
-            "idle = ModelWorker('idle', park=True)\n"
-            "idle.call(int)\n"  # started, never closed, idle
-            "worker = ModelWorker('parking', park=True)\n"
-            "worker.call(int)\n"
-            f"worker.submit(lambda: (time.sleep(0.3), open({str(done)!r}, 'w').close()))\n"
-            + ("worker.close(wait=False)\n" if closed else "")
-        )
-        result = subprocess.run([sys.executable, "-c", program], timeout=60, capture_output=True)
-        assert result.returncode == 0, result.stderr
-        assert done.exists()
-
     def test_waiting_for_the_stop_does_not_keep_the_loop_alive(self):
         """Each loop that awaited wait_stopped() (every aclose does) is freed with its
         asyncio.run while the worker lives on: the done-callback the worker's future keeps
@@ -278,6 +256,112 @@ class TestClose:
         asyncio.run(after_the_stop())
         gc.collect()
         assert [ref() for ref in loops] == [None, None, None]
+
+
+#: A worker, started, whose next call runs across the program's end: it waits until the
+#: program has ended (``exiting``, set by an exit handler registered after the thread's
+#: start, so run before the worker's own exit stop), then sleeps past the moment the
+#: interpreter finalizes, which only a finished call can print after. A second call waits
+#: behind it, and an idle worker is never closed.
+WORKER_AT_EXIT = """
+import atexit, signal, threading, time
+from genlm.core.backend import ModelWorker
+signal.signal(signal.SIGINT, signal.default_int_handler)
+worker = ModelWorker('busy', park={park})
+worker.call(int)
+ModelWorker('idle', park={park}).call(int)
+exiting, running = threading.Event(), threading.Event()
+atexit.register(exiting.set)
+
+def run_across_the_end():
+    print('running', flush=True)
+    running.set()
+    exiting.wait(60)
+    time.sleep(0.2)
+    print('running call finished', flush=True)
+
+call = worker.submit(run_across_the_end)
+queued = worker.submit(lambda: print('queued call ran', flush=True))
+queued.add_done_callback(lambda f: print('queued call:', type(f.exception()).__name__, flush=True))
+running.wait(60)
+"""
+
+#: How the program ends while the call runs, and the exit status that must show it.
+ENDINGS = {
+    "SystemExit": ("raise SystemExit(3)\n", 3),
+    "closed": ("worker.close(wait=False)\n", 0),  # closed without waiting, then ends
+    "ctrl-c": ("call.result()\n", -signal.SIGINT),  # blocked on the call: SIGINT
+}
+
+
+class TestExit:
+    """A program that ends while a worker runs a call exits with its own status: the exit
+    lets the running call finish before the interpreter finalizes (a daemon thread cut off
+    inside torch then aborts the process, status 134; a parking one must block first) and
+    fails the queued calls without running them. Each program runs in a fresh interpreter,
+    with a timeout."""
+
+    @pytest.mark.parametrize("park", [False, True], ids=["thread", "parking"])
+    @pytest.mark.parametrize("ending", sorted(ENDINGS))
+    def test_the_running_call_finishes_and_the_queued_ones_fail(self, park, ending):
+        """The running call prints once the program has ended, the queued call fails with
+        ModelClosedError without running, and the exit status is the program's."""
+        code, status = ENDINGS[ending]
+        program = WORKER_AT_EXIT.format(park=park) + code
+        ended = run_program(program, interrupt_after="running" if ending == "ctrl-c" else None)
+        assert ended.lines == ["running", "running call finished", "queued call: ModelClosedError"]
+        assert ended.returncode == status, ended.stderr
+
+    def test_an_error_ending_asyncio_run_lets_the_running_batch_finish(self):
+        """A model's batch runs when an exception escapes asyncio.run: the batch finishes,
+        the one queued behind it on the worker does not run, and the status is 1."""
+        program = """
+import asyncio, atexit, threading
+from genlm.core.mock import MockLM
+exiting, started = threading.Event(), threading.Event()
+
+class AtExit(MockLM):
+    def _logprobs_batch(self, contexts, variant):
+        print('batch of', len(contexts), flush=True)
+        atexit.register(exiting.set)  # after the worker's start: runs before its exit stop
+        started.set()
+        exiting.wait(60)
+        rows = super()._logprobs_batch(contexts, variant)  # sleeps past the finalization
+        print('batch done', flush=True)
+        return rows
+
+lm = AtExit([bytes([i]) for i in range(256)], latency_s=0.2, max_batch_size=2)
+
+async def main():
+    batches = asyncio.ensure_future(lm.batch_next_token_logprobs([[1], [2], [3], [4]]))
+    await asyncio.to_thread(started.wait, 60)
+    raise ValueError('a bug in the program')
+
+asyncio.run(main())
+"""
+        ended = run_program(program)
+        assert ended.lines == ["batch of 2", "batch done"]
+        assert ended.returncode == 1, ended.stderr
+        assert "ValueError: a bug in the program" in ended.stderr
+
+    @pytest.mark.parametrize("park", [False, True], ids=["thread", "parking"])
+    def test_the_exit_does_not_wait_for_ever(self, park):
+        """A call that never ends holds the exit only up to the limit (shortened here), then
+        the program exits with its status and a warning naming the worker."""
+        program = (
+            "import threading\n"
+            "import genlm.core._worker as worker_module\n"
+            "from genlm.core.backend import ModelWorker\n"
+            "worker_module._EXIT_WAIT_S = 0.5\n"
+            f"worker = ModelWorker('stuck', park={park})\n"
+            "started = threading.Event()\n"
+            "worker.submit(lambda: (started.set(), threading.Event().wait()))\n"
+            "started.wait(60)\n"
+            "raise SystemExit(3)\n"
+        )
+        ended = run_program(program, timeout_s=60)
+        assert ended.returncode == 3, ended.stderr
+        assert "exiting while stuck still run(s) a call" in ended.stderr
 
 
 # ---- random interleavings ---------------------------------------------------------------

@@ -159,9 +159,9 @@ class BatchedLM(abc.ABC):
         self.worker = ModelWorker(f"genlm-{self.name}", park=self.park_worker_thread)
         # A model dropped without close() must not leave its thread idling forever. The
         # finalizer holds the worker, never the model, so it cannot keep the model alive.
-        # Not at exit: the daemon thread blocks on its queue and the process ends around
-        # it, where waking it then would make it run Python while the interpreter
-        # finalizes (an MLX thread ended so aborts the process, ml-explore/mlx#3126).
+        # Not at exit: the worker's own exit stop (``_worker._stop_at_exit``) ends every
+        # started thread then, its running call first, before the interpreter finalizes
+        # (a thread cut off inside torch or MLX then aborts the process).
         weakref.finalize(self, self.worker.close, wait=False).atexit = False
         budget = checked_count("cache_bytes", cache_bytes, 0, whole_floats=True)
         self.output_cache = OutputCache(budget)

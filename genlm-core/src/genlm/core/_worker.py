@@ -29,6 +29,12 @@ Guarantees (tests/core/test_worker.py):
   generation) lets a row batch through between two steps instead of holding the thread
   to its end. A part requeued once the worker is closed is not run: its caller gets
   :class:`ModelClosedError`.
+* **A program's exit waits for the running calls, not the queued ones.** At exit, before
+  the interpreter finalizes (:func:`_stop_at_exit`), every worker is closed: the call it
+  runs finishes (a daemon thread cut off inside torch would abort the process instead of
+  letting it exit with its own status), the calls queued behind fail with
+  :class:`ModelClosedError` without running, and the exit waits for the threads to end
+  (or park), at most a minute in all.
 """
 
 from __future__ import annotations
@@ -99,7 +105,7 @@ _PARK.acquire()
 #: Idents of the threads told to stop (``close``) that will park but have not blocked
 #: yet: until then they run Python (the queued calls, their ``stopped`` callbacks, which
 #: release the GIL), and a thread that takes the GIL while the interpreter finalizes is
-#: ended, which is what parking avoids (:func:`_wait_for_parking` holds the exit until
+#: ended, which is what parking avoids (:func:`_stop_at_exit` holds the exit until
 #: they have blocked).
 _PARKING: set[int] = set()
 
@@ -118,25 +124,63 @@ def _thread_main(box: list[Callable[[], None]], park: bool) -> None:
             _PARK.acquire()  # the last Python this thread runs
 
 
-#: The parking workers whose thread started (weakly): at exit, the open ones are closed.
-_PARKING_WORKERS: weakref.WeakSet[ModelWorker] = weakref.WeakSet()
+#: Every worker whose thread started (weakly; a running thread holds its worker): at exit,
+#: :func:`_stop_at_exit` stops those still open and waits for their running calls.
+_STARTED: weakref.WeakSet[ModelWorker] = weakref.WeakSet()
+
+#: The longest the exit waits, in all, for the calls running on worker threads (a large
+#: batch on a loaded CPU takes tens of seconds); past it the exit goes on regardless.
+_EXIT_WAIT_S = 60.0
+
+#: How long the exit waits quietly before it logs which workers it is waiting for.
+_EXIT_NOTICE_S = 1.0
 
 
-@atexit.register
-def _wait_for_parking(timeout_s: float = 5.0) -> None:
-    """At exit, stop every parking worker and let its thread block before the interpreter
-    finalizes, up to ``timeout_s`` in all: those closed just before the program ended,
-    and those still open (a model never closed, maybe computing a batch that a program
-    ending on an error left behind), whose calls already queued run first. Returns at
-    once when no parking worker ever started."""
-    for worker in list(_PARKING_WORKERS):
-        worker.close(wait=False)  # a no-op for a closed one
-    if not _PARKING:
-        return
-    deadline = time.monotonic() + timeout_s
-    while _PARKING and time.monotonic() < deadline:
-        time.sleep(0.001)
-    time.sleep(0.001)  # the last one out of the set: from its removal to its block
+def _stop_at_exit() -> None:
+    """At exit, before the interpreter finalizes: stop every worker whose thread started,
+    let each running call finish and fail the queued ones with :class:`ModelClosedError`
+    (they are not run; nobody waits for them any more, or their waiters hear of it), and
+    wait, up to :data:`_EXIT_WAIT_S` in all, until every thread has ended or parked.
+
+    Why: a daemon thread still running when the interpreter finalizes is cut off when it
+    next takes the GIL, and one inside an engine's C++ code then (a torch forward pass)
+    aborts the whole process ("terminate called without an active exception", status
+    134) instead of exiting with the program's own status; a parking thread (mlx) must
+    have blocked before then too. Past the limit, or on a second Ctrl-C during the
+    wait, the exit goes on with a warning naming the threads still busy (which may then
+    abort the process, as before): an exit never hangs on a call that does not end."""
+    workers = list(_STARTED)
+    for worker in workers:
+        worker._close_for_exit()
+    parking = bool(_PARKING)  # threads on their way to park
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    try:
+        busy = _wait_for_threads(workers, min(deadline, time.monotonic() + _EXIT_NOTICE_S))
+        if busy:
+            logger.warning(
+                "exit waits for the calls running on %s to finish (at most %.0f s more; "
+                "Ctrl-C stops waiting)",
+                ", ".join(worker.name for worker in busy),
+                deadline - time.monotonic(),
+            )
+            busy = _wait_for_threads(busy, deadline)
+    except KeyboardInterrupt:
+        busy = [worker for worker in workers if not worker._thread_done()]
+    if busy:
+        logger.warning(
+            "exiting while %s still run(s) a call: the process may abort",
+            ", ".join(worker.name for worker in busy),
+        )
+    if parking:
+        time.sleep(0.001)  # the last one out of _PARKING: from its removal to its block
+
+
+def _wait_for_threads(workers: list[ModelWorker], deadline: float) -> list[ModelWorker]:
+    """Wait until the threads of ``workers`` have ended or parked, or until ``deadline``
+    (``time.monotonic()``); return the workers whose thread has not."""
+    for worker in workers:
+        worker._wait_thread_done(deadline)
+    return [worker for worker in workers if not worker._thread_done()]
 
 
 class ModelWorker:
@@ -161,6 +205,7 @@ class ModelWorker:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # makes "closed? start, queue" atomic with close()
         self._closed = False
+        self._exiting = False  # the interpreter exits: queued calls are failed, not run
         #: Resolved once the thread has run its last call and left (or never started).
         self.stopped: concurrent.futures.Future[None] = concurrent.futures.Future()
 
@@ -201,6 +246,9 @@ class ModelWorker:
         """Run one call and deliver its outcome; never raises (the thread must survive)."""
         try:
             if not start():  # cancelled before it started: nobody wants it
+                return
+            if self._exiting:  # only the call running at exit may finish (_stop_at_exit)
+                deliver(None, ModelClosedError(f"{self.name} is closed: the program is exiting"))
                 return
             try:
                 result = ctx.run(fn, *args)
@@ -360,8 +408,15 @@ class ModelWorker:
             except RuntimeError:  # no thread was made: the next call tries again rather
                 self._thread = None  # than wait on this one (an interrupted start keeps it)
                 raise
-            if self._park:
-                _PARKING_WORKERS.add(self)
+            _STARTED.add(self)
+            # Exit handlers run last registered, first: registered anew at each thread
+            # start, the stop runs before the handlers that the engines imported until then
+            # registered (torch's, multiprocessing's, which ends engine processes), so they
+            # do not tear down what a running call still uses. A plain atexit rather than
+            # threading's (concurrent.futures'): those run before the non-daemon threads are
+            # joined, while the program may still use its models from them.
+            atexit.unregister(_stop_at_exit)
+            atexit.register(_stop_at_exit)
         self._queue.put((contextvars.copy_context(), fn, args, start, deliver))
 
     def close_after(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
@@ -422,6 +477,32 @@ class ModelWorker:
             else:
                 thread.join()
 
+    def _close_for_exit(self) -> None:
+        """Close at exit (:func:`_stop_at_exit`): the running call finishes, the queued ones
+        fail with :class:`ModelClosedError` instead of running."""
+        self._exiting = True
+        self.close(wait=False)
+
+    def _thread_done(self) -> bool:
+        """Whether the thread has ended (or never ran in this process: a forked child), or
+        parked for good (``park=True``)."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return True
+        return self._park and self.stopped.done() and thread.ident not in _PARKING
+
+    def _wait_thread_done(self, deadline: float) -> None:
+        """Wait until :meth:`_thread_done` or ``deadline`` (``time.monotonic()``)."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return
+        if not self._park:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            return
+        concurrent.futures.wait([self.stopped], max(0.0, deadline - time.monotonic()))
+        while not self._thread_done() and time.monotonic() < deadline:
+            time.sleep(0.001)  # from leaving the queue to blocking: a few bytecodes
+
     def _close_locked(self) -> None:
         """Refuse new calls and queue the thread's stop behind the queued ones, once (the
         lock is held)."""
@@ -430,6 +511,6 @@ class ModelWorker:
             if self._thread is None:
                 self.stopped.set_result(None)
             else:
-                if self._park:  # on its way to park from now on (see _wait_for_parking)
+                if self._park:  # on its way to park from now on (see _stop_at_exit)
                     _PARKING.add(self._thread.ident)
                 self._queue.put(_STOP)
