@@ -361,7 +361,7 @@ asyncio.run(main())
         )
         ended = run_program(program, timeout_s=60)
         assert ended.returncode == 3, ended.stderr
-        assert "exiting while stuck still run(s) a call" in ended.stderr
+        assert "exit goes on while stuck still run(s) a call" in ended.stderr
 
 
 # ---- random interleavings ---------------------------------------------------------------

@@ -146,33 +146,39 @@ def _stop_at_exit() -> None:
     next takes the GIL, and one inside an engine's C++ code then (a torch forward pass)
     aborts the whole process ("terminate called without an active exception", status
     134) instead of exiting with the program's own status; a parking thread (mlx) must
-    have blocked before then too. Past the limit, or on a second Ctrl-C during the
-    wait, the exit goes on with a warning naming the threads still busy (which may then
-    abort the process, as before): an exit never hangs on a call that does not end."""
+    have blocked before then too. Past the limit, or at a second Ctrl-C during the wait,
+    the exit goes on with a warning naming the workers it waited for (whose threads may
+    then abort the process, as before): an exit never hangs on a call that does not end."""
     workers = list(_STARTED)
     for worker in workers:
         worker._close_for_exit()
     parking = bool(_PARKING)  # threads on their way to park
     deadline = time.monotonic() + _EXIT_WAIT_S
+    busy = workers
     try:
-        busy = _wait_for_threads(workers, min(deadline, time.monotonic() + _EXIT_NOTICE_S))
+        busy = _wait_for_threads(busy, min(deadline, time.monotonic() + _EXIT_NOTICE_S))
         if busy:
             logger.warning(
                 "exit waits for the calls running on %s to finish (at most %.0f s more; "
                 "Ctrl-C stops waiting)",
-                ", ".join(worker.name for worker in busy),
+                _names(busy),
                 deadline - time.monotonic(),
             )
             busy = _wait_for_threads(busy, deadline)
-    except KeyboardInterrupt:
-        busy = [worker for worker in workers if not worker._thread_done()]
+    except KeyboardInterrupt:  # a second Ctrl-C: the threads' state is unknown from here
+        # on (an interrupted join marks its thread stopped, bpo-45274), so no check
+        logger.warning("exit stopped waiting for %s: the process may abort", _names(busy))
+        return
     if busy:
         logger.warning(
-            "exiting while %s still run(s) a call: the process may abort",
-            ", ".join(worker.name for worker in busy),
+            "exit goes on while %s still run(s) a call: the process may abort", _names(busy)
         )
     if parking:
         time.sleep(0.001)  # the last one out of _PARKING: from its removal to its block
+
+
+def _names(workers: list[ModelWorker]) -> str:
+    return ", ".join(worker.name for worker in workers)
 
 
 def _wait_for_threads(workers: list[ModelWorker], deadline: float) -> list[ModelWorker]:
