@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from support import hf_reference as reference
 
 from genlm.backends.hf import HFLM
 from genlm.core.backend import resolve_model_path
@@ -55,22 +56,12 @@ def tokenizer():
 
 
 def random_model(name: str) -> torch.nn.Module:
-    """A random model whose attention is far from uniform (weights scaled up), so a
-    window or a bias that counts the wrong columns changes the rows."""
     config, dtype, _ = CONFIGS[name]
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() >= 2:
-                parameter.mul_(3.0)
-    return model
+    return reference.random_model(config, dtype)
 
 
 def plain_forward(model, context) -> np.ndarray:
-    with torch.inference_mode():
-        logits = model(torch.tensor([list(context)])).logits[0, -1, :512]
-    return torch.log_softmax(logits.double(), -1).numpy()
+    return reference.plain_forward(model, context, width=512)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

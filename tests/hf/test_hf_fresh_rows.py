@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from support import hf_reference as reference
+from support.hf_reference import plain_forward
 
 from genlm.backends.hf import HFLM
 from genlm.backends.hf._kv import SEGMENT_OVERHEAD_BYTES
@@ -60,24 +62,8 @@ def tokenizer():
 
 
 def random_model(name: str) -> torch.nn.Module:
-    """A random model whose attention is far from uniform (weights scaled up), so a row
-    that attended the wrong columns or positions would differ."""
     config, dtype, attention, _ = CONFIGS[name]
-    torch.manual_seed(0)
-    options = {} if attention is None else {"attn_implementation": attention}
-    model = transformers.AutoModelForCausalLM.from_config(config, **options).to(dtype).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() >= 2:
-                parameter.mul_(3.0)
-    return model
-
-
-def plain_forward(model, context) -> np.ndarray:
-    """The context's own unbatched forward through plain transformers (no padding)."""
-    with torch.inference_mode():
-        logits = model(torch.tensor([list(context)])).logits[0, -1]
-    return torch.log_softmax(logits.double(), -1).numpy()
+    return reference.random_model(config, dtype, attention)
 
 
 def assert_rows_equal_plain_forwards(name, model, contexts, rows) -> None:
