@@ -432,16 +432,26 @@ def test_the_base_class_samples_rows_of_another_form(form):
     lm = RowsAs(core, form)
     for seed in range(4):
         drawn = asyncio.run(lm.sample([1, 2], 6, [3], temperature=0.7, seed=seed))
-        rng, context, expected = np.random.default_rng(seed), [1, 2], []
-        for _ in range(6):
+
+        def row(context):
             row = form(torch.from_numpy(mock_logprobs(context, 16).astype(np.float32)))
-            token = sample_token(row.to(torch.float64).numpy().reshape(-1), rng, 0.7)
-            if token == 3:
-                break
-            expected.append(token)
-            context.append(token)
-        assert drawn == expected
+            return row.to(torch.float64).numpy().reshape(-1)
+
+        assert drawn == core_draw(row, [1, 2], 6, seed, 0.7)
     core.close()
+
+
+def core_draw(row, prompt, max_tokens, seed, temperature=1.0, eos=3) -> list[int]:
+    """The tokens core's sampler draws, step by step, from ``row(context)`` after
+    ``prompt`` (the facade's ``sample`` with ``seed``: EOS ``eos`` ends it, dropped)."""
+    rng, context, drawn = np.random.default_rng(seed), list(prompt), []
+    for _ in range(max_tokens):
+        token = sample_token(row(context), rng, temperature)
+        if token == eos:
+            break
+        drawn.append(token)
+        context.append(token)
+    return drawn
 
 
 class RowsUnder(RowsOf):
@@ -494,16 +504,12 @@ def test_async_lm_base_class_takes_lora_name_as_0_3_1_does():
     adapted.asked.clear()
     drawn = asyncio.run(adapted.batch_sample([[1, 2], [4]], 5, [3], seed=2, lora_name="a"))
     assert set(adapted.asked) == {"a"}
+
+    def adapted_row(context):
+        return mock_logprobs(context, 16, seed=1).astype(np.float32)
+
     for prompt, tokens in zip([[1, 2], [4]], drawn):  # core's sampler over adapter a's rows
-        rng, context = np.random.default_rng(2), list(prompt)
-        expected_tokens = []
-        for _ in range(5):
-            token = sample_token(mock_logprobs(context, 16, seed=1).astype(np.float32), rng)
-            if token == 3:
-                break
-            expected_tokens.append(token)
-            context.append(token)
-        assert tokens == expected_tokens
+        assert tokens == core_draw(adapted_row, prompt, 5, seed=2)
     core.close()
 
 
