@@ -339,8 +339,8 @@ class MLXLM(LoraAdapters, BatchedLM):
         (``model.update``, ``load_weights``) are lazy arrays of its thread, which MLX 0.30
         and later refuses to evaluate on the worker (every request failed with "There is
         no Stream(cpu, 0) in current thread")."""
-        model = self.model
-        if model is not None and not self._closed:
+        model = self.model  # None once closed: core's clear then has nothing to do
+        if model is not None:
             _materialize(model)
         super().clear_cache()
 
