@@ -449,40 +449,43 @@ def test_smc_encodes_its_prompt_with_a_tokenizers_tokenizer(capsys, monkeypatch,
     lm.close()
 
 
-@pytest.mark.parametrize("command", [["smc", "hi"], ["bytes", "hi"]])
-def test_ctrl_c_during_the_load_stops_the_command_at_once(command, monkeypatch, fresh_registry):
-    """A Ctrl-C while the model loads (a big checkpoint, a download: here a loader busy for
-    up to 30 s without an await) ends the command with 130 at once. The load ran inside
-    the command's coroutine, where asyncio.run's SIGINT handler only cancels the task: the
-    Ctrl-C waited for the whole load."""
-    import signal
-    import threading
-    import time
+#: A `genlm` command whose mock model loads for up to a minute (a big checkpoint, a
+#: download), busy in Python without an await; {argv} is the command's arguments.
+SLOW_LOAD = r"""
+import sys, time
+from genlm.core.cli import main
+from genlm.core.mock import MockLM
 
-    from genlm.core.mock import MockLM
+def slow_load(model, **opts):
+    sys.stdout.write("loading\n")  # one write: a SIGINT cannot fall before its newline
+    sys.stdout.flush()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        sum(range(1000))
+    print("the load was not interrupted", flush=True)
+    raise SystemExit(99)
+
+MockLM.from_name = staticmethod(slow_load)
+status = main({argv})
+print("status", status, flush=True)
+sys.exit(status)
+"""
+
+
+@pytest.mark.parametrize("command", [["smc", "hi"], ["bytes", "hi"]])
+def test_ctrl_c_during_the_load_stops_the_command_at_once(command):
+    """A Ctrl-C while the model loads ends the command with 130 at once, as a separate
+    process sent SIGINT mid-load. The load ran inside the command's coroutine, where
+    asyncio.run's SIGINT handler only cancels the task: the Ctrl-C waited for the whole
+    load."""
+    from support.child import run_program
 
     if command[0] == "bytes":
         pytest.importorskip("genlm.bytes")
-    loading = threading.Event()
-    finished = []
-
-    def slow_load(model, **opts):
-        loading.set()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # busy in Python, as a load is between C calls
-            sum(range(1000))
-        finished.append(model)
-        raise AssertionError("the load was not interrupted")
-
-    monkeypatch.setattr(MockLM, "from_name", staticmethod(slow_load))
-
-    def interrupt() -> None:
-        if loading.wait(timeout=30):
-            os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=interrupt, daemon=True).start()
-    assert main([*command, "--backend", "mock", "--no-progress"]) == 130
-    assert finished == []
+    argv = [*command, "--backend", "mock", "--no-progress"]
+    ended = run_program(SLOW_LOAD.format(argv=argv), interrupt_after="loading", timeout_s=120)
+    assert ended.lines == ["loading", "status 130"], ended.stderr
+    assert ended.returncode == 130
 
 
 def test_no_progress_hides_the_hugging_face_loading_bars():
