@@ -486,22 +486,3 @@ def test_ctrl_c_during_the_load_stops_the_command_at_once(command):
     ended = run_program(SLOW_LOAD.format(argv=argv), interrupt_after="loading", timeout_s=120)
     assert ended.lines == ["loading", "status 130"], ended.stderr
     assert ended.returncode == 130
-
-
-def test_no_progress_hides_the_hugging_face_loading_bars():
-    """``--no-progress`` hides the loader's bars too (transformers 5's "Loading weights"
-    bar was drawn on stderr), as a separate process: the libraries read the setting when
-    imported."""
-    for module in ("genlm.backends.hf", "torch", "transformers"):
-        pytest.importorskip(module)
-    argv = ["smc", "Once", "--backend", "hf", "--particles", "2", "--max-tokens", "2"]
-    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
-    out = subprocess.run(
-        [sys.executable, "-m", "genlm.core.cli", *argv, "--no-progress"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert out.returncode == 0, out.stderr
-    assert "%|" not in out.stderr and "it/s]" not in out.stderr, out.stderr

@@ -299,7 +299,7 @@ def test_the_facade_loads_replaces_selects_and_removes_adapters(
 
 
 def test_replacing_an_adapter_keeps_it_until_the_new_one_has_loaded(
-    vllm_lm, adapter, merged_model, second_adapter, expected, tmp_path
+    vllm_lm, adapter, merged_model, second_adapter, expected, tmp_path, monkeypatch
 ):
     """``add_lora(..., replace=True)``: the engine loads the new adapter first, so a path
     without one fails at once and the name keeps serving its adapter (the facade's
@@ -310,6 +310,13 @@ def test_replacing_an_adapter_keeps_it_until_the_new_one_has_loaded(
 
     engine = vllm_lm.llm.llm_engine
     context = [50256, 464, 3296]
+    released, release = [], vllm_lm._release_adapter
+
+    def recorded(name, value):
+        released.append((name, value.lora_int_id))
+        return release(name, value)
+
+    monkeypatch.setattr(vllm_lm, "_release_adapter", recorded)
     vllm_lm.add_lora(adapter[0], "kept")
     try:
         first = vllm_lm._lora_request("kept").lora_int_id
@@ -319,8 +326,10 @@ def test_replacing_an_adapter_keeps_it_until_the_new_one_has_loaded(
         vllm_lm.clear_cache()
         row = vllm_lm.next_token_logprobs_sync(context, variant="kept")
         np.testing.assert_allclose(row, expected(context, model=merged_model), atol=1e-4)
+        assert released == []
         vllm_lm.add_lora(second_adapter[0], "kept", replace=True)
-        assert first not in engine.list_loras()
+        # released by the replacement (the engine's one-adapter cache would also evict it)
+        assert released == [("kept", first)] and first not in engine.list_loras()
         row = vllm_lm.next_token_logprobs_sync(context, variant="kept")
         np.testing.assert_allclose(row, expected(context, model=second_adapter[1]), atol=1e-4)
     finally:

@@ -250,7 +250,7 @@ class TokenCharacterTrie:
 
         mass = None
         if ws is not None:
-            values = ws.detach().double().cpu().numpy() if is_torch(ws) else np.asarray(ws)
+            values = ws.detach().cpu().double().numpy() if is_torch(ws) else np.asarray(ws)
             per_node = values.shape == (self.num_nodes,)
             mass = values.astype(np.float64) if per_node else self.weight_sum(ws)
         dot = graphviz.Digraph(graph_attr={"rankdir": "LR"})

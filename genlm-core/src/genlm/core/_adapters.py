@@ -230,7 +230,10 @@ class LoraAdapters:
         marker, an engine request, weights). An adapter of that name may be loaded still
         (a replacement): the new one must load beside it. A load that fails must leave
         the model as it was. A backend with adapters implements it."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__qualname__} cannot load LoRA adapters: it implements neither "
+            "_load_adapter nor its own add_lora"
+        )
 
     def set_lora(self, name: str) -> None:
         """Make the loaded adapter ``name`` active for the requests made from now on

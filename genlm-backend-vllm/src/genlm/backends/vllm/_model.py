@@ -1126,9 +1126,10 @@ class VLLMLM(LoraAdapters, BatchedLM):
         Raises:
             ValueError: the engine was started without ``enable_lora=True``, or ``name``
                 is already registered (without ``replace``).
-            Exception: what the engine raised loading the adapter (vLLM's
+            Exception: what the engine raised loading the adapter (in-process, vLLM's
                 ``LoRAAdapterNotFoundError`` for a path without one, a ``ValueError`` for a
-                rank above ``max_lora_rank``).
+                rank above ``max_lora_rank``; with vLLM's multiprocessing engine, a plain
+                ``Exception`` whose message carries the engine's error).
         """
         if self.llm is None:
             raise ModelClosedError("this model is closed")

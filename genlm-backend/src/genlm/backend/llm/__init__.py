@@ -205,9 +205,9 @@ class AsyncLM(ABC):
 
 def _sampling_row(logprobs: torch.Tensor) -> np.ndarray:
     """A row of :meth:`AsyncLM.next_token_logprobs` as the float64 vector ``sample_token``
-    draws from: widened on its device first (numpy has no bfloat16, a bf16 model's own
-    dtype), and a ``(1, V)`` row read as its one row (0.3.1's sampler took both)."""
-    row = logprobs.detach().to(torch.float64).cpu().numpy()
+    draws from: widened on the CPU (numpy has no bfloat16, a bf16 model's own dtype, and
+    MPS no float64), and a ``(1, V)`` row read as its one row (0.3.1's sampler took both)."""
+    row = logprobs.detach().cpu().to(torch.float64).numpy()  # MPS has no float64
     return row[0] if row.ndim == 2 and row.shape[0] == 1 else row
 
 
