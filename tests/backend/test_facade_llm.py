@@ -825,3 +825,29 @@ def test_an_override_that_calls_the_batch_call_is_applied_once():
             torch.testing.assert_close(row, core + 1.0)
     finally:
         llm.close()
+
+
+def test_add_new_lora_of_a_new_name_on_a_plugin_whose_add_lora_predates_replace():
+    """A core model whose ``add_lora(path, name)`` has no ``replace`` (written before core
+    had one) still loads a new name through the facade; ``replace=True`` goes only to a
+    name that is loaded."""
+
+    class OldStyleLM(MockLM):
+        def __init__(self):
+            super().__init__([bytes([i]) for i in range(16)])
+            self.added: list[tuple[str, str]] = []
+
+        @property
+        def loaded_loras(self):
+            return tuple(name for _, name in self.added)
+
+        def add_lora(self, path, name):
+            self.added.append((path, name))
+
+    core = OldStyleLM()
+    lm = MockAsyncLM._wrap(core)
+    lm.add_new_lora("/adapters/a", "a")
+    assert core.added == [("/adapters/a", "a")]
+    with pytest.raises(TypeError, match="replace"):  # replacing needs core's add_lora
+        lm.add_new_lora("/adapters/b", "a")
+    core.close()

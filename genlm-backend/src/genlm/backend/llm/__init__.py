@@ -365,7 +365,11 @@ class _CoreBacked(AsyncLM):
         Raises:
             NotImplementedError: the backend has no adapters (the mock).
         """
-        self._lora_method("add_lora")(lora_path, lora_name, replace=True)
+        add = self._lora_method("add_lora")
+        if lora_name in self.core_lm.loaded_loras:
+            add(lora_path, lora_name, replace=True)
+        else:  # a new name: also a plugin whose add_lora predates ``replace``
+            add(lora_path, lora_name)
 
     def remove_lora(self, lora_name: str) -> None:
         """Unload the adapter ``lora_name``, its KV and the cached rows (the backend's
