@@ -452,7 +452,10 @@ def test_smc_encodes_its_prompt_with_a_tokenizers_tokenizer(capsys, monkeypatch,
 #: A `genlm` command whose mock model loads for up to a minute (a big checkpoint, a
 #: download), busy in Python without an await; {argv} is the command's arguments.
 SLOW_LOAD = r"""
-import sys, time
+import signal, sys, time
+# Python's own Ctrl-C, even when the test run was started with SIGINT ignored (a shell's
+# background job), which the child would inherit.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from genlm.core.cli import main
 from genlm.core.mock import MockLM
 
