@@ -17,15 +17,7 @@ from support import hf_reference as reference
 from genlm.backends.hf import HFLM
 from genlm.core.backend import resolve_model_path
 
-SMALL = dict(
-    vocab_size=512,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
+SMALL = reference.SMALL
 
 
 def _configs():

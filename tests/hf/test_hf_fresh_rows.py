@@ -35,15 +35,7 @@ def _configs():
     codegen = transformers.CodeGenConfig(
         vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4
     )
-    llama = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
+    llama = transformers.LlamaConfig(**reference.SMALL)
     gpt2 = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64)
     yield "bloom-fp64", (bloom, torch.float64, None, 1e-6)
     yield "bloom-fp32", (bloom, torch.float32, None, 1e-5)

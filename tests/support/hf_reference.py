@@ -9,6 +9,17 @@ import numpy as np
 import torch
 import transformers
 
+#: The dimensions of the tests' tiny Llama-shaped models (Llama, Mistral, Phi-3...).
+SMALL = dict(
+    vocab_size=512,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+
 
 def random_model(config, dtype: torch.dtype, attention: str | None = None) -> torch.nn.Module:
     """A random model of ``config`` in ``dtype`` (with ``attention`` as its
